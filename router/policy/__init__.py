@@ -1,0 +1,18 @@
+"""Routing policies: pure decision logic shared by the router, simulator and tests.
+
+``base`` holds the interface; each policy lives in its own file; ``registry``
+names them.
+"""
+from .affinity import AffinityPolicy
+from .base import Counters, Decision, NoReplicaError, Outcome, Policy, Request
+from .hashing import least_loaded, rendezvous, stable_hash
+from .least_loaded import LeastLoadedPolicy
+from .registry import POLICIES, create
+from .round_robin import RoundRobinPolicy
+from .sessions import SessionTable
+
+__all__ = [
+    "AffinityPolicy", "Counters", "Decision", "LeastLoadedPolicy", "NoReplicaError", "Outcome",
+    "POLICIES", "Policy", "Request", "RoundRobinPolicy", "SessionTable", "create",
+    "least_loaded", "rendezvous", "stable_hash",
+]

@@ -1,0 +1,78 @@
+"""Ours: session affinity that breaks when the pinned replica lags too far.
+
+On a sticky hit the session stays on its replica while that replica's load is
+within ``margin`` of the least-loaded one; otherwise it is re-pinned to a
+least-loaded replica. ``margin=None`` keeps every pin (verl's sticky default),
+``0`` moves unless already least-loaded, ``N`` tolerates a skew of N. Under
+``full_determinism`` the margin is ignored and a new session's replica depends
+only on its key and the replica set, never on load or arrival order.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+from .base import Counters, Decision, NoReplicaError, Outcome, Request
+from .hashing import least_loaded, rendezvous
+from .sessions import SessionTable
+
+
+class AffinityPolicy:
+    name = "affinity"
+
+    def __init__(
+        self,
+        margin: int | None = None,
+        full_determinism: bool = False,
+        max_sessions: int = 100_000,
+        idle_ttl: float | None = 3600.0,
+    ):
+        self.counters = Counters()
+        self.table = SessionTable(self.counters, max_sessions, idle_ttl)
+        self._unkeyed = itertools.count()
+        self.margin: int | None = None
+        self.full_determinism = False
+        self.configure(margin, full_determinism)
+
+    def configure(self, margin: int | None, full_determinism: bool) -> None:
+        """Change the rule live; pins and counters are kept."""
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int) or margin < 0):
+            raise ValueError(f"affinity_break_margin must be an integer >= 0 or None, got {margin!r}")
+        self.margin, self.full_determinism = margin, full_determinism
+
+    def route(self, request: Request) -> Decision:
+        loads = request.loads
+        if not loads:
+            raise NoReplicaError("no replica is available")
+        key = request.key
+        if key is None:
+            self.counters.count(Outcome.UNKEYED)
+            return Decision(least_loaded(loads, f"#{next(self._unkeyed)}"), Outcome.UNKEYED)
+        pinned = self.table.get(key, request.now)
+        if pinned is None:
+            decision = Decision(self._place(key, loads), Outcome.NEW)
+        elif pinned not in loads:
+            decision = Decision(self._place(key, loads), Outcome.REPINNED, previous=pinned)
+        elif self._keeps(loads, pinned):
+            decision = Decision(pinned, Outcome.KEPT)
+        else:
+            decision = Decision(least_loaded(loads, key), Outcome.BROKEN, previous=pinned)
+        self.table.pin(key, decision.replica, request.now)
+        self.counters.count(decision.outcome)
+        return decision
+
+    def release(self, key: str) -> bool:
+        return self.table.release(key)
+
+    def sessions(self) -> int:
+        return len(self.table)
+
+    def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
+        if self.margin is None or self.full_determinism:
+            return True
+        return loads[pinned] - min(loads.values()) <= self.margin
+
+    def _place(self, key: str, loads: Mapping[str, float]) -> str:
+        if self.full_determinism:
+            return rendezvous(key, loads)
+        return least_loaded(loads, key)

@@ -1,0 +1,88 @@
+"""The session table: session key -> pinned replica, bounded by size and idleness."""
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Iterator
+
+from .base import Counters
+
+
+@dataclasses.dataclass(slots=True)
+class Pin:
+    replica: str
+    last_used: float
+
+
+class SessionTable:
+    """An LRU map of pins with an idle TTL; time is always passed in.
+
+    ``max_sessions`` bounds memory (the least recently used pin is evicted);
+    ``idle_ttl`` (seconds, ``None`` = never) expires pins of finished
+    conversations that were never released explicitly.
+    """
+
+    def __init__(self, counters: Counters, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
+        self._pins: OrderedDict[str, Pin] = OrderedDict()
+        self._counters = counters
+        self.max_sessions = max_sessions
+        self.idle_ttl = idle_ttl
+        self.resize(max_sessions, idle_ttl)
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return ((key, pin.replica) for key, pin in self._pins.items())
+
+    def resize(self, max_sessions: int, idle_ttl: float | None) -> None:
+        """Apply new bounds live; pins beyond the new size are evicted LRU-first."""
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        if idle_ttl is not None and idle_ttl <= 0:
+            raise ValueError("idle_ttl must be positive or None")
+        self.max_sessions, self.idle_ttl = max_sessions, idle_ttl
+        self._evict_over_size()
+
+    def get(self, key: str, now: float) -> str | None:
+        """The pinned replica, or None if unknown or idle past the TTL."""
+        pin = self._pins.get(key)
+        if pin is None:
+            return None
+        if self._idle(pin, now):
+            del self._pins[key]
+            self._counters.expired_idle += 1
+            return None
+        return pin.replica
+
+    def pin(self, key: str, replica: str, now: float) -> None:
+        """Pin (or re-pin) ``key`` and mark it most recently used."""
+        self._pins[key] = Pin(replica, now)
+        self._pins.move_to_end(key)
+        self._evict_over_size()
+
+    def release(self, key: str) -> bool:
+        if self._pins.pop(key, None) is None:
+            return False
+        self._counters.released += 1
+        return True
+
+    def expire(self, now: float) -> int:
+        """Drop every pin idle past the TTL; the caller runs this periodically."""
+        expired = 0
+        while self._pins:
+            key, pin = next(iter(self._pins.items()))
+            if not self._idle(pin, now):
+                break  # LRU order is last-use order, so the rest are fresher
+            del self._pins[key]
+            expired += 1
+        self._counters.expired_idle += expired
+        return expired
+
+    def _idle(self, pin: Pin, now: float) -> bool:
+        return self.idle_ttl is not None and now - pin.last_used > self.idle_ttl
+
+    def _evict_over_size(self) -> None:
+        while len(self._pins) > self.max_sessions:
+            self._pins.popitem(last=False)
+            self._counters.evicted_lru += 1
