@@ -1,0 +1,106 @@
+"""The live replica set and its in-flight accounting.
+
+Protocol-neutral: HTTP and gRPC listeners acquire leases from the same set, so
+a replica's in-flight count is one number whatever the protocol. Discovery
+(static list or Kubernetes watch) adds and removes replicas at any time; a
+removed replica keeps its count while its last requests drain, so a lease
+always releases into the object it was taken from and counts never go negative.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+
+
+@dataclasses.dataclass(slots=True)
+class Replica:
+    """One serving endpoint. ``id`` is its HTTP base URL."""
+
+    id: str
+    grpc_target: str | None = None
+    inflight: int = 0
+    down_until: float = 0.0
+
+
+class Lease:
+    """One request's hold on a replica; ``release`` is idempotent."""
+
+    __slots__ = ("replica", "_owner", "_released")
+
+    def __init__(self, owner: ReplicaSet, replica: Replica):
+        self.replica, self._owner, self._released = replica, owner, False
+
+    @property
+    def replica_id(self) -> str:
+        return self.replica.id
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._owner._release(self.replica)
+
+
+class ReplicaSet:
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._live: dict[str, Replica] = {}
+        self._draining: dict[str, Replica] = {}
+
+    def __contains__(self, replica_id: str) -> bool:
+        return replica_id in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def replicas(self) -> list[Replica]:
+        return list(self._live.values())
+
+    def add(self, replica_id: str, grpc_target: str | None = None) -> Replica:
+        """Add (or update) a replica; one that is still draining keeps its count."""
+        replica = self._live.get(replica_id) or self._draining.pop(replica_id, None) or Replica(replica_id)
+        replica.grpc_target = grpc_target
+        self._live[replica_id] = replica
+        return replica
+
+    def remove(self, replica_id: str) -> None:
+        replica = self._live.pop(replica_id, None)
+        if replica is not None and replica.inflight > 0:
+            self._draining[replica_id] = replica
+
+    def replace(self, replica_ids: Iterable[str]) -> None:
+        """Make the live set exactly ``replica_ids`` (static lists, config reloads)."""
+        wanted = list(dict.fromkeys(replica_ids))
+        for replica_id in set(self._live) - set(wanted):
+            self.remove(replica_id)
+        for replica_id in wanted:
+            if replica_id not in self._live:
+                self.add(replica_id)
+
+    def loads(self) -> dict[str, int]:
+        """In-flight counts of the replicas that may take a request now."""
+        now = self._clock()
+        return {r.id: r.inflight for r in self._live.values() if r.down_until <= now}
+
+    def ready_count(self) -> int:
+        return len(self.loads())
+
+    def acquire(self, replica_id: str) -> Lease:
+        replica = self._live[replica_id]
+        replica.inflight += 1
+        return Lease(self, replica)
+
+    def mark_down(self, replica_id: str, seconds: float) -> None:
+        """Passive health: skip a replica that refused a connection for a while."""
+        replica = self._live.get(replica_id)
+        if replica is not None:
+            replica.down_until = self._clock() + seconds
+
+    def total_inflight(self) -> int:
+        return sum(r.inflight for r in self._live.values()) + sum(r.inflight for r in self._draining.values())
+
+    def _release(self, replica: Replica) -> None:
+        replica.inflight -= 1
+        assert replica.inflight >= 0, f"in-flight count of {replica.id} went negative"
+        if replica.inflight == 0 and self._draining.get(replica.id) is replica:
+            del self._draining[replica.id]

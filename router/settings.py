@@ -1,0 +1,134 @@
+"""Pydantic models for the router's settings, shared with the operator.
+
+The operator renders ``RouterSettings`` into the router's ConfigMap and builds
+the CRD schema from the same models, so there is one source of truth. Field
+names are snake_case in Python and camelCase on the wire (YAML, JSON, CRD).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "DiscoverySettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
+    "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
+]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def dump(self) -> dict:
+        """The camelCase form written to files and the CRD."""
+        return self.model_dump(by_alias=True, mode="json")
+
+
+class SessionSettings(Model):
+    """Where the session key comes from, and how many pins are kept how long."""
+
+    headers: list[str] = Field(default_factory=lambda: ["X-Session-ID"],
+                               description="Request headers holding the session key, first match wins.")
+    body_fields: list[str] = Field(default_factory=list,
+                                   description="Top-level JSON body fields tried after the headers, e.g. session_id, user.")
+    max_sessions: StrictInt = Field(100_000, ge=1, description="Pins kept; the least recently used is evicted beyond this.")
+    idle_timeout_seconds: float | None = Field(3600.0, gt=0,
+                                               description="A pin idle this long is dropped; null keeps pins until evicted.")
+
+    @field_validator("headers", "body_fields")
+    @classmethod
+    def _non_empty_names(cls, names: list[str]) -> list[str]:
+        if any(not name.strip() for name in names):
+            raise ValueError("names must be non-empty")
+        return names
+
+
+class PolicySettings(Model):
+    """The knobs that can change while the router runs, without losing pins."""
+
+    policy: Literal["affinity", "least_loaded", "round_robin"] = Field(
+        "affinity", description="Routing policy; affinity is the margin policy.")
+    affinity_break_margin: StrictInt | None = Field(
+        None, ge=0, description="Skew tolerated before a pin moves; null keeps every pin, 0 moves unless least-loaded.")
+    full_determinism: bool = Field(False, description="Place sessions by key hash only; the margin is ignored.")
+    session: SessionSettings = Field(default_factory=SessionSettings)
+
+
+class LabelSelectorRequirement(Model):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(Model):
+    """A standard Kubernetes LabelSelector."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+
+class DiscoverySettings(Model):
+    """Kubernetes pod discovery: which pods are replicas and on which port."""
+
+    namespace: str | None = Field(None, description="Defaults to POD_NAMESPACE, then the service account's namespace.")
+    selector: LabelSelector
+    port: int | str = Field(8000, description="vLLM HTTP port: a number or a container port name.")
+    grpc_port: int | str | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
+
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class RouterSettings(PolicySettings):
+    """Everything ``rollout-router serve`` reads from ``--config``."""
+
+    backends: list[str] = Field(default_factory=list, description="Static replica URLs, used when discovery is unset.")
+    discovery: DiscoverySettings | None = None
+    max_body_bytes: StrictInt = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
+    connect_retries: StrictInt = Field(2, ge=0, description="Other replicas tried when one refuses the connection.")
+    down_seconds: Seconds = Field(5.0, description="How long a replica that refused a connection is skipped.")
+    upstream_timeout_seconds: Seconds | None = Field(600.0, description="Longest silence from a replica mid-response.")
+
+    @field_validator("backends")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"backend {url!r} must be an http:// or https:// URL")
+        return [url.rstrip("/") for url in urls]
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message names the offending fields."""
+
+
+def describe(error: ValidationError) -> str:
+    """One line per problem, each naming its field in camelCase dotted form."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(root)"
+        lines.append(f"{where}: {item['msg']}")
+    return "; ".join(lines)
+
+
+def parse_settings(data: dict, model: type[Model] = RouterSettings) -> Model:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise SettingsError(describe(error)) from None
+
+
+def load_settings(path: str | Path) -> RouterSettings:
+    """Read a YAML or JSON settings file (JSON is YAML) into ``RouterSettings``."""
+    text = Path(path).read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise SettingsError(f"{path}: not valid YAML/JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping at the top level")
+    return parse_settings(data)  # type: ignore[return-value]
