@@ -1,0 +1,120 @@
+"""Assembles a running router: settings -> replica set -> balancer -> listeners.
+
+``Runtime`` owns the live state and applies new settings without dropping
+pins; the aiohttp application is built around it with background tasks for
+pin expiry, config-file reloads and replica discovery.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from .balancer import Balancer
+from .observability import Metrics
+from .proxy.admin import AdminRoutes
+from .proxy.http import HttpProxy
+from .replicas import ReplicaSet
+from .settings import RouterSettings, SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+EXPIRY_INTERVAL = 15.0
+RELOAD_INTERVAL = 2.0
+
+
+class Runtime:
+    """The router's live state; ``overrides`` are CLI flags re-applied over every reload."""
+
+    def __init__(self, settings: RouterSettings, config_path: Path | None = None,
+                 overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s):
+        self.settings, self.config_path, self._overrides = settings, config_path, overrides
+        self.replicas = ReplicaSet()
+        self.balancer = Balancer(settings, self.replicas)
+        self.metrics = Metrics(self.balancer)
+        self.client: aiohttp.ClientSession | None = None
+        self._discovery: asyncio.Task | None = None
+        self._config_mtime = _mtime(config_path)
+
+    def apply(self, settings: RouterSettings) -> None:
+        """Take new settings live: policy knobs keep pins; replica sources are swapped."""
+        previous, self.settings = self.settings, settings
+        self.balancer.apply(settings)
+        if settings.discovery is None:
+            self._stop_discovery()
+            self.replicas.replace(settings.backends)
+        elif settings.discovery != previous.discovery or self._discovery is None:
+            self._stop_discovery()
+            self._start_discovery(settings)
+
+    def reload(self) -> bool:
+        """Re-read the config file; a bad file is logged and the running settings stay."""
+        if self.config_path is None:
+            return False
+        self._config_mtime = _mtime(self.config_path)
+        try:
+            settings = self._overrides(load_settings(self.config_path))
+        except (OSError, SettingsError) as error:
+            log.error("config %s not applied, keeping the running settings: %s", self.config_path, error)
+            return False
+        self.apply(settings)
+        log.info("config %s applied", self.config_path)
+        return True
+
+    def _stop_discovery(self) -> None:
+        if self._discovery is not None:
+            self._discovery.cancel()
+            self._discovery = None
+
+    def _start_discovery(self, settings: RouterSettings) -> None:
+        from .discovery import kubernetes  # only routers that discover pods need the client
+        self._discovery = asyncio.get_running_loop().create_task(
+            kubernetes.run(settings.discovery, self.replicas), name="discovery")
+
+    async def run_background(self) -> None:
+        """Pin expiry and config-file polling (ConfigMap updates arrive as file changes)."""
+        waited = 0.0
+        while True:
+            await asyncio.sleep(RELOAD_INTERVAL)
+            waited += RELOAD_INTERVAL
+            if self.config_path is not None and _mtime(self.config_path) != self._config_mtime:
+                self.reload()
+            if waited >= EXPIRY_INTERVAL:
+                waited = 0.0
+                self.balancer.expire_idle()
+
+    async def lifecycle(self, app: web.Application):
+        """aiohttp cleanup context: start and stop everything the router owns."""
+        self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+                                            auto_decompress=False)
+        self.apply(self.settings)
+        background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
+        yield
+        for task in (background, self._discovery):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.client.close()
+
+
+def _mtime(path: Path | None) -> float | None:
+    try:
+        return path.stat().st_mtime if path else None
+    except OSError:
+        return None
+
+
+def create_app(runtime: Runtime) -> web.Application:
+    app = web.Application()
+    app["runtime"] = runtime
+    app.cleanup_ctx.append(runtime.lifecycle)
+    AdminRoutes(runtime.balancer, runtime.metrics).add_to(app)
+    proxy = HttpProxy(runtime.balancer, runtime.metrics, lambda: runtime.settings, lambda: runtime.client)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    return app

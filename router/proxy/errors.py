@@ -1,0 +1,23 @@
+"""Errors the router answers itself, in the OpenAI/vLLM JSON shape."""
+from __future__ import annotations
+
+from aiohttp import web
+
+_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge",
+          502: "BadGateway", 503: "ServiceUnavailable", 504: "GatewayTimeout"}
+
+
+class RouterError(Exception):
+    """A request the router refuses; carries the HTTP status and the offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "Error"), "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, param), status=status)

@@ -1,0 +1,167 @@
+"""The HTTP listener: OpenAI-compatible paths forwarded to the chosen replica.
+
+Bodies are read once (the session key may live in them, and a refused
+connection is retried with the same bytes); responses stream through chunk by
+chunk. Every lease is released exactly once, in a ``finally``, whatever ends
+the response: success, upstream error, client disconnect or timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from ..balancer import Balancer
+from ..observability import Metrics
+from ..policy import NoReplicaError
+from ..replicas import Lease
+from ..settings import RouterSettings
+from .errors import RouterError, error_body, error_response
+from .session_key import session_key
+
+log = logging.getLogger(__name__)
+
+REPLICA_HEADER = "X-RolloutRouter-Replica"
+CLIENT_CLOSED = 499  # nginx's code for "client went away", used in metrics only
+
+# What vLLM's OpenAI-compatible server serves; anything else is a 404 from us.
+FORWARDED_PATHS = frozenset({
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/models",
+    "/v1/score", "/v1/rerank", "/v2/rerank", "/v1/audio/transcriptions", "/v1/audio/translations",
+    "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations", "/version",
+})
+FORWARDED_PREFIXES = ("/v1/responses/", "/v1/models/")
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+    "transfer-encoding", "upgrade", "host", "content-length",
+})
+
+
+def forwarded(path: str) -> bool:
+    return path in FORWARDED_PATHS or path.startswith(FORWARDED_PREFIXES)
+
+
+def end_to_end(headers) -> dict[str, str]:
+    """Headers minus hop-by-hop ones, including those named by Connection."""
+    named = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named}
+
+
+class UpstreamRefused(Exception):
+    """The replica refused the connection before any byte was sent: safe to retry."""
+
+
+class HttpProxy:
+    def __init__(self, balancer: Balancer, metrics: Metrics, settings: Callable[[], RouterSettings],
+                 client: Callable[[], aiohttp.ClientSession]):
+        self._balancer, self._metrics = balancer, metrics
+        self._settings, self._client = settings, client
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if not forwarded(request.path):
+            return self._refuse(RouterError(404, f"path {request.path} is not an OpenAI-compatible endpoint this router forwards"))
+        settings = self._settings()
+        try:
+            body = await read_body(request, settings.max_body_bytes)
+            key = session_key(request.headers, body, settings.session)
+        except RouterError as error:
+            return self._refuse(error)
+        for _ in range(settings.connect_retries + 1):
+            try:
+                _, lease = self._balancer.acquire(key)
+            except NoReplicaError:
+                return self._refuse(RouterError(503, "no replica is available to serve this request"), "no_replica")
+            try:
+                return await self._dispatch(request, body, lease, settings)
+            except UpstreamRefused:
+                self._balancer.replicas.mark_down(lease.replica_id, settings.down_seconds)
+                self._metrics.retries.labels(lease.replica_id).inc()
+            finally:
+                lease.release()
+        return self._refuse(RouterError(503, f"replicas refused the connection on all {settings.connect_retries + 1} attempts"),
+                            "all_refused")
+
+    async def _dispatch(self, request: web.Request, body: bytes, lease: Lease,
+                        settings: RouterSettings) -> web.StreamResponse:
+        url = lease.replica_id + request.rel_url.raw_path_qs
+        started, code = time.monotonic(), CLIENT_CLOSED
+        try:
+            try:
+                upstream = await self._client().request(
+                    request.method, url, headers=end_to_end(request.headers), data=body or None,
+                    allow_redirects=False, timeout=_timeout(settings))
+            except aiohttp.ClientConnectorError as error:
+                code = None
+                raise UpstreamRefused(str(error)) from None
+            except asyncio.TimeoutError:
+                code = 504
+                return self._refuse(RouterError(504, f"replica {lease.replica_id} did not answer in time"), "timeout")
+            except aiohttp.ClientError as error:
+                code = 502
+                return self._refuse(RouterError(502, f"replica {lease.replica_id} failed: {error or type(error).__name__}"),
+                                    "upstream_error")
+            async with upstream:
+                response, code = await self._relay(request, upstream, lease)
+                return response
+        finally:
+            if code is not None:
+                self._metrics.observe(lease.replica_id, code, time.monotonic() - started)
+
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                     lease: Lease) -> tuple[web.StreamResponse, int]:
+        """Stream the upstream response through; returns it with the code to record."""
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=end_to_end(upstream.headers))
+        response.headers[REPLICA_HEADER] = lease.replica_id
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                asyncio.TimeoutError) as error:
+            await self._broken_stream(request, response, upstream, lease, error)
+            return response, 502
+        except ConnectionResetError:  # the client went away; leaving `async with` closes upstream
+            return response, CLIENT_CLOSED
+        await response.write_eof()
+        return response, upstream.status
+
+    async def _broken_stream(self, request: web.Request, response: web.StreamResponse,
+                             upstream: aiohttp.ClientResponse, lease: Lease, error: BaseException) -> None:
+        """End the client's response with an error it can see: an SSE error event, else a cut connection."""
+        self._metrics.errors.labels("upstream_broke_mid_response").inc()
+        log.warning("replica %s broke off mid-response: %r", lease.replica_id, error)
+        if upstream.content_type == "text/event-stream":
+            message = f"replica {lease.replica_id} failed mid-stream: {type(error).__name__}"
+            await response.write(b"data: " + json.dumps(error_body(502, message)).encode() + b"\n\n")
+            await response.write_eof()
+        elif request.transport is not None:
+            request.transport.close()
+
+    def _refuse(self, error: RouterError, reason: str | None = None) -> web.Response:
+        self._metrics.errors.labels(reason or f"http_{error.status}").inc()
+        return error_response(error.status, error.message, error.param)
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole request body, or a 413 naming the limit."""
+    if request.content_length is not None and request.content_length > limit:
+        raise RouterError(413, f"request body of {request.content_length} bytes exceeds maxBodyBytes={limit}")
+    chunks, size = [], 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise RouterError(413, f"request body exceeds maxBodyBytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _timeout(settings: RouterSettings) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=settings.upstream_timeout_seconds)

@@ -1,0 +1,30 @@
+"""Finding a request's session key: configured headers first, then JSON body fields."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from ..settings import SessionSettings
+from .errors import RouterError
+
+
+def session_key(headers: Mapping[str, str], body: bytes, settings: SessionSettings) -> str | None:
+    """The first non-empty key found, or None. Bad JSON is an error only when we must read it."""
+    for name in settings.headers:
+        value = headers.get(name)
+        if value:
+            return value
+    if not settings.body_fields or not body:
+        return None
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RouterError(400, f"request body is not valid JSON ({error}); the session key is read from "
+                               f"body fields {settings.body_fields}") from None
+    if not isinstance(document, dict):
+        raise RouterError(400, "request body must be a JSON object")
+    for field in settings.body_fields:
+        value = document.get(field)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+            return str(value)
+    return None

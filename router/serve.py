@@ -1,0 +1,91 @@
+"""``rollout-router serve``: settings from a file and flags, then the HTTP listener."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from .app import Runtime, create_app
+from .settings import RouterSettings, SettingsError, load_settings, parse_settings
+
+
+def _margin(text: str) -> int | None:
+    if text.lower() in ("null", "none"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'null', got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--config", type=Path, help="YAML/JSON RouterSettings; reloaded on change and on SIGHUP.")
+    parser.add_argument("--backend", action="append", dest="backends", metavar="URL",
+                        help="A vLLM replica base URL (repeat). Overrides the config file's backends.")
+    parser.add_argument("--policy", help="affinity (default), least_loaded or round_robin.")
+    parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
+                        help="Skew tolerated before a pin moves; null (default) keeps every pin.")
+    parser.add_argument("--full-determinism", action="store_true", default=None,
+                        help="Place sessions by key hash only; the margin is ignored.")
+    parser.add_argument("--session-header", action="append", dest="session_headers", metavar="NAME",
+                        help="Header holding the session key (repeat; default X-Session-ID).")
+    parser.add_argument("--session-body-field", action="append", dest="session_body_fields", metavar="FIELD",
+                        help="JSON body field holding the session key, tried after headers (repeat).")
+    parser.add_argument("--max-sessions", type=int)
+    parser.add_argument("--idle-timeout", type=float, help="Seconds before an idle pin is dropped.")
+    parser.add_argument("--log-level", default="info")
+
+
+def overrides_from(args: argparse.Namespace):
+    """A function applying the command-line flags over settings read from a file."""
+    top = {"backends": args.backends, "policy": args.policy,
+           "full_determinism": args.full_determinism}
+    session = {"headers": args.session_headers, "body_fields": args.session_body_fields,
+               "max_sessions": args.max_sessions, "idle_timeout_seconds": args.idle_timeout}
+
+    def apply(settings: RouterSettings) -> RouterSettings:
+        data = settings.model_dump()
+        data.update({k: v for k, v in top.items() if v is not None})
+        if hasattr(args, "affinity_break_margin"):
+            data["affinity_break_margin"] = args.affinity_break_margin
+        data["session"].update({k: v for k, v in session.items() if v is not None})
+        return parse_settings(data)  # validates the flags with the same rules as the file
+
+    return apply
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = overrides_from(args)
+    try:
+        settings = overrides(load_settings(args.config) if args.config else RouterSettings())
+    except SettingsError as error:
+        print(f"rollout-router serve: invalid settings: {error}", file=sys.stderr)
+        return 2
+    _use_uvloop()
+    runtime = Runtime(settings, args.config, overrides)
+    app = create_app(runtime)
+
+    async def on_startup(app: web.Application) -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, runtime.reload)
+        print(f"rollout-router listening on http://{args.host}:{args.port}", flush=True)
+
+    app.on_startup.append(on_startup)
+    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None,
+                access_log=None, shutdown_timeout=5)
+    return 0
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pure-Python fallback keeps the router usable everywhere
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())

@@ -1,0 +1,118 @@
+"""Test helpers: free ports, a scripted replica, and an in-process router on real sockets."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from rollout_router.app import Runtime, create_app
+from rollout_router.settings import RouterSettings
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ScriptedReplica:
+    """A replica whose behaviour a test controls: hold requests, stream, or die mid-stream.
+
+    ``hold`` (when set) is awaited before answering, so tests can build exact
+    in-flight skew; ``die_after`` cuts the connection after that many chunks.
+    """
+
+    host: str
+    port: int = 0
+    chunks: int = 3
+    hold: asyncio.Event | None = None
+    die_after: int | None = None
+    seen: list[dict] = field(default_factory=list)
+    active: int = 0
+    cancelled: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> "ScriptedReplica":
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, handler_cancellation=True)
+        await self._runner.setup()
+        self.port = self.port or free_port(self.host)
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append({"headers": dict(request.headers), "body": body, "query": request.query_string})
+        self.active += 1
+        try:
+            if self.hold is not None:
+                await self.hold.wait()
+            if not body.get("stream"):
+                return web.json_response({"id": "x", "object": "chat.completion", "replica": self.url,
+                                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                                       "finish_reason": "stop"}]})
+            return await self._stream(request)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for index in range(self.chunks):
+            if self.die_after is not None and index == self.die_after:
+                request.transport.close()
+                return response
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
+                     "choices": [{"index": 0, "delta": {"content": f"t{index} "}, "finish_reason": None}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(0.01)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+@contextlib.asynccontextmanager
+async def running_router(settings: RouterSettings, host: str = "127.0.0.1"):
+    """An in-process router on a real socket; yields (base_url, runtime)."""
+    runtime = Runtime(settings)
+    runner = web.AppRunner(create_app(runtime), handler_cancellation=True)
+    await runner.setup()
+    port = free_port(host)
+    await web.TCPSite(runner, host, port).start()
+    try:
+        yield f"http://{host}:{port}", runtime
+    finally:
+        await runner.cleanup()
+
+
+async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:
+    """Poll until ``predicate()`` is true; fail loudly when it never is."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
