@@ -4,15 +4,25 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from .adaptive_affinity import AdaptiveAffinityPolicy
 from .affinity import AffinityPolicy
 from .base import Policy
+from .cache_aware import CacheAwarePolicy
+from .consistent_hash import ConsistentHashPolicy
+from .dual_threshold import DualThresholdPolicy
 from .least_loaded import LeastLoadedPolicy
+from .power_of_two import PowerOfTwoPolicy
 from .round_robin import RoundRobinPolicy
 
 POLICIES: dict[str, type] = {
     AffinityPolicy.name: AffinityPolicy,
     LeastLoadedPolicy.name: LeastLoadedPolicy,
     RoundRobinPolicy.name: RoundRobinPolicy,
+    DualThresholdPolicy.name: DualThresholdPolicy,
+    CacheAwarePolicy.name: CacheAwarePolicy,
+    ConsistentHashPolicy.name: ConsistentHashPolicy,
+    PowerOfTwoPolicy.name: PowerOfTwoPolicy,
+    AdaptiveAffinityPolicy.name: AdaptiveAffinityPolicy,
 }
 
 

@@ -1,0 +1,65 @@
+"""Candidate refinements of ``affinity_break_margin`` (off unless configured).
+
+``AffinityPolicy`` with two optional extras, both found by the fleet simulator
+study (docs/simulator.md), reusing its code rather than copying it:
+
+* ``context_scale``: the margin grows with the session's context, because
+  moving an N-token conversation costs an N-token re-prefill. The effective
+  margin is ``margin + len(prefix) / context_scale`` where ``len(prefix)`` is
+  the request's prefix length in the units the caller passes (the simulator
+  passes one unit per 16-token KV block).
+* ``cooldown``: a session that was (re)pinned less than ``cooldown`` seconds
+  ago is kept, against ping-pong.
+
+With both ``None`` it decides exactly like ``AffinityPolicy(margin)``.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .affinity import AffinityPolicy
+from .base import Decision, Outcome, Request
+
+
+class AdaptiveAffinityPolicy(AffinityPolicy):
+    name = "affinity_adaptive"
+
+    def __init__(self, margin: int | None = 2, context_scale: float | None = None, cooldown: float | None = None,
+                 full_determinism: bool = False, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
+        super().__init__(margin, full_determinism, max_sessions, idle_ttl)
+        if context_scale is not None and context_scale <= 0:
+            raise ValueError("context_scale must be positive or None")
+        if cooldown is not None and cooldown < 0:
+            raise ValueError("cooldown must be >= 0 or None")
+        self.context_scale, self.cooldown = context_scale, cooldown
+        self._request: Request | None = None
+        self._moved_at: dict[str, float] = {}
+
+    def route(self, request: Request) -> Decision:
+        self._request = request
+        try:
+            decision = super().route(request)
+        finally:
+            self._request = None
+        if self.cooldown is not None and request.key is not None and decision.outcome is not Outcome.KEPT:
+            self._moved_at[request.key] = request.now
+            if len(self._moved_at) > self.table.max_sessions:
+                self._moved_at.pop(next(iter(self._moved_at)))
+        return decision
+
+    def release(self, key: str) -> bool:
+        self._moved_at.pop(key, None)
+        return super().release(key)
+
+    def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
+        request = self._request
+        if self.margin is None or self.full_determinism or request is None:
+            return super()._keeps(loads, pinned)
+        if self.cooldown is not None and request.key is not None:
+            moved = self._moved_at.get(request.key)
+            if moved is not None and request.now - moved < self.cooldown:
+                return True
+        margin = float(self.margin)
+        if self.context_scale is not None and request.prefix is not None:
+            margin += len(request.prefix) / self.context_scale
+        return loads[pinned] - min(loads.values()) <= margin

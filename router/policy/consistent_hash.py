@@ -1,0 +1,80 @@
+"""Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2017).
+
+A session key hashes onto a ring of virtual nodes; it goes to the first
+replica clockwise whose load is below ``ceil(load_factor * (total + 1) / n)``
+(the request itself included). Nothing is stored per session: a session stays
+put while its home replica has room and spills deterministically to the next
+replica with room. ``load_factor`` 1.25 matches SMG ``prefix_hash`` and brpc;
+HAProxy's ``hash-balance-factor`` and Envoy's ``hash_balance_factor`` are the
+same rule. Outcomes: NEW = first sight of a key (this policy remembers the
+last replica only to report KEPT/BROKEN), KEPT = same replica as last time.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+
+from .base import Counters, Decision, NoReplicaError, Outcome, Request
+from .hashing import least_loaded, stable_hash
+from .sessions import SessionTable
+
+
+class ConsistentHashPolicy:
+    name = "consistent_hash"
+
+    def __init__(self, load_factor: float = 1.25, vnodes: int = 160,
+                 max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
+        if load_factor < 1:
+            raise ValueError("load_factor must be >= 1")
+        self.load_factor, self.vnodes = load_factor, vnodes
+        self.counters = Counters()
+        self.table = SessionTable(self.counters, max_sessions, idle_ttl)
+        self._rings: dict[frozenset, tuple[list[int], list[str]]] = {}
+        self._unkeyed = itertools.count()
+
+    def _ring(self, replicas) -> tuple[list[int], list[str]]:
+        members = frozenset(replicas)
+        ring = self._rings.get(members)
+        if ring is None:
+            points = sorted((stable_hash(r, str(v)), r) for r in members for v in range(self.vnodes))
+            ring = self._rings[members] = ([h for h, _ in points], [r for _, r in points])
+            if len(self._rings) > 64:
+                self._rings.pop(next(iter(self._rings)))
+        return ring
+
+    def route(self, request: Request) -> Decision:
+        loads = request.loads
+        if not loads:
+            raise NoReplicaError("no replica is available")
+        key = request.key
+        if key is None:
+            self.counters.count(Outcome.UNKEYED)
+            return Decision(least_loaded(loads, f"#{next(self._unkeyed)}"), Outcome.UNKEYED)
+        hashes, owners = self._ring(loads)
+        cap = math.ceil(self.load_factor * (sum(loads.values()) + 1) / len(loads))
+        start = bisect.bisect(hashes, stable_hash(key))
+        chosen = None
+        for j in range(len(owners)):
+            replica = owners[(start + j) % len(owners)]
+            if loads[replica] + 1 <= cap:
+                chosen = replica
+                break
+        if chosen is None:  # cannot happen with load_factor >= 1, kept for safety
+            chosen = least_loaded(loads, key)
+        previous = self.table.get(key, request.now)
+        if previous is None:
+            decision = Decision(chosen, Outcome.NEW)
+        elif previous == chosen:
+            decision = Decision(chosen, Outcome.KEPT)
+        else:
+            decision = Decision(chosen, Outcome.BROKEN, previous=previous)
+        self.table.pin(key, chosen, request.now)
+        self.counters.count(decision.outcome)
+        return decision
+
+    def release(self, key: str) -> bool:
+        return self.table.release(key)
+
+    def sessions(self) -> int:
+        return len(self.table)

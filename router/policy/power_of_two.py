@@ -1,0 +1,37 @@
+"""Power of two choices: sample two replicas, take the less loaded; no affinity.
+
+Sampling uses this policy's own ``random.Random(seed)``, never global state,
+so a run is reproducible.
+"""
+from __future__ import annotations
+
+import random
+
+from .base import Counters, Decision, NoReplicaError, Outcome, Request
+
+
+class PowerOfTwoPolicy:
+    name = "power_of_two"
+
+    def __init__(self, seed: int = 0):
+        self.counters = Counters()
+        self._rng = random.Random(seed)
+
+    def route(self, request: Request) -> Decision:
+        loads = request.loads
+        if not loads:
+            raise NoReplicaError("no replica is available")
+        replicas = sorted(loads)
+        if len(replicas) == 1:
+            choice = replicas[0]
+        else:
+            a, b = self._rng.sample(replicas, 2)
+            choice = b if loads[b] < loads[a] else a
+        self.counters.count(Outcome.UNKEYED)
+        return Decision(choice, Outcome.UNKEYED)
+
+    def release(self, key: str) -> bool:
+        return False
+
+    def sessions(self) -> int:
+        return 0
