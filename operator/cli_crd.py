@@ -1,0 +1,21 @@
+"""``rollout-router crd``: print the RolloutRouter CRD, generated from the models."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .crd import crd_yaml
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout.")
+
+
+def run(args: argparse.Namespace) -> int:
+    text = crd_yaml()
+    if args.output:
+        with open(args.output, "w") as out:
+            out.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,163 @@
+"""Pure rendering: one RolloutRouter resource -> the Kubernetes objects it owns.
+
+No API calls and no clock here, so every child can be tested from a dict. The
+router's settings go into a ConfigMap that the router re-reads on change, so
+policy knobs (margin, determinism, session) reach running routers without a
+restart; the pod template changes only with image, resources, scheduling,
+env, annotations, or discovery (selector and ports, via a hash annotation).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rollout_router.discovery.selectors import matches
+from rollout_router.settings import DiscoverySettings, RouterSettings, describe
+
+from .spec import GROUP, KIND, VERSION, RolloutRouterSpec
+
+CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
+ROUTER_PORT = 8080
+RUN_AS = 65532  # the "nonroot" user of distroless images
+MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
+RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "PYTHONDONTWRITEBYTECODE"}
+
+
+class InvalidSpec(ValueError):
+    """A spec the operator cannot turn into working routers; the message names the field."""
+
+
+def router_labels(name: str) -> dict[str, str]:
+    """The labels that select one resource's router pods (Deployment, Service, status polling)."""
+    return {"app.kubernetes.io/name": "rollout-router", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": "router"}
+
+
+def child_name(name: str) -> str:
+    return f"{name}-router"
+
+
+def child_refs(name: str) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of every child a resource may have, rendered now or not."""
+    full = child_name(name)
+    return [("v1", "ServiceAccount", full), ("rbac.authorization.k8s.io/v1", "Role", full),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding", full), ("v1", "ConfigMap", f"{full}-config"),
+            ("apps/v1", "Deployment", full), ("v1", "Service", full), ("policy/v1", "PodDisruptionBudget", full)]
+
+
+def parse_spec(resource: dict) -> RolloutRouterSpec:
+    """The spec as the operator will use it, or InvalidSpec naming what is wrong."""
+    name = resource["metadata"]["name"]
+    try:
+        spec = RolloutRouterSpec.model_validate(resource.get("spec") or {})
+    except ValidationError as error:
+        raise InvalidSpec("; ".join(f"spec.{line}" for line in describe(error).split("; "))) from None
+    if len(name) > MAX_NAME:
+        raise InvalidSpec(f"metadata.name: at most {MAX_NAME} characters (children are named {child_name(name)!r})")
+    own = {**router_labels(name), "app.kubernetes.io/managed-by": "rollout-router-operator"}
+    if matches(spec.selector, own):
+        raise InvalidSpec("spec.selector: matches the router's own pods; select the vLLM pods only")
+    if spec.grpc_port is not None and str(spec.grpc_port) == str(spec.backend_port):
+        raise InvalidSpec("spec.grpcPort: must differ from spec.backendPort")
+    for index, env in enumerate(spec.router.env):
+        if env.name in RESERVED_ENV:
+            raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set by the operator")
+    return spec
+
+
+def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
+    """What the router reads from --config: the policy knobs plus pod discovery."""
+    policy = {field: getattr(spec, field) for field in ("policy", "affinity_break_margin", "full_determinism", "session")}
+    discovery = DiscoverySettings(namespace=namespace, selector=spec.selector, port=spec.backend_port,
+                                  grpc_port=spec.grpc_port)
+    return RouterSettings(**policy, discovery=discovery)
+
+
+def render(resource: dict) -> list[dict]:
+    """Every child of ``resource``, in apply order (RBAC and config before the Deployment)."""
+    meta = resource["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    spec = parse_spec(resource)
+    labels = {**router_labels(name), "app.kubernetes.io/managed-by": "rollout-router-operator",
+              "app.kubernetes.io/version": spec.router.image.rsplit(":", 1)[-1] if ":" in spec.router.image else "latest"}
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": meta["uid"],
+             "controller": True, "blockOwnerDeletion": True}
+
+    def child(api_version: str, kind: str, object_name: str, **body: Any) -> dict:
+        return {"apiVersion": api_version, "kind": kind,
+                "metadata": {"name": object_name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]},
+                **body}
+
+    full = child_name(name)
+    settings = router_settings(namespace, spec)
+    children = [
+        child("v1", "ServiceAccount", full),
+        child("rbac.authorization.k8s.io/v1", "Role", full, rules=[
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]),
+        child("rbac.authorization.k8s.io/v1", "RoleBinding", full,
+              roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": full},
+              subjects=[{"kind": "ServiceAccount", "name": full, "namespace": namespace}]),
+        child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
+        child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, settings.discovery)),
+        child("v1", "Service", full, spec={
+            "type": spec.router.service.type, "selector": router_labels(name),
+            "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"}]}),
+    ]
+    if spec.router.replicas > 1:
+        children.append(child("policy/v1", "PodDisruptionBudget", full, spec={
+            "maxUnavailable": 1, "selector": {"matchLabels": router_labels(name)}}))
+    return children
+
+
+def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, discovery: DiscoverySettings) -> dict:
+    router = spec.router
+    discovery_hash = hashlib.sha256(json.dumps(discovery.dump(), sort_keys=True).encode()).hexdigest()[:16]
+    env = [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},  # the root filesystem is read-only
+        *({k: v for k, v in e.dump().items() if v is not None} for e in router.env),
+    ]
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 3,
+             "failureThreshold": 3}
+    container = {
+        "name": "router",
+        "image": router.image,
+        "imagePullPolicy": router.image_pull_policy,
+        "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
+                    "--host", "0.0.0.0", "--port", str(ROUTER_PORT)],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": router.resources.dump(),
+        "livenessProbe": probe,
+        "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    pod_spec = {
+        "serviceAccountName": child_name(name),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        # A directory mount (not subPath), so the kubelet's updates reach the running router.
+        "volumes": [{"name": "config", "configMap": {"name": f"{child_name(name)}-config"}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+        "nodeSelector": router.node_selector,
+        "tolerations": [{k: v for k, v in t.dump().items() if v is not None} for t in router.tolerations],
+    }
+    return {
+        "replicas": router.replicas,
+        "selector": {"matchLabels": router_labels(name)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "template": {
+            "metadata": {"labels": labels,
+                         "annotations": {**router.pod_annotations, "rolloutrouter.dev/discovery-hash": discovery_hash}},
+            "spec": pod_spec,
+        },
+    }

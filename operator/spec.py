@@ -1,0 +1,160 @@
+"""The RolloutRouter resource's spec and status, as pydantic models.
+
+The spec reuses the router's own models (``PolicySettings``, ``LabelSelector``)
+so the CRD schema, the operator's validation and the router's config file
+cannot drift apart. Cross-field rules are written twice on purpose: as CEL in
+the schema (the API server rejects the object) and as validators here (the
+operator reports them when the server does not run CEL, e.g. the emulator).
+"""
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal
+
+from pydantic import Field, StrictInt, model_validator
+
+from rollout_router.settings import LabelSelector, Model, PolicySettings
+
+GROUP, VERSION, KIND, PLURAL = "rolloutrouter.dev", "v1alpha1", "RolloutRouter", "rolloutrouters"
+
+
+def _package_version() -> str:
+    try:
+        return version("rollout-router")
+    except PackageNotFoundError:  # running from a source tree without an install
+        return "0.1.0"
+
+
+DEFAULT_IMAGE = f"ghcr.io/rolloutrouter/rollout-router:{_package_version()}"
+Port = StrictInt | str  # a number, or a container port name (resolved on each pod)
+Quantity = StrictInt | str
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict:
+    """One ``x-kubernetes-validations`` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class ServiceSpec(Model):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
+    port: StrictInt = Field(8080, ge=1, le=65535, description="Service port; traffic, /metrics and /status.")
+
+
+class ResourceRequirements(Model):
+    requests: dict[str, Quantity] = Field(default_factory=lambda: {"cpu": "500m", "memory": "256Mi"})
+    limits: dict[str, Quantity] = Field(default_factory=lambda: {"memory": "1Gi"})
+
+
+class Toleration(Model):
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        cel("has(self.key) || self.operator == 'Exists'", "a toleration without a key must use operator Exists"),
+        cel("self.operator != 'Exists' || !has(self.value)", "operator Exists takes no value"),
+    ]}}
+
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator Exists")
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("operator Exists takes no value")
+        return self
+
+
+class EnvVar(Model):
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        cel("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both"),
+    ]}}
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(None, description="As in a container's env[].valueFrom.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("set value or valueFrom, not both")
+        return self
+
+
+class RouterDeploymentSpec(Model):
+    """How the router runs; changing these rolls the Deployment (replicas only scales it)."""
+
+    replicas: StrictInt = Field(1, ge=0, le=100, description="Router pods; a PodDisruptionBudget is added above 1.")
+    image: str = Field(DEFAULT_IMAGE, min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the router.")
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+
+
+SELECTOR_RULE = cel(
+    "(has(self.matchLabels) && size(self.matchLabels) > 0) || "
+    "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
+    "selector must have matchLabels or matchExpressions; an empty selector matches every pod")
+REQUIREMENT_RULE = cel(
+    "self.operator in ['In', 'NotIn'] ? size(self.values) > 0 : size(self.values) == 0",
+    "In and NotIn need values; Exists and DoesNotExist take none")
+
+
+class RolloutRouterSpec(PolicySettings):
+    """What a user writes under spec: the policy knobs, where the vLLM pods are, how the router runs."""
+
+    selector: LabelSelector = Field(
+        description="The vLLM pods, in the resource's namespace.",
+        json_schema_extra={"x-kubernetes-validations": [SELECTOR_RULE]})
+    backend_port: Port = Field(8000, description="vLLM HTTP port: a number or a container port name.")
+    grpc_port: Port | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
+    router: RouterDeploymentSpec = Field(default_factory=RouterDeploymentSpec)
+
+    @model_validator(mode="after")
+    def _selector(self) -> RolloutRouterSpec:
+        if not self.selector.match_labels and not self.selector.match_expressions:
+            raise ValueError(f"selector: {SELECTOR_RULE['message']}")
+        for expr in self.selector.match_expressions:
+            if (expr.operator in ("In", "NotIn")) != bool(expr.values):
+                raise ValueError(f"selector.matchExpressions[{expr.key}]: {REQUIREMENT_RULE['message']}")
+        return self
+
+
+class Condition(Model):
+    type: Literal["Ready", "Progressing", "Degraded"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class Counts(Model):
+    ready: int = 0
+    total: int = 0
+    summary: str = Field("0/0", description="ready/total, for kubectl get.")
+
+
+class Affinity(Model):
+    kept: int = 0
+    broken: int = 0
+    new_sessions: int = 0
+    read_at: str | None = Field(None, description="When the routers' /status was read (RFC 3339).")
+    routers_read: int = Field(0, description="Router pods whose /status answered.")
+    unreachable: list[str] = Field(default_factory=list, description="Router pods whose /status did not answer.")
+
+
+class RolloutRouterStatus(Model):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    backends: Counts = Field(default_factory=Counts, description="vLLM pods matching the selector: ready/total.")
+    routers: Counts = Field(default_factory=Counts, description="Router pods: ready/desired (total is desired).")
+    affinity: Affinity = Field(default_factory=Affinity, description="Counters summed over all router pods.")

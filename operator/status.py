@@ -1,0 +1,130 @@
+"""The resource's status: router /status counters summed, pods counted, conditions set.
+
+``summarize`` and ``conditions`` are pure; ``collect`` does the I/O (two pod
+listings and one GET per router pod, concurrently). A router pod that does not
+answer is listed in ``affinity.unreachable`` and marks the resource Degraded;
+it never fails the poll.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from rollout_router.discovery.kubernetes import is_ready
+from rollout_router.discovery.selectors import to_query
+from rollout_router.settings import LabelSelector
+
+from . import kube
+from .render import ROUTER_PORT, InvalidSpec, parse_spec, router_labels
+from .spec import Affinity, Condition, Counts, RolloutRouterStatus
+
+log = logging.getLogger(__name__)
+POLL_TIMEOUT = 3.0
+COUNTERS = {"kept": "affinity_kept", "broken": "affinity_broken", "new_sessions": "new_sessions"}
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Observation:
+    """What one poll saw."""
+
+    routers_ready: int = 0
+    routers_desired: int = 0
+    backends_ready: int = 0
+    backends_total: int = 0
+    reports: dict[str, dict] = field(default_factory=dict)  # router pod -> its /status
+    unreachable: list[str] = field(default_factory=list)
+    read_at: str = ""
+
+
+def _counts(ready: int, total: int) -> Counts:
+    return Counts(ready=ready, total=total, summary=f"{ready}/{total}")
+
+
+def conditions(previous: list[dict], wanted: list[tuple[str, str, str, str]], generation: int | None,
+               at: str) -> list[dict]:
+    """Kubernetes-style conditions; lastTransitionTime moves only when the status flips."""
+    before = {c.get("type"): c for c in previous or []}
+    result = []
+    for kind, status, reason, message in wanted:
+        old = before.get(kind, {})
+        since = old.get("lastTransitionTime") if old.get("status") == status else None
+        result.append(Condition(type=kind, status=status, reason=reason, message=message,
+                                last_transition_time=since or at, observed_generation=generation).dump())
+    return result
+
+
+def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
+    """The status document for a valid spec."""
+    routers, backends = _counts(obs.routers_ready, obs.routers_desired), _counts(obs.backends_ready, obs.backends_total)
+    if obs.routers_desired == 0:
+        ready = ("False", "ScaledToZero", "spec.router.replicas is 0")
+    elif obs.routers_ready < obs.routers_desired:
+        ready = ("False", "RoutersNotReady", f"{routers.summary} router pods ready")
+    elif obs.backends_ready == 0:
+        ready = ("False", "NoReadyBackends", f"no Ready pod matches spec.selector ({backends.summary})")
+    else:
+        ready = ("True", "RoutersReady", f"{routers.summary} routers, {backends.summary} backends ready")
+    progressing = (("True", "RollingOut", f"{routers.summary} router pods ready")
+                   if obs.routers_ready < obs.routers_desired else ("False", "Stable", "all router pods ready"))
+    degraded = (("True", "RoutersUnreachable", "no /status from " + ", ".join(obs.unreachable))
+                if obs.unreachable else ("False", "AsExpected", ""))
+    affinity = Affinity(**{name: sum(int(r.get(key, 0)) for r in obs.reports.values()) for name, key in COUNTERS.items()},
+                        read_at=obs.read_at, routers_read=len(obs.reports), unreachable=obs.unreachable)
+    status = RolloutRouterStatus(observed_generation=generation, backends=backends, routers=routers, affinity=affinity)
+    document = status.dump()
+    document["conditions"] = conditions(previous.get("conditions", []), [
+        ("Ready", *ready), ("Progressing", *progressing), ("Degraded", *degraded)], generation, obs.read_at)
+    return document
+
+
+def invalid(previous: dict, generation: int | None, message: str) -> dict:
+    """The status for a spec that cannot work: Degraded/InvalidSpec, counters kept as they were."""
+    return {"observedGeneration": generation, "conditions": conditions(previous.get("conditions", []), [
+        ("Ready", "False", "InvalidSpec", message), ("Progressing", "False", "InvalidSpec", message),
+        ("Degraded", "True", "InvalidSpec", message)], generation, now())}
+
+
+async def _poll(session: aiohttp.ClientSession, pod: dict) -> dict:
+    url = f"http://{pod['status']['podIP']}:{ROUTER_PORT}/status"
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as response:
+        response.raise_for_status()
+        return await response.json()
+
+
+async def observe(namespace: str, name: str, selector: LabelSelector, desired: int) -> Observation:
+    """List router and backend pods, and read every serving router pod's /status."""
+    routers = await asyncio.to_thread(kube.list_pods, namespace, ",".join(f"{k}={v}" for k, v in router_labels(name).items()))
+    backends = await asyncio.to_thread(kube.list_pods, namespace, to_query(selector))
+    backends = [pod for pod in backends if not pod["metadata"].get("deletionTimestamp")]
+    live = [pod for pod in routers if (pod.get("status") or {}).get("podIP") and not pod["metadata"].get("deletionTimestamp")]
+    obs = Observation(routers_ready=sum(map(is_ready, routers)), routers_desired=desired,
+                      backends_ready=sum(map(is_ready, backends)), backends_total=len(backends), read_at=now())
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(*(_poll(session, pod) for pod in live), return_exceptions=True)
+    for pod, result in zip(live, results):
+        pod_name = pod["metadata"]["name"]
+        if isinstance(result, BaseException):
+            log.info("router pod %s: /status unreachable: %r", pod_name, result)
+            obs.unreachable.append(pod_name)
+        else:
+            obs.reports[pod_name] = result
+    return obs
+
+
+async def collect(resource: dict, generation: int | None) -> dict:
+    """The full status document for ``resource`` as it is now, reporting ``generation`` as observed."""
+    meta, previous = resource["metadata"], resource.get("status") or {}
+    try:
+        spec = parse_spec(resource)
+    except InvalidSpec as error:
+        return invalid(previous, meta.get("generation"), str(error))
+    obs = await observe(meta["namespace"], meta["name"], spec.selector, spec.router.replicas)
+    return summarize(obs, previous, generation)

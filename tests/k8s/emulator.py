@@ -1,0 +1,213 @@
+"""A kmock Kubernetes emulator with the gaps that matter to kopf and our tests filled.
+
+kmock 0.8 stores objects as plain dicts. Filled here: server-set metadata
+(namespace from the URL, uid, resourceVersion, creationTimestamp, generation
+bumped on spec changes), 201 on create, label selectors on list and watch,
+the status subresource (status writes only via /status, and /status writes
+nothing else), no-op patches that change nothing, JSON patches and removals
+(computed here, handed to kmock as a merge), server-side apply creating a
+missing object, and ``/api/v1/namespaces``. Not filled: garbage collection,
+strategic merge of lists (lists are replaced whole), resourceVersion on watch
+(every watch starts with ADDED for all objects), admission, schema validation.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import json
+import re
+import threading
+import uuid
+from typing import Any
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import dicts, enums
+
+_REQUIREMENT = re.compile(r"^\s*(!?)([\w./-]+)\s*(?:(=|==|!=|\s+in\s+|\s+notin\s+)\s*(.*?))?\s*$")
+
+
+def selector_matches(query: str, labels: dict[str, str] | None) -> bool:
+    """The ``labelSelector`` query syntax: ``a=b,c!=d,e in (f,g),h notin (i),j,!k``."""
+    labels = labels or {}
+    for term in re.split(r",(?![^()]*\))", query or ""):
+        if not term.strip():
+            continue
+        match = _REQUIREMENT.match(term)
+        if match is None:
+            raise ValueError(f"bad label selector term {term!r}")
+        negated, key, op, value = match.groups()
+        op = (op or "").strip()
+        values = [v.strip() for v in (value or "").strip("()").split(",")]
+        ok = {
+            "": key not in labels if negated else key in labels,
+            "=": labels.get(key) == value, "==": labels.get(key) == value,
+            "!=": labels.get(key) != value,
+            "in": labels.get(key) in values,
+            "notin": labels.get(key) not in values,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _merge_diff(old: Any, new: Any) -> Any:
+    """The JSON merge patch turning ``old`` into ``new`` (None removes a key)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old or old[key] != value:
+            patch[key] = _merge_diff(old.get(key), value)
+    return patch
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+    namespaces: set[str] = attrs.field(factory=lambda: {"default", "kube-system"})
+
+    def _has_status(self, resource: Any) -> bool:
+        return resource in self.resources and "status" in self.resources[resource].subresources
+
+    def _stamp(self) -> str:
+        return str(next(self._versions))
+
+    def _current(self, request: kmock.Request) -> dict | None:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock's path parser fails on the namespaces collection itself.
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            if raw_request.method == "POST":
+                body = await raw_request.json()
+                self.namespaces.add(body["metadata"]["name"])
+                return aiohttp.web.json_response(body, status=201)
+            names = {ns for _, ns, _ in self.objects if ns} | self.namespaces
+            items = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "resourceVersion": "1"},
+                      "status": {"phase": "Active"}} for name in sorted(names)]
+            if raw_request.query.get("watch") == "true":  # the existing ones, then silence until the timeout
+                response = aiohttp.web.StreamResponse()
+                await response.prepare(raw_request)
+                for item in items:
+                    await response.write(json.dumps({"type": "ADDED", "object": item}).encode() + b"\n")
+                await asyncio.sleep(float(raw_request.query.get("timeoutSeconds", 600)))
+                return response
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "NamespaceList",
+                                              "metadata": {"resourceVersion": self._stamp()}, "items": items})
+        return await super().__call__(raw_request)
+
+    def _rewrite(self, old: kmock.Request, new: kmock.Request) -> kmock.Request:
+        """kmock routes only requests it has recorded (by identity): record the rewritten one instead."""
+        for index in range(len(self._requests) - 1, -1, -1):
+            if self._requests[index] is old:
+                self._requests[index] = new
+                break
+        return new
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and request.action == enums.action.UPDATE:
+            request = self._rewrite(request, self._prepare_update(request))
+        if request.resource is not None and request.action == enums.action.CREATE:
+            request = self._rewrite(request, self._prepare_create(request))
+            response = await super()._handle(request)
+            if response.status == 200 and not response.prepared:
+                response.set_status(201)
+            return response
+        return await super()._handle(request)
+
+    def _prepare_create(self, request: kmock.Request) -> kmock.Request:
+        body = copy.deepcopy(request.data) or {}
+        meta = body.setdefault("metadata", {})
+        meta.update(uid=str(uuid.uuid4()), resourceVersion=self._stamp(), generation=1,
+                    creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if request.namespace:
+            meta["namespace"] = request.namespace
+        if self._has_status(request.resource):
+            body.pop("status", None)
+        return attrs.evolve(request, data=body)
+
+    def _prepare_update(self, request: kmock.Request) -> kmock.Request:
+        old = self._current(request)
+        content_type = request.headers.get("Content-Type", "")
+        if old is None:
+            if "apply-patch" in content_type:  # server-side apply creates what is missing
+                return attrs.evolve(request, action=enums.action.CREATE, method="POST", name=None)
+            return request  # kmock answers 404
+        patch = request.data if request.data is not None else {}
+        new = (jsonpatch.apply_patch(old, patch) if isinstance(patch, list)
+               else dicts.merge_patch_dict(old, patch))
+        new = copy.deepcopy(dict(new))
+        if request.subresource == "status":
+            new = {**old, "status": new.get("status")}
+        elif self._has_status(request.resource):
+            new["status"] = old.get("status")
+        if new.get("status") is None:
+            new.pop("status", None)
+        meta = new.setdefault("metadata", {})
+        for field in ("uid", "creationTimestamp", "namespace", "name", "generation", "deletionTimestamp"):
+            if field in old["metadata"]:
+                meta[field] = old["metadata"][field]
+        if new == old:  # a no-op: no new version, no watch event
+            return attrs.evolve(request, action=enums.action.FETCH, method="GET")
+        spec_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
+                       {k: v for k, v in old.items() if k not in ("metadata", "status")}
+        if spec_changed:
+            meta["generation"] = old["metadata"].get("generation", 1) + 1
+        meta["resourceVersion"] = self._stamp()
+        return attrs.evolve(request, data=_merge_diff(old, new))
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        result = await super()._serve_list(request)
+        query = request.params.get("labelSelector", "")
+        result["items"] = [o for o in result["items"] if selector_matches(query, o.get("metadata", {}).get("labels"))]
+        result["metadata"]["resourceVersion"] = self._stamp()
+        return result
+
+    async def _serve_watch(self, request: kmock.Request) -> Any:
+        query = request.params.get("labelSelector", "")
+        async for event in super()._serve_watch(request):
+            obj = event.get("object", {}) if isinstance(event, dict) else None
+            if obj is None or selector_matches(query, obj.get("metadata", {}).get("labels")):
+                yield event
+
+
+class EmulatorServer:
+    """The emulator on 127.0.0.1 in its own thread, so sync clients and subprocesses can use it."""
+
+    def __init__(self, emulator: Emulator):
+        self.emulator = emulator
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="k8s-emulator", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with self.emulator, kmock.Server(self.emulator) as server:
+            self.url = f"http://127.0.0.1:{server.port}"
+            self._started.set()
+            await self._stop.wait()
+
+    def start(self) -> EmulatorServer:
+        self._thread.start()
+        if not self._started.wait(10):
+            raise RuntimeError("the Kubernetes emulator did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
