@@ -110,9 +110,12 @@ def _mtime(path: Path | None) -> float | None:
         return None
 
 
+RUNTIME = web.AppKey("runtime", Runtime)
+
+
 def create_app(runtime: Runtime) -> web.Application:
     app = web.Application()
-    app["runtime"] = runtime
+    app[RUNTIME] = runtime
     app.cleanup_ctx.append(runtime.lifecycle)
     AdminRoutes(runtime.balancer, runtime.metrics).add_to(app)
     proxy = HttpProxy(runtime.balancer, runtime.metrics, lambda: runtime.settings, lambda: runtime.client)
