@@ -40,7 +40,7 @@ class Preset:
     max_num_seqs: int = 1024
     max_batched_tokens: int = 22528
     replicas: int = 16
-    router_lru: int = 2500  # verl's sticky map (10,000 entries) scaled like the batch
+    router_lru: int = 10_000  # verl's sticky map (DEFAULT_ROUTING_CACHE_SIZE)
     # the published row this preset stands for
     published_ctx: str = ""
     published_hit: float = 0.0
@@ -53,17 +53,17 @@ class Preset:
 # sticky baseline's prefix hit rate lands near the published one (see docs).
 PRESETS: dict[str, Preset] = {
     p.name: p for p in [
-        Preset("ctx2k", prompts=160, n=16, prompt_median=220, out_median=330, out_sigma=0.9,
+        Preset("ctx2k", prompts=384, n=16, prompt_median=220, out_median=380, out_sigma=0.9,
                turns_mean=3.0, max_turns=8, tool_median=120, tool_latency=0.3, kv_tokens=120_000,
                steps=39, published_ctx="2.2K", published_hit=0.087, published_change=-0.038),
-        Preset("ctx9k", prompts=96, n=16, prompt_median=220, out_median=1500, out_sigma=0.9,
+        Preset("ctx9k", prompts=384, n=16, prompt_median=220, out_median=1700, out_sigma=0.9,
                turns_mean=3.5, max_turns=10, tool_median=200, tool_latency=0.3, kv_tokens=300_000,
                steps=9, published_ctx="8.7K", published_hit=0.053, published_change=-0.086),
-        Preset("ctx20k", prompts=64, n=16, prompt_median=220, out_median=3000, out_sigma=0.9,
-               turns_mean=4.0, max_turns=12, tool_median=250, tool_latency=0.3, kv_tokens=500_000,
+        Preset("ctx20k", prompts=384, n=16, prompt_median=220, out_median=12000, out_sigma=0.9,
+               turns_mean=3.0, max_turns=10, tool_median=250, tool_latency=0.3, kv_tokens=500_000,
                steps=17, published_ctx="19.8K", published_hit=0.016, published_change=-0.101),
-        Preset("ctx9k-bigkv", prompts=96, n=16, prompt_median=220, out_median=1500, out_sigma=0.9,
-               turns_mean=3.5, max_turns=10, tool_median=200, tool_latency=0.3, kv_tokens=1_750_000,
+        Preset("ctx9k-bigkv", prompts=384, n=16, prompt_median=220, out_median=1700, out_sigma=0.9,
+               turns_mean=3.5, max_turns=10, tool_median=200, tool_latency=0.3, kv_tokens=4_000_000,
                steps=39, published_ctx="8.7K, large KV pool", published_hit=0.997, published_change=-0.054,
                published_note="prefix reuse 99.7% -> 97.6%"),
         Preset("quick", prompts=12, n=8, prompt_median=200, out_median=400, out_sigma=0.9,

@@ -1,0 +1,97 @@
+"""``rollout-router simulate``: arguments and entry point (wired by router/cli.py)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from .cost import CostModel
+from .runner import Config, arms_for, resolve_presets, run_study
+from .workload import PRESETS
+
+STUDY_PRESETS = ["ctx2k", "ctx9k", "ctx20k", "ctx9k-bigkv"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("study")
+    g.add_argument("--preset", action="append", choices=sorted(PRESETS),
+                   help=f"preset to run (repeatable; default: {' '.join(STUDY_PRESETS)})")
+    g.add_argument("--steps", default="12", help="paired steps per preset, or 'published' for the PR's counts (default 12)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    g.add_argument("--policies", default="", help="comma-separated arm labels to run (sticky always runs); default all")
+    g.add_argument("--list-policies", action="store_true", help="print the arm labels and exit")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    g.add_argument("--markdown", metavar="FILE", help="also write the tables as markdown")
+    g.add_argument("--json-out", metavar="FILE", help="also write the JSON to FILE")
+    g.add_argument("--plots", metavar="DIR", help="write PNG plots (sim-*.png) to DIR")
+    g.add_argument("--no-progress", action="store_true")
+    w = parser.add_argument_group("workload and engine overrides (apply to every chosen preset)")
+    w.add_argument("--prompts", type=int, help="GRPO groups per step")
+    w.add_argument("--samples", type=int, help="samples per prompt (GRPO n)")
+    w.add_argument("--replicas", type=int)
+    w.add_argument("--kv-tokens", type=int, help="KV pool per replica, tokens")
+    w.add_argument("--max-num-seqs", type=int)
+    w.add_argument("--max-batched-tokens", type=int)
+    w.add_argument("--tool-latency", type=float, help="median tool latency, seconds")
+    w.add_argument("--router-lru", type=int, help="sticky-map size of the affinity arms (verl: 10000)")
+    c = parser.add_argument_group("cost model (defaults: Qwen2.5-32B bf16, TP 4, H200)")
+    for f in dataclasses.fields(CostModel):
+        c.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, dest="cost_" + f.name)
+
+
+def _overrides(args) -> dict:
+    m = {"prompts": args.prompts, "n": args.samples, "replicas": args.replicas, "kv_tokens": args.kv_tokens,
+         "max_num_seqs": args.max_num_seqs, "max_batched_tokens": args.max_batched_tokens,
+         "tool_latency": args.tool_latency, "router_lru": args.router_lru}
+    return {k: v for k, v in m.items() if v is not None}
+
+
+def run(args) -> int:
+    names = args.preset or STUDY_PRESETS
+    presets = tuple(dataclasses.replace(p, **_overrides(args)) for p in resolve_presets(names))
+    if args.list_policies:
+        print("\n".join(a.label for a in arms_for(presets[0])))
+        return 0
+    if args.steps == "published":
+        steps = {p.name: p.steps for p in presets}
+    else:
+        steps = {p.name: int(args.steps) for p in presets}
+    cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
+    arm_filter = tuple(s for s in args.policies.split(",") if s)
+    known = {a.label for a in arms_for(presets[0])}
+    if set(arm_filter) - known:
+        print(f"unknown policies: {', '.join(sorted(set(arm_filter) - known))}", file=sys.stderr)
+        return 2
+    cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter)
+    study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress)
+    if args.plots:
+        from .plots import write_plots
+
+        for path in write_plots(study, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    for pr in study["presets"].values():
+        pr.pop("load_traces", None)
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(study, fh, indent=1)
+    from .report import markdown
+
+    md = markdown(study)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(md + "\n")
+    if args.json:
+        json.dump(study, sys.stdout)
+        print()
+    else:
+        print(md)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollout_router.sim", description="Fleet simulator for routing policies")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
