@@ -1,0 +1,37 @@
+# The two commands of the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test install install-test system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+# Debian packages the tests use (a real Prometheus server); installed once, as root.
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing Debian packages: prometheus"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+demo: install
+	$(BIN)/rollout-router demo
+
+test: install-test system-deps
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
