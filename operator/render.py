@@ -3,20 +3,19 @@
 No API calls and no clock here, so every child can be tested from a dict. The
 router's settings go into a ConfigMap that the router re-reads on change, so
 policy knobs (margin, determinism, session) reach running routers without a
-restart; the pod template changes only with image, resources, scheduling,
-env, annotations, or discovery (selector and ports, via a hash annotation).
+restart, and so do selector and port changes (the router restarts its pod
+watch); the pod template changes only with image, resources, scheduling, env
+and annotations, and only then does the Deployment roll.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from rollout_router.discovery.selectors import matches
-from rollout_router.settings import DiscoverySettings, RouterSettings, describe
+from rollout_router.settings import DiscoverySettings, RouterSettings
 
 from .spec import GROUP, KIND, VERSION, RolloutRouterSpec
 
@@ -49,13 +48,23 @@ def child_refs(name: str) -> list[tuple[str, str, str]]:
             ("apps/v1", "Deployment", full), ("v1", "Service", full), ("policy/v1", "PodDisruptionBudget", full)]
 
 
+def describe_spec_error(error: ValidationError) -> str:
+    """One clause per problem, each starting with the field's path, e.g. ``spec.router.env[0].name``."""
+    clauses = []
+    for item in error.errors():
+        path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        clauses.append(f"spec{path}: {message}" if path else f"spec.{message}")  # model rules name their field
+    return "; ".join(clauses)
+
+
 def parse_spec(resource: dict) -> RolloutRouterSpec:
     """The spec as the operator will use it, or InvalidSpec naming what is wrong."""
     name = resource["metadata"]["name"]
     try:
         spec = RolloutRouterSpec.model_validate(resource.get("spec") or {})
     except ValidationError as error:
-        raise InvalidSpec("; ".join(f"spec.{line}" for line in describe(error).split("; "))) from None
+        raise InvalidSpec(describe_spec_error(error)) from None
     if len(name) > MAX_NAME:
         raise InvalidSpec(f"metadata.name: at most {MAX_NAME} characters (children are named {child_name(name)!r})")
     own = {**router_labels(name), "app.kubernetes.io/managed-by": "rollout-router-operator"}
@@ -102,7 +111,7 @@ def render(resource: dict) -> list[dict]:
               roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": full},
               subjects=[{"kind": "ServiceAccount", "name": full, "namespace": namespace}]),
         child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
-        child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, settings.discovery)),
+        child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels)),
         child("v1", "Service", full, spec={
             "type": spec.router.service.type, "selector": router_labels(name),
             "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"}]}),
@@ -113,9 +122,8 @@ def render(resource: dict) -> list[dict]:
     return children
 
 
-def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, discovery: DiscoverySettings) -> dict:
+def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict) -> dict:
     router = spec.router
-    discovery_hash = hashlib.sha256(json.dumps(discovery.dump(), sort_keys=True).encode()).hexdigest()[:16]
     env = [
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -156,8 +164,7 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, discovery
         "selector": {"matchLabels": router_labels(name)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
         "template": {
-            "metadata": {"labels": labels,
-                         "annotations": {**router.pod_annotations, "rolloutrouter.dev/discovery-hash": discovery_hash}},
+            "metadata": {"labels": labels, "annotations": router.pod_annotations},
             "spec": pod_spec,
         },
     }

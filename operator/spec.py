@@ -102,7 +102,7 @@ class RouterDeploymentSpec(Model):
 SELECTOR_RULE = cel(
     "(has(self.matchLabels) && size(self.matchLabels) > 0) || "
     "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
-    "selector must have matchLabels or matchExpressions; an empty selector matches every pod")
+    "selector must have matchLabels or matchExpressions (an empty selector matches every pod)")
 REQUIREMENT_RULE = cel(
     "self.operator in ['In', 'NotIn'] ? size(self.values) > 0 : size(self.values) == 0",
     "In and NotIn need values; Exists and DoesNotExist take none")

@@ -1,0 +1,160 @@
+"""render(): every child, for many specs, from a dict and nothing else."""
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import yaml
+
+from rollout_router.settings import parse_settings
+from rollout_router_operator.render import InvalidSpec, child_refs, render
+from rollout_router_operator.spec import DEFAULT_IMAGE
+
+
+def resource(spec: dict | None = None, name: str = "rr1") -> dict:
+    return {"apiVersion": "rolloutrouter.dev/v1alpha1", "kind": "RolloutRouter",
+            "metadata": {"name": name, "namespace": "team", "uid": "uid-1", "generation": 1},
+            "spec": {"selector": {"matchLabels": {"app": "vllm"}}, **(spec or {})}}
+
+
+def by_kind(manifests: list[dict]) -> dict[str, dict]:
+    return {m["kind"]: m for m in manifests}
+
+
+FULL = {
+    "backendPort": "http", "grpcPort": 50051, "policy": "affinity", "affinityBreakMargin": 2, "fullDeterminism": True,
+    "session": {"headers": ["X-A"], "bodyFields": ["sid"], "maxSessions": 10, "idleTimeoutSeconds": None},
+    "router": {"replicas": 3, "image": "example.com/rr:dev", "imagePullPolicy": "Always",
+               "resources": {"requests": {"cpu": 1}, "limits": {"memory": "2Gi"}},
+               "service": {"type": "LoadBalancer", "port": 80}, "nodeSelector": {"pool": "cpu"},
+               "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+               "env": [{"name": "X", "value": "1"}, {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+               "podAnnotations": {"a": "b"}},
+}
+
+
+def test_defaults_give_every_child_owned_and_labelled():
+    children = render(resource())
+    assert [c["kind"] for c in children] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service"]
+    for child in children:
+        meta = child["metadata"]
+        assert meta["namespace"] == "team"
+        assert meta["ownerReferences"] == [{"apiVersion": "rolloutrouter.dev/v1alpha1", "kind": "RolloutRouter",
+                                            "name": "rr1", "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+        assert meta["labels"]["app.kubernetes.io/instance"] == "rr1"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "rollout-router-operator"
+    assert {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children} <= set(child_refs("rr1"))
+
+
+def test_router_rbac_is_read_only_pods_in_its_namespace():
+    kinds = by_kind(render(resource()))
+    assert kinds["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = kinds["RoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "rr1-router"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rr1-router", "namespace": "team"}]
+    assert kinds["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "rr1-router"
+
+
+def test_router_pods_are_locked_down_and_probed():
+    pod = by_kind(render(resource()))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["command"] == ["rollout-router", "serve", "--config", "/etc/rollout-router/config.yaml",
+                                    "--host", "0.0.0.0", "--port", "8080"]
+    assert container["image"] == DEFAULT_IMAGE
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/etc/rollout-router", "/tmp"}
+    assert not any("subPath" in m for m in container["volumeMounts"])  # subPath mounts never update
+
+
+def test_configmap_is_what_the_router_reads():
+    config = by_kind(render(resource(FULL)))["ConfigMap"]["data"]["config.yaml"]
+    settings = parse_settings(yaml.safe_load(config))
+    assert settings.affinity_break_margin == 2 and settings.full_determinism is True
+    assert settings.session.headers == ["X-A"] and settings.session.idle_timeout_seconds is None
+    assert settings.discovery.namespace == "team"
+    assert settings.discovery.selector.match_labels == {"app": "vllm"}
+    assert settings.discovery.port == "http" and settings.discovery.grpc_port == 50051
+
+
+def test_every_optional_field_lands():
+    kinds = by_kind(render(resource(FULL)))
+    deployment = kinds["Deployment"]["spec"]
+    pod = deployment["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["replicas"] == 3
+    assert container["image"] == "example.com/rr:dev" and container["imagePullPolicy"] == "Always"
+    assert container["resources"] == {"requests": {"cpu": 1}, "limits": {"memory": "2Gi"}}
+    assert pod["nodeSelector"] == {"pool": "cpu"}
+    assert pod["tolerations"] == [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["X"] == {"name": "X", "value": "1"}
+    assert env["Y"]["valueFrom"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert deployment["template"]["metadata"]["annotations"] == {"a": "b"}
+    assert kinds["Service"]["spec"]["type"] == "LoadBalancer"
+    assert kinds["Service"]["spec"]["ports"][0]["port"] == 80
+    assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("replicas, has_pdb", [(0, False), (1, False), (2, True), (5, True)])
+def test_pdb_only_above_one_replica(replicas, has_pdb):
+    assert ("PodDisruptionBudget" in by_kind(render(resource({"router": {"replicas": replicas}})))) is has_pdb
+
+
+POLICY_CHANGES = [{"affinityBreakMargin": 0}, {"affinityBreakMargin": 9}, {"fullDeterminism": True},
+                  {"session": {"headers": ["X-B"]}}, {"session": {"maxSessions": 5}}, {"policy": "least_loaded"},
+                  {"selector": {"matchLabels": {"app": "other"}}}, {"backendPort": 9000}]
+ROLLING_CHANGES = [{"router": {"image": "x/y:2"}}, {"router": {"resources": {"requests": {"cpu": "2"}}}},
+                   {"router": {"env": [{"name": "A", "value": "b"}]}}, {"router": {"nodeSelector": {"a": "b"}}}]
+
+
+@pytest.mark.parametrize("change", POLICY_CHANGES)
+def test_policy_and_discovery_changes_reach_routers_without_a_restart(change):
+    before, after = by_kind(render(resource())), by_kind(render(resource(change)))
+    assert before["Deployment"] == after["Deployment"]
+    assert before["ConfigMap"] != after["ConfigMap"]
+
+
+@pytest.mark.parametrize("change", ROLLING_CHANGES)
+def test_runtime_changes_roll_the_deployment(change):
+    before, after = by_kind(render(resource())), by_kind(render(resource(change)))
+    assert before["Deployment"]["spec"]["template"] != after["Deployment"]["spec"]["template"]
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"selector": {"matchLabels": {"app.kubernetes.io/name": "rollout-router"}}}, "spec.selector"),
+    ({"selector": {"matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "Exists"}]}}, "spec.selector"),
+    ({"selector": {}}, "spec.selector"),
+    ({"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}, "spec.selector"),
+    ({"grpcPort": 8000}, "spec.grpcPort"),
+    ({"affinityBreakMargin": -1}, "spec.affinityBreakMargin"),
+    ({"policy": "random"}, "spec.policy"),
+    ({"router": {"replicas": "two"}}, "spec.router.replicas"),
+    ({"router": {"env": [{"name": "POD_NAMESPACE", "value": "x"}]}}, "spec.router.env[0].name"),
+    ({"router": {"tolerations": [{"operator": "Equal", "value": "v"}]}}, "spec.router.tolerations"),
+    ({"router": {"service": {"type": "ExternalName"}}}, "spec.router.service.type"),
+    ({"unknownField": 1}, "spec.unknownField"),
+])
+def test_invalid_specs_name_their_field(spec, field):
+    with pytest.raises(InvalidSpec) as error:
+        render(resource(spec))
+    assert field in str(error.value)
+
+
+def test_long_names_are_refused():
+    with pytest.raises(InvalidSpec, match="metadata.name"):
+        render(resource(name="r" * 57))
+
+
+@pytest.mark.parametrize("margin, determinism, replicas", list(itertools.product([None, 0, 3], [False, True], [1, 2])))
+def test_render_is_pure(margin, determinism, replicas):
+    body = resource({"affinityBreakMargin": margin, "fullDeterminism": determinism, "router": {"replicas": replicas}})
+    frozen = copy.deepcopy(body)
+    assert render(body) == render(body)
+    assert body == frozen
