@@ -34,7 +34,7 @@ def write_plots(study: dict[str, Any], outdir: str, prefix: str = "sim-") -> lis
         pol = pr["policies"]
         labels = sorted(pol, key=lambda k: pol[k]["median_step_seconds"])
         fig, ax = plt.subplots(figsize=(9, 0.35 * len(labels) + 1.2))
-        ax.boxplot([pol[k]["step_seconds"] for k in labels], vert=False, tick_labels=labels)
+        ax.boxplot([pol[k]["step_seconds"] for k in labels], orientation="horizontal", tick_labels=labels)
         ax.axvline(pr["lower_bound"]["lb"], color="k", ls="--", lw=0.8, label="lower bound (median)")
         ax.set_xlabel("generation time per step (simulated s)")
         ax.set_title(f"{name}: step time per policy ({pr['steps']} paired steps)", fontsize=9)

@@ -170,6 +170,8 @@ class Replica:
             dt = self.cost.decode_run(self.dec_n, dec_ctx, k)
             self.cur = ("decode", now, k, self.dec_n, dec_ctx)
         else:
+            if preempted and self.waiting:  # everything was preempted: admit afresh next pass
+                return self.start(now)
             if self.waiting and not self.running:
                 raise MemoryError(f"{self.name}: a {self.waiting[0].ctx}-token request does not fit the KV pool")
             self.cur = None
