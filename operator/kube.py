@@ -8,6 +8,7 @@ retries) and permanent ones.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import kubernetes
@@ -34,7 +35,7 @@ def api_client() -> kubernetes.client.ApiClient:
     try:
         kubernetes.config.load_incluster_config(client_configuration=configuration)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=configuration)
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     return kubernetes.client.ApiClient(configuration)
 
 

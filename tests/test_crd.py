@@ -46,8 +46,8 @@ def test_committed_crd_matches_the_models():
 
 
 def test_cli_prints_the_crd():
-    out = subprocess.run([sys.executable, "-m", "rollout_router.cli", "crd"], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout
+    script = Path(sys.executable).with_name("rollout-router")
+    out = subprocess.run([str(script), "crd"], capture_output=True, text=True, check=True).stdout
     assert out == CRD_FILE.read_text()
 
 

@@ -157,12 +157,13 @@ class PodApi:
         try:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
+            # KUBECONFIG is read now, not when the client was imported (tests set it late).
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
         return cls(configuration)
 
     def headers(self) -> dict[str, str]:
         """Re-read each time: in-cluster tokens rotate, and the hook re-reads the file."""
-        token = self._config.get_api_key_with_prefix("authorization")
+        token = self._config.get_api_key_with_prefix("BearerToken", alias="authorization")
         return {"Authorization": token} if token else {}
 
     async def list(self, session: aiohttp.ClientSession, namespace: str, selector: str) -> tuple[list[dict], str]:
@@ -205,8 +206,12 @@ async def run(settings: DiscoverySettings, replicas: ReplicaSet, api: PodApi | N
     replicas) and then watches from the listing's resourceVersion until the
     server ends the stream.
     """
-    api = api or await asyncio.to_thread(PodApi.from_environment)
-    namespace = resolve_namespace(settings)
+    try:
+        api = api or await asyncio.to_thread(PodApi.from_environment)
+        namespace = resolve_namespace(settings)
+    except Exception:
+        log.exception("pod discovery cannot start")
+        raise
     selector = to_query(settings.selector)
     tracker = PodTracker(settings, replicas)
     log.info("watching pods in %s matching %r at %s", namespace, selector, api.host)

@@ -1,0 +1,1 @@
+"""Kubernetes test support: the API emulator, the `cluster` fixture, stand-in pods."""
