@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 EXPIRY_INTERVAL = 15.0
 RELOAD_INTERVAL = 2.0
+KEEPALIVE_SECONDS = 4.0
 
 
 class Runtime:
@@ -90,8 +91,9 @@ class Runtime:
 
     async def lifecycle(self, app: web.Application):
         """aiohttp cleanup context: start and stop everything the router owns."""
-        self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
-                                            auto_decompress=False)
+        # Idle upstream connections are dropped before uvicorn's 5 s keep-alive closes them under us.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=KEEPALIVE_SECONDS)
+        self.client = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self.apply(self.settings)
         background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         yield
