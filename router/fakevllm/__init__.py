@@ -1,0 +1,12 @@
+"""A simulated vLLM replica: OpenAI-compatible, with vLLM's metrics, prefix cache and batching.
+
+``config`` holds the knobs; ``tokens`` is the fake tokenizer; ``prefix_cache``
+the KV block pool; ``scheduler`` vLLM V1's continuous batching; ``engine`` runs
+it in simulated real time; ``api`` and ``protocol`` are the HTTP side;
+``metrics`` the Prometheus side; ``cli`` the ``fake-vllm`` subcommand.
+"""
+from .api import create_app
+from .cli import add_arguments, run, serve
+from .config import FakeVllmConfig
+
+__all__ = ["FakeVllmConfig", "add_arguments", "create_app", "run", "serve"]

@@ -1,0 +1,110 @@
+"""The engine loop: runs the scheduler in simulated real time and streams tokens out.
+
+One asyncio task per server plans a step, sleeps for the step's simulated
+duration (see ``FakeVllmConfig.step_seconds``), applies it and hands each
+sampled token to its request's stream. With nothing to do it waits on an
+event, so an idle server costs no CPU.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+
+from .config import FakeVllmConfig
+from .metrics import Metrics
+from .prefix_cache import BlockPool
+from .scheduler import Request, Scheduler, Status, Step
+
+# Timer overshoot the step clock may win back on later steps, so a busy
+# engine's average step time is right even with a millisecond-grained timer.
+_CATCH_UP = 0.005
+
+
+@dataclasses.dataclass(eq=False)
+class Stream:
+    """One request's sampled tokens, as the engine produces them; ends when it finishes."""
+
+    request: Request
+    finish_reason: str  # "length" when the client set max_tokens, else "stop" (an EOS)
+    arrival: float
+    queue: asyncio.Queue[int | None] = dataclasses.field(default_factory=asyncio.Queue)
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> int:
+        token = await self.queue.get()
+        if token is None:
+            raise StopAsyncIteration
+        return token
+
+
+class Engine:
+    def __init__(self, config: FakeVllmConfig, metrics: Metrics):
+        self.config = config
+        self.metrics = metrics
+        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
+        self._streams: dict[Request, Stream] = {}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        metrics.bind(
+            running=lambda: len(self.scheduler.running),
+            waiting=lambda: len(self.scheduler.waiting),
+            kv_cache_usage=lambda: self.pool.usage,
+        )
+
+    def submit(self, prompt: list[int], max_tokens: int | None) -> Stream:
+        """Queue a request; ``None`` generates the default length and finishes with "stop"."""
+        request = Request(
+            id=str(next(self._ids)), tokens=list(prompt), num_prompt_tokens=len(prompt),
+            max_tokens=self.config.default_max_tokens if max_tokens is None else max_tokens,
+        )
+        self.scheduler.add(request)
+        stream = Stream(request, "stop" if max_tokens is None else "length", asyncio.get_running_loop().time())
+        self._streams[request] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: Stream) -> None:
+        """Stop a request that has not finished (its client went away); no-op otherwise."""
+        if self.scheduler.abort(stream.request):
+            del self._streams[stream.request]
+            self.metrics.request_finished("abort")
+
+    async def run(self) -> None:
+        """Forever: plan a step, sleep through its simulated duration, deliver its tokens."""
+        loop = asyncio.get_running_loop()
+        clock = loop.time()
+        while True:
+            step = self.scheduler.schedule() if self.scheduler.has_work() else None
+            if step is None or not step.scheduled:  # idle: wait for a submit
+                self._wake.clear()
+                await self._wake.wait()
+                clock = loop.time()
+                continue
+            self._record(step)
+            now = loop.time()
+            clock = max(clock, now - _CATCH_UP) + self.config.step_seconds(
+                len(step.scheduled), step.prefill_tokens)
+            await asyncio.sleep(clock - now)
+            self._deliver(self.scheduler.complete(step), loop.time())
+
+    def _record(self, step: Step) -> None:
+        self.metrics.prefix_cache_queries.inc(step.cache_queries)
+        self.metrics.prefix_cache_hits.inc(step.cache_hits)
+        self.metrics.num_preemptions.inc(step.preemptions)
+
+    def _deliver(self, sampled: list[tuple[Request, int]], now: float) -> None:
+        for request, token in sampled:
+            stream = self._streams[request]
+            if request.num_output == 1:
+                self.metrics.prompt_tokens.inc(request.num_prompt_tokens)
+                self.metrics.time_to_first_token.observe(now - stream.arrival)
+            self.metrics.generation_tokens.inc()
+            stream.queue.put_nowait(token)
+            if request.status is Status.FINISHED:
+                stream.queue.put_nowait(None)
+                del self._streams[request]
+                self.metrics.request_finished(stream.finish_reason)
