@@ -5,7 +5,8 @@ kmock 0.8 stores objects as plain dicts. Filled here: server-set metadata
 bumped on spec changes), 201 on create, label selectors on list and watch,
 the status subresource (status writes only via /status, and /status writes
 nothing else), no-op patches that change nothing, JSON patches and removals
-(computed here, handed to kmock as a merge), server-side apply creating a
+(computed here, handed to kmock as a merge; a failed
+``test`` op is 422 as kopf expects), server-side apply creating a
 missing object, and ``/api/v1/namespaces``. Not filled: garbage collection,
 strategic merge of lists (lists are replaced whole), resourceVersion on watch
 (every watch starts with ADDED for all objects), admission, schema validation.
@@ -142,8 +143,11 @@ class Emulator(kmock.KubernetesEmulator):
                 return attrs.evolve(request, action=enums.action.CREATE, method="POST", name=None)
             return request  # kmock answers 404
         patch = request.data if request.data is not None else {}
-        new = (jsonpatch.apply_patch(old, patch) if isinstance(patch, list)
-               else dicts.merge_patch_dict(old, patch))
+        try:
+            new = (jsonpatch.apply_patch(old, patch) if isinstance(patch, list)
+                   else dicts.merge_patch_dict(old, patch))
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(error)) from None  # as the API does
         new = copy.deepcopy(dict(new))
         if request.subresource == "status":
             new = {**old, "status": new.get("status")}
