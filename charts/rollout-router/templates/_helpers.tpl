@@ -1,0 +1,95 @@
+{{/* Chart name, at most 63 characters. */}}
+{{- define "rollout-router.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* "<release>-<chart>" (or the release name when it already holds the chart name), at most 52 characters so suffixes fit. */}}
+{{- define "rollout-router.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rollout-router.operatorName" -}}
+{{- printf "%s-operator" (include "rollout-router.fullname" .) }}
+{{- end }}
+
+{{- define "rollout-router.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "rollout-router.labels" -}}
+helm.sh/chart: {{ include "rollout-router.chart" . }}
+app.kubernetes.io/name: {{ include "rollout-router.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rollout-router
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's selector labels. Router pods carry component=router, so the two never overlap. */}}
+{{- define "rollout-router.operatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "rollout-router.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "rollout-router.annotations" -}}
+{{- with .Values.commonAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "rollout-router.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rollout-router.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "rollout-router.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The operator's permissions on RolloutRouters and their children (a Role's or ClusterRole's rules).
+Server-side apply needs create and patch; delete removes children (the PDB) no longer rendered.
+A role can only grant what its creator holds, so the operator holds the router's pod read access. */}}
+{{- define "rollout-router.operatorRules" -}}
+- apiGroups: [rolloutrouter.dev]
+  resources: [rolloutrouters]
+  verbs: [get, list, watch, patch]
+- apiGroups: [rolloutrouter.dev]
+  resources: [rolloutrouters/status]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [configmaps, services, serviceaccounts]
+  verbs: [get, create, patch, delete]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
