@@ -253,6 +253,30 @@ def _served_by(stack: Stack, backend: str) -> float:
                if line.startswith("rolloutrouter_requests_total{") and f'backend="{backend}"' in line)
 
 
+def test_image_and_replicas_roll_and_an_unreachable_router_is_reported(stack: Stack):
+    c = stack.cluster
+    before = c.apps.read_namespaced_deployment(f"{NAME}-router", c.namespace)
+    c.patch_rr(NAME, {"router": {"replicas": 2, "image": "example.com/rollout-router:next"}})
+    wait_for(lambda: get_object(c, "policy/v1", "PodDisruptionBudget", f"{NAME}-router"), "the PDB for 2 replicas")
+    after = c.apps.read_namespaced_deployment(f"{NAME}-router", c.namespace)
+    assert after.spec.template.spec.containers[0].image == "example.com/rollout-router:next"
+    assert after.spec.replicas == 2 and after.metadata.generation > before.metadata.generation
+    # A second router pod whose /status does not answer: reported, not fatal.
+    silent_ip = next(ip for ip in ROUTER_IPS if ip != stack.router_ip and port_free(ip, 8080))
+    add_pod(c, f"{NAME}-router-1", {**router_labels(NAME), "pod-template-hash": "test"}, silent_ip)
+
+    def reported() -> bool:
+        status = stack.rr()["status"]
+        degraded = {x["type"]: x for x in status["conditions"]}["Degraded"]
+        return (status["affinity"]["unreachable"] == [f"{NAME}-router-1"] and degraded["reason"] == "RoutersUnreachable"
+                and status["affinity"]["kept"] == stack.status()["affinity_kept"] and status["routers"]["summary"] == "2/2")
+    wait_for(reported, "the unreachable router in the status")
+    c.core.delete_namespaced_pod(f"{NAME}-router-1", c.namespace, grace_period_seconds=0)
+    c.patch_rr(NAME, {"router": {"replicas": 1}})
+    wait_for(lambda: get_object(c, "policy/v1", "PodDisruptionBudget", f"{NAME}-router") is None, "the PDB to go")
+    wait_for(lambda: stack.rr()["status"]["affinity"]["unreachable"] == [], "the router list to recover")
+
+
 def test_invalid_spec_gets_its_condition_and_no_children(stack: Stack):
     c = stack.cluster
     c.custom.create_namespaced_custom_object(GROUP, VERSION, c.namespace, PLURAL, {

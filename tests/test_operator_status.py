@@ -1,0 +1,85 @@
+"""The status document: counters summed, conditions per Kubernetes conventions."""
+from __future__ import annotations
+
+from rollout_router_operator.status import Observation, conditions, invalid, summarize
+
+
+def obs(**changes) -> Observation:
+    base = dict(routers_ready=2, routers_desired=2, backends_ready=3, backends_total=4, read_at="2026-01-01T00:00:10Z",
+                reports={"r0": {"affinity_kept": 5, "affinity_broken": 1, "new_sessions": 2},
+                         "r1": {"affinity_kept": 7, "affinity_broken": 0, "new_sessions": 3}})
+    return Observation(**{**base, **changes})
+
+
+def by_type(status: dict) -> dict:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_counters_are_summed_over_router_pods():
+    status = summarize(obs(), {}, 3)
+    assert status["affinity"] == {"kept": 12, "broken": 1, "newSessions": 5, "readAt": "2026-01-01T00:00:10Z",
+                                  "routersRead": 2, "unreachable": []}
+    assert status["backends"] == {"ready": 3, "total": 4, "summary": "3/4"}
+    assert status["routers"]["summary"] == "2/2" and status["observedGeneration"] == 3
+    conds = by_type(status)
+    assert (conds["Ready"]["status"], conds["Progressing"]["status"], conds["Degraded"]["status"]) == ("True", "False", "False")
+    assert all(c["observedGeneration"] == 3 for c in status["conditions"])
+
+
+def test_unreachable_routers_degrade_but_the_others_still_count():
+    status = summarize(obs(unreachable=["r2"]), {}, 1)
+    assert by_type(status)["Degraded"]["reason"] == "RoutersUnreachable" and "r2" in by_type(status)["Degraded"]["message"]
+    assert status["affinity"]["kept"] == 12
+
+
+def test_not_ready_reasons():
+    assert by_type(summarize(obs(routers_ready=1), {}, 1))["Ready"]["reason"] == "RoutersNotReady"
+    assert by_type(summarize(obs(routers_ready=1), {}, 1))["Progressing"]["status"] == "True"
+    assert by_type(summarize(obs(backends_ready=0), {}, 1))["Ready"]["reason"] == "NoReadyBackends"
+    assert by_type(summarize(obs(routers_desired=0, routers_ready=0), {}, 1))["Ready"]["reason"] == "ScaledToZero"
+
+
+def test_transition_time_moves_only_when_the_status_flips():
+    first = summarize(obs(), {}, 1)
+    later = summarize(obs(read_at="2026-01-01T00:05:00Z"), first, 1)
+    assert by_type(later)["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:10Z"
+    flipped = summarize(obs(routers_ready=0, read_at="2026-01-01T00:06:00Z"), later, 1)
+    assert by_type(flipped)["Ready"]["lastTransitionTime"] == "2026-01-01T00:06:00Z"
+
+
+def test_invalid_spec_status_names_the_field():
+    status = invalid({}, 4, "spec.selector: matches the router's own pods")
+    conds = by_type(status)
+    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "InvalidSpec"
+    assert conds["Ready"]["status"] == "False" and "spec.selector" in conds["Degraded"]["message"]
+    assert status["observedGeneration"] == 4
+
+
+def test_conditions_keep_order_and_types():
+    result = conditions([], [("Ready", "True", "R", "m")], 1, "t")
+    assert result == [{"type": "Ready", "status": "True", "reason": "R", "message": "m",
+                       "lastTransitionTime": "t", "observedGeneration": 1}]
+
+
+def test_operator_rbac_covers_exactly_what_it_does():
+    """docs/examples/operator.yaml grants create/patch/delete on every child kind, and what the routers get."""
+    from pathlib import Path
+
+    import yaml
+
+    from rollout_router_operator.kube import PLURALS
+    from rollout_router_operator.render import render
+
+    docs = list(yaml.safe_load_all((Path(__file__).resolve().parents[1] / "docs/examples/operator.yaml").read_text()))
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    grants = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
+              for group in rule["apiGroups"] for resource in rule["resources"]}
+    for key, plural in PLURALS.items():
+        api_version = key.rsplit("/", 1)[0]
+        group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+        assert grants[(group, plural)] == {"create", "patch", "delete"}, plural
+    body = {"metadata": {"name": "x", "namespace": "n", "uid": "u"}, "spec": {"selector": {"matchLabels": {"a": "b"}}}}
+    (router_role,) = [m for m in render(body) if m["kind"] == "Role"]
+    for rule in router_role["rules"]:  # RBAC forbids granting what the granter lacks
+        assert set(rule["verbs"]) <= grants[("", "pods")]
+    assert grants[("rolloutrouter.dev", "rolloutrouters/status")] == {"patch"}
