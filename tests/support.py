@@ -67,6 +67,8 @@ class ScriptedReplica:
         try:
             if self.hold is not None:
                 await self.hold.wait()
+            if not body.get("stream") and self.die_after is not None:
+                return await self._cut_short(request)
             if not body.get("stream"):
                 return web.json_response({"id": "x", "object": "chat.completion", "replica": self.url,
                                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
@@ -77,6 +79,15 @@ class ScriptedReplica:
             raise
         finally:
             self.active -= 1
+
+    async def _cut_short(self, request: web.Request) -> web.StreamResponse:
+        """Promise 1000 bytes, send 10, hang up."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = 1000
+        await response.prepare(request)
+        await response.write(b'{"id": "x"')
+        request.transport.close()
+        return response
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

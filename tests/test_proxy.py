@@ -116,6 +116,15 @@ async def test_replica_dying_mid_stream_ends_client_stream_with_error(replicas, 
     assert 'rolloutrouter_request_errors_total{reason="upstream_broke_mid_response"} 1.0' in metrics
 
 
+async def test_replica_dying_mid_body_answers_502_json(replicas, http):
+    for r in replicas:
+        r.die_after = 0
+    async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
+        code, where, body = await chat(http, base, "s")
+        assert code == 502 and "broke off mid-response" in body["error"]["message"]
+        assert runtime.replicas.total_inflight() == 0 and runtime.balancer.policy.sessions() == 1
+
+
 async def test_refused_connection_is_retried_elsewhere_and_marked_down(replicas, http):
     dead = replicas[0]
     await dead.stop()

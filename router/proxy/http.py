@@ -37,6 +37,8 @@ FORWARDED_PATHS = frozenset({
 })
 FORWARDED_PREFIXES = ("/v1/responses/", "/v1/models/")
 
+BUFFER_LIMIT = 1 << 20  # non-streaming bodies up to this size are relayed in one piece
+
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
     "transfer-encoding", "upgrade", "host", "content-length",
@@ -115,11 +117,24 @@ class HttpProxy:
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
                      lease: Lease) -> tuple[web.StreamResponse, int]:
-        """Stream the upstream response through; returns it with the code to record."""
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=end_to_end(upstream.headers))
-        response.headers[REPLICA_HEADER] = lease.replica_id
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
+        """Pass the upstream response on; returns it with the code to record.
+
+        A small body of known length is read whole and sent in one write (the
+        common non-streaming JSON answer); anything else, SSE above all, streams.
+        """
+        headers = end_to_end(upstream.headers)
+        headers[REPLICA_HEADER] = lease.replica_id
+        length = upstream.content_length
+        if length is not None and length <= BUFFER_LIMIT and upstream.content_type != "text/event-stream":
+            try:
+                body = await upstream.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                return self._refuse(RouterError(502, f"replica {lease.replica_id} broke off mid-response: "
+                                                     f"{type(error).__name__}"), "upstream_broke_mid_response"), 502
+            return web.Response(body=body, status=upstream.status, reason=upstream.reason, headers=headers), upstream.status
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        if length is not None:
+            response.content_length = length
         await response.prepare(request)
         try:
             async for chunk in upstream.content.iter_any():
