@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,7 +53,9 @@ class Cluster:
 
 def emulated_resources(emulator: Emulator) -> None:
     """Built-ins from kmock's bundle, RolloutRouter from our own CRD."""
-    emulator.resources.load_bundled()
+    with warnings.catch_warnings():  # kmock 0.8 reads its bundle with a deprecated importlib call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        emulator.resources.load_bundled()
     crd = crd_manifest()
     names = crd["spec"]["names"]
     version = crd["spec"]["versions"][0]

@@ -1,8 +1,8 @@
 """Pod objects standing in for real pods: a process on 127.0.0.x plays the container.
 
 Pods are created, then their status is written through the status subresource,
-as a kubelet would. ``nodeName`` names no real node, so on a real cluster no
-kubelet ever touches them.
+as a kubelet would. A scheduling gate keeps them off every node, so on a real
+cluster neither the scheduler, a kubelet nor the pod GC touches them.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .cluster import Cluster
 
 def pod_manifest(name: str, labels: dict[str, str], ports: dict[str, int] | None = None) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-            "spec": {"nodeName": "rr-test-no-such-node", "containers": [{
+            "spec": {"schedulingGates": [{"name": "rolloutrouter.dev/test-stand-in"}], "containers": [{
                 "name": "main", "image": "example.invalid/none",
                 "ports": [{"name": n, "containerPort": p} for n, p in (ports or {}).items()]}]}}
 
