@@ -18,6 +18,7 @@ from aiohttp import web
 from .balancer import Balancer
 from .observability import Metrics
 from .proxy.admin import AdminRoutes
+from .proxy.errors import error_response
 from .proxy.http import HttpProxy
 from .replicas import ReplicaSet
 from .settings import RouterSettings, SettingsError, load_settings
@@ -115,8 +116,22 @@ def _mtime(path: Path | None) -> float | None:
 RUNTIME = web.AppKey("runtime", Runtime)
 
 
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Whatever goes wrong, the client gets JSON naming the problem, never a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.empty_body or error.status < 400:
+            raise
+        return error_response(error.status, f"{error.reason}: {request.method} {request.path}")
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(500, "internal router error; see the router's log")
+
+
 def create_app(runtime: Runtime) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     app[RUNTIME] = runtime
     app.cleanup_ctx.append(runtime.lifecycle)
     AdminRoutes(runtime.balancer, runtime.metrics).add_to(app)

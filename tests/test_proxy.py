@@ -259,3 +259,14 @@ async def test_metrics_and_status_agree_with_traffic(replicas, http):
     assert served == 7
     assert 'rolloutrouter_request_duration_seconds_count{backend="' in metrics
     assert f'rolloutrouter_backend_inflight_requests{{backend="{replicas[0].url}"}} 0.0' in metrics
+
+
+async def test_unexpected_errors_become_json_500_and_the_router_goes_on(replicas, http, monkeypatch):
+    async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
+        def broken(*args, **kwargs):
+            raise RuntimeError("boom")
+        monkeypatch.setattr(runtime.balancer, "acquire", broken)
+        code, _, body = await chat(http, base, "s")
+        assert code == 500 and body["error"]["code"] == 500 and "boom" not in json.dumps(body)
+        monkeypatch.undo()
+        assert (await chat(http, base, "s"))[0] == 200
