@@ -64,32 +64,37 @@ annotations:
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The operator's permissions on RolloutRouters and their children (a Role's or ClusterRole's rules).
-Server-side apply needs create and patch; delete removes children (the PDB) no longer rendered.
-A role can only grant what its creator holds, so the operator holds the router's pod read access. */}}
+{{/* The operator's permissions on RolloutRouters and their children (a Role's or ClusterRole's rules),
+the same as docs/examples/operator.yaml (tests/test_chart.py keeps them equal; docs/operator.md says why
+each verb is there). Server-side apply creates and patches children, delete removes the ones no longer
+rendered, rolloutrouters/finalizers lets children carry blockOwnerDeletion, and the operator holds pod
+read access because a Role can only grant what its creator holds. */}}
 {{- define "rollout-router.operatorRules" -}}
 - apiGroups: [rolloutrouter.dev]
   resources: [rolloutrouters]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [rolloutrouter.dev]
   resources: [rolloutrouters/status]
-  verbs: [get, patch]
-- apiGroups: [""]
-  resources: [configmaps, services, serviceaccounts]
-  verbs: [get, create, patch, delete]
-- apiGroups: [apps]
-  resources: [deployments]
-  verbs: [get, create, patch, delete]
-- apiGroups: [policy]
-  resources: [poddisruptionbudgets]
-  verbs: [get, create, patch, delete]
-- apiGroups: [rbac.authorization.k8s.io]
-  resources: [roles, rolebindings]
-  verbs: [get, create, patch, delete]
+  verbs: [patch]
+- apiGroups: [rolloutrouter.dev]
+  resources: [rolloutrouters/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
-- apiGroups: ["", events.k8s.io]
+- apiGroups: [""]
+  resources: [configmaps, services, serviceaccounts]
+  verbs: [create, patch, delete]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, patch, delete]
+- apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end }}
