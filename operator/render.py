@@ -36,6 +36,11 @@ def router_labels(name: str) -> dict[str, str]:
             "app.kubernetes.io/component": "router"}
 
 
+def pod_labels(name: str) -> dict[str, str]:
+    """Every child's labels: the selecting ones plus who manages them."""
+    return {**router_labels(name), "app.kubernetes.io/managed-by": "rollout-router-operator"}
+
+
 def child_name(name: str) -> str:
     return f"{name}-router"
 
@@ -67,8 +72,7 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
         raise InvalidSpec(describe_spec_error(error)) from None
     if len(name) > MAX_NAME:
         raise InvalidSpec(f"metadata.name: at most {MAX_NAME} characters (children are named {child_name(name)!r})")
-    own = {**router_labels(name), "app.kubernetes.io/managed-by": "rollout-router-operator"}
-    if matches(spec.selector, own):
+    if matches(spec.selector, pod_labels(name)):
         raise InvalidSpec("spec.selector: matches the router's own pods; select the vLLM pods only")
     if spec.grpc_port is not None and str(spec.grpc_port) == str(spec.backend_port):
         raise InvalidSpec("spec.grpcPort: must differ from spec.backendPort")
@@ -91,8 +95,7 @@ def render(resource: dict) -> list[dict]:
     meta = resource["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     spec = parse_spec(resource)
-    labels = {**router_labels(name), "app.kubernetes.io/managed-by": "rollout-router-operator",
-              "app.kubernetes.io/version": spec.router.image.rsplit(":", 1)[-1] if ":" in spec.router.image else "latest"}
+    labels = pod_labels(name)
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": meta["uid"],
              "controller": True, "blockOwnerDeletion": True}
 
