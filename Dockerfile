@@ -2,7 +2,7 @@
 # One image for both `rollout-router serve` (router pods) and `rollout-router operator`.
 #   docker build -t ghcr.io/rolloutrouter/rollout-router:0.1.0 .
 # The tag is the one the Helm chart (charts/rollout-router, image.repository + appVersion)
-# and the operator's default router image (operator/spec.py DEFAULT_IMAGE) name.
+# and the operator's default router image (operator/rollout_router_operator/spec.py DEFAULT_IMAGE) name.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 

@@ -1,4 +1,5 @@
-"""Maps the folders router/ and operator/ to their import packages (see pyproject.toml)."""
+"""Finds the packages under their folders: router/ is rollout_router, and operator/ holds
+rollout_router_operator (see pyproject.toml)."""
 from setuptools import find_packages, setup
 
 
@@ -6,4 +7,5 @@ def _mapped(folder: str, name: str) -> list[str]:
     return [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
 
 
-setup(packages=_mapped("router", "rollout_router") + _mapped("operator", "rollout_router_operator"))
+OPERATOR = "operator/rollout_router_operator"
+setup(packages=_mapped("router", "rollout_router") + _mapped(OPERATOR, "rollout_router_operator"))
