@@ -1,0 +1,119 @@
+"""The Grafana dashboard JSON: it loads as a Grafana dashboard (grafana-foundation-sdk), its layout
+and variables are sound, it covers what the issue asks for, and its PromQL parses (promtool).
+That each expression returns data is tests/test_prometheus.py's job."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.models import dashboard as grafana
+from grafana_foundation_sdk.models import prometheus, stat, timeseries
+
+from tests.tools import promfleet
+
+register_default_plugins()  # panel options and Prometheus queries decode into their typed models
+RAW = promfleet.load_dashboard()
+PANELS = promfleet.panels(RAW)
+TARGETS = promfleet.targets(RAW)
+
+
+def test_loads_as_a_grafana_dashboard_with_typed_panels_and_queries():
+    dashboard = grafana.Dashboard.from_json(RAW)
+    assert dashboard.title == "RolloutRouter" and dashboard.uid == "rollout-router"
+    loaded = [p for p in dashboard.panels if isinstance(p, grafana.Panel)]
+    assert [p.title for p in loaded] == [p["title"] for p in PANELS]
+    options = {"timeseries": timeseries.Options, "stat": stat.Options}
+    for panel in loaded:
+        assert isinstance(panel.options, options[panel.type_val]), panel.title
+        assert panel.targets and all(isinstance(t, prometheus.Dataquery) for t in panel.targets), panel.title
+        assert all(t.expr for t in panel.targets)
+    assert {v.name: v.type_val for v in dashboard.templating.list_val} == {
+        "datasource": "datasource", "namespace": "query", "rolloutrouter": "query"}
+    again = grafana.Dashboard.from_json(json.loads(JSONEncoder(sort_keys=True).encode(dashboard)))
+    assert [t.expr for p in again.panels if isinstance(p, grafana.Panel) for t in p.targets] == [e for _, _, e in TARGETS]
+
+
+def test_layout_fits_the_grid_without_overlap():
+    ids = [p["id"] for p in RAW["panels"]] + [p["id"] for row in RAW["panels"] if row["type"] == "row" for p in row["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for panel in RAW["panels"]:
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, panel["title"]
+                cells.add((x, y))
+
+
+def test_every_query_uses_the_datasource_and_the_variables():
+    for panel in PANELS:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        for target in panel["targets"]:
+            expr = target["expr"]
+            assert target["datasource"] == panel["datasource"]
+            for selector in re.findall(r"(\w[\w:]*)\{([^}]*)\}", expr):
+                assert 'namespace=~"$namespace"' in selector[1], (panel["title"], selector)
+                if selector[0].startswith("rolloutrouter_"):
+                    assert 'rolloutrouter=~"$rolloutrouter"' in selector[1], (panel["title"], selector)
+            unquoted = re.sub(r'"[^"]*"', '""', expr)
+            assert all(window == "$__rate_interval" for window in re.findall(r"\[([^\]]+)\]", unquoted)), expr
+            assert set(re.findall(r"\$\{?(\w+)", expr)) <= {"namespace", "rolloutrouter", "__rate_interval", "1"}, expr
+    variables = {v["name"]: v for v in RAW["templating"]["list"]}
+    for name in ("namespace", "rolloutrouter"):
+        assert variables[name]["includeAll"] and variables[name]["multi"] and variables[name]["allValue"] == ".*"
+    assert "$namespace" in variables["rolloutrouter"]["query"]["query"]  # routers of the chosen namespaces
+
+
+def test_covers_what_a_vllm_fleet_operator_needs():
+    """The panels the issue lists, each with the metric it must read."""
+    need = {
+        "Affinity kept vs broken": ["rolloutrouter_affinity_kept_total", "rolloutrouter_affinity_broken_total"],
+        "Break ratio": ["rolloutrouter_affinity_broken_total", "rolloutrouter_affinity_kept_total"],
+        "In-flight requests per replica": ["rolloutrouter_backend_inflight_requests"],
+        "In-flight skew (max - min)": ["max(", "min(", "rolloutrouter_backend_inflight_requests"],
+        "Sessions pinned": ["rolloutrouter_sessions"],
+        "Request rate per replica": ["rolloutrouter_requests_total"],
+        "Error rate per replica": ["rolloutrouter_requests_total", 'code!~"2.."'],
+        "Latency quantiles per replica": ["histogram_quantile(0.5,", "histogram_quantile(0.95,", "histogram_quantile(0.99,",
+                                          "rolloutrouter_request_duration_seconds_bucket"],
+        "Ready replicas": ["rolloutrouter_backends_ready"],
+        "Running requests": ["vllm:num_requests_running"],
+        "Waiting requests": ["vllm:num_requests_waiting"],
+        "KV-cache usage": ["vllm:kv_cache_usage_perc"],
+        "Prefix-cache hit rate": ["vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"],
+    }
+    by_title = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in PANELS}
+    for title, fragments in need.items():
+        assert title in by_title, title
+        for fragment in fragments:
+            assert fragment in by_title[title], (title, fragment)
+    per_replica = [p for p in PANELS if any(label in t["legendFormat"] for t in p["targets"] for label in ("{{backend}}", "{{instance}}"))]
+    assert len(per_replica) == 8  # in-flight, requests, errors, latency, and the four vLLM panels
+
+
+def test_promql_parses(tmp_path):
+    """promtool parses every expression (as recording rules), with the variables substituted."""
+    if shutil.which("promtool") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is not installed: run `make system-deps`")
+        pytest.skip("promtool is not installed (make system-deps)")
+    values = promfleet.variable_values()
+    rules = {"groups": [{"name": "rollout-router-dashboard", "rules": [
+        {"record": f"dashboard:panel_{index}", "expr": promfleet.substitute(expr, values)}
+        for index, (_, _, expr) in enumerate(TARGETS)]}]}
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(TARGETS)} rules found" in done.stdout
+    rules["groups"][0]["rules"][0]["expr"] = "sum(rate(rolloutrouter_requests_total[5s])"  # unbalanced: must be caught
+    path.write_text(yaml.safe_dump(rules))
+    assert subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, timeout=60).returncode != 0
