@@ -117,3 +117,12 @@ def test_promql_parses(tmp_path):
     rules["groups"][0]["rules"][0]["expr"] = "sum(rate(rolloutrouter_requests_total[5s])"  # unbalanced: must be caught
     path.write_text(yaml.safe_dump(rules))
     assert subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, timeout=60).returncode != 0
+
+
+def test_readme_preview_image_is_committed():
+    """docs/img/dashboard.png comes from `python tests/tools/dashboard_preview.py` (a real Prometheus run)."""
+    image = promfleet.ROOT / "docs" / "img" / "dashboard.png"
+    header = image.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+    assert width >= 800 and height >= 600
