@@ -457,3 +457,20 @@ def test_operator_children_validate_strictly(example, kube_version):
     assert children
     for child in children:
         kubernetes_validate.validate(child, kube_version, strict=True)
+
+
+def test_packaged_chart_carries_the_crd_dashboard_and_schema(tmp_path):
+    """`helm package` output (what users install from a repository) still has everything."""
+    archive = Path(helm_python.package(str(CHART), destination=str(tmp_path)))
+    assert archive.name == "rollout-router-0.1.0.tgz"
+    packaged = helm_python.Chart.load_archive(archive.read_bytes())
+    try:
+        assert [c["name"] for c in packaged.crds] == [f"crds/{CRD_FILE}"]
+        assert yaml.safe_load(packaged.crds[0]["data"]) == crd()
+        manifests = render(packaged, {})
+        configmap = one(manifests, "ConfigMap")
+        assert json.loads(configmap["data"]["rollout-router.json"]) == json.loads(DASHBOARD.read_text())
+        with pytest.raises(helm_python.HelmValuesError):
+            packaged.render({"operator": {"statusInterval": "ten"}}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    finally:
+        packaged.close()
