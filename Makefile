@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test install install-test system-deps clean
+.PHONY: demo test study install install-test system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ system-deps:
 
 demo: install
 	$(BIN)/rollout-router demo
+
+# The full fleet-simulator study behind docs/simulator.md (about 15 minutes on 2 cores).
+study: install
+	$(BIN)/rollout-router simulate --steps 8 --jobs 2 --plots docs/img --markdown out/study.md --json-out out/study.json
 
 test: install-test system-deps
 	$(BIN)/python -m pytest
