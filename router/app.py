@@ -2,7 +2,8 @@
 
 ``Runtime`` owns the live state and applies new settings without dropping
 pins; the aiohttp application is built around it with background tasks for
-pin expiry, config-file reloads and replica discovery.
+pin expiry, config-file reloads and replica discovery, and the gRPC listener
+beside it when asked for.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .balancer import Balancer
 from .observability import Metrics
 from .proxy.admin import AdminRoutes
 from .proxy.errors import error_response
+from .proxy.grpc import GrpcProxy, start_server as start_grpc
 from .proxy.http import HttpProxy
 from .replicas import ReplicaSet
 from .settings import RouterSettings, SettingsError, load_settings
@@ -34,12 +36,15 @@ class Runtime:
     """The router's live state; ``overrides`` are CLI flags re-applied over every reload."""
 
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
-                 overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s):
+                 overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
+                 grpc_address: str | None = None):
         self.settings, self.config_path, self._overrides = settings, config_path, overrides
         self.replicas = ReplicaSet()
         self.balancer = Balancer(settings, self.replicas)
         self.metrics = Metrics(self.balancer)
         self.client: aiohttp.ClientSession | None = None
+        self.grpc_address, self.grpc_port = grpc_address, None
+        self._grpc = GrpcProxy(self.balancer, self.metrics, lambda: self.settings)
         self._discovery: asyncio.Task | None = None
         self._config_mtime = _mtime(config_path)
 
@@ -49,7 +54,7 @@ class Runtime:
         self.balancer.apply(settings)
         if settings.discovery is None:
             self._stop_discovery()
-            self.replicas.replace(settings.backends)
+            self.replicas.replace((b.url, b.grpc) for b in settings.backends)
         elif settings.discovery != previous.discovery or self._discovery is None:
             self._stop_discovery()
             self._start_discovery(settings)
@@ -89,6 +94,7 @@ class Runtime:
             if waited >= EXPIRY_INTERVAL:
                 waited = 0.0
                 self.balancer.expire_idle()
+                self._grpc.prune()
 
     async def lifecycle(self, app: web.Application):
         """aiohttp cleanup context: start and stop everything the router owns."""
@@ -97,12 +103,18 @@ class Runtime:
         self.client = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self.apply(self.settings)
         background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
+        server = None
+        if self.grpc_address is not None:
+            server, self.grpc_port = await start_grpc(self._grpc, self.grpc_address)
         yield
+        if server is not None:
+            await server.stop(grace=2)
         for task in (background, self._discovery):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self._grpc.close()
         await self.client.close()
 
 

@@ -21,9 +21,14 @@ class Balancer:
         self.settings = settings
         self.policy: Policy = self._build(settings)
 
-    def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None) -> tuple[Decision, Lease]:
-        """Route one request and count it in flight; raises NoReplicaError."""
-        decision = self.policy.route(Request(key, self.replicas.loads(), self._clock(), prefix))
+    def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None,
+                grpc: bool = False) -> tuple[Decision, Lease]:
+        """Route one request and count it in flight; raises NoReplicaError.
+
+        ``grpc`` limits the choice to replicas with a gRPC target; the counts
+        compared are the same shared in-flight counts either way.
+        """
+        decision = self.policy.route(Request(key, self.replicas.loads(grpc), self._clock(), prefix))
         return decision, self.replicas.acquire(decision.replica)
 
     def release_session(self, key: str) -> bool:

@@ -68,19 +68,19 @@ class ReplicaSet:
         if replica is not None and replica.inflight > 0:
             self._draining[replica_id] = replica
 
-    def replace(self, replica_ids: Iterable[str]) -> None:
-        """Make the live set exactly ``replica_ids`` (static lists, config reloads)."""
-        wanted = list(dict.fromkeys(replica_ids))
+    def replace(self, endpoints: Iterable[tuple[str, str | None]]) -> None:
+        """Make the live set exactly these (replica id, gRPC target) pairs (static lists, reloads)."""
+        wanted = dict(endpoints)
         for replica_id in set(self._live) - set(wanted):
             self.remove(replica_id)
-        for replica_id in wanted:
-            if replica_id not in self._live:
-                self.add(replica_id)
+        for replica_id, grpc_target in wanted.items():
+            self.add(replica_id, grpc_target)
 
-    def loads(self) -> dict[str, int]:
-        """In-flight counts of the replicas that may take a request now."""
+    def loads(self, grpc: bool = False) -> dict[str, int]:
+        """In-flight counts of the replicas that may take a request now (with ``grpc``: over gRPC)."""
         now = self._clock()
-        return {r.id: r.inflight for r in self._live.values() if r.down_until <= now}
+        return {r.id: r.inflight for r in self._live.values()
+                if r.down_until <= now and (r.grpc_target is not None or not grpc)}
 
     def ready_count(self) -> int:
         return len(self.loads())

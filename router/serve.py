@@ -23,12 +23,22 @@ def _margin(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'null', got {text!r}") from None
 
 
+def _backend(text: str) -> dict:
+    url, _, rest = text.partition(",")
+    if rest and not rest.startswith("grpc="):
+        raise argparse.ArgumentTypeError(f"expected URL or URL,grpc=HOST:PORT, got {text!r}")
+    return {"url": url, "grpc": rest.removeprefix("grpc=") or None}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--grpc-port", type=int, help="Also serve gRPC (vLLM's VllmEngine and any other "
+                        "service, passed through) on this port; replicas need a gRPC target.")
     parser.add_argument("--config", type=Path, help="YAML/JSON RouterSettings; reloaded on change and on SIGHUP.")
-    parser.add_argument("--backend", action="append", dest="backends", metavar="URL",
-                        help="A vLLM replica base URL (repeat). Overrides the config file's backends.")
+    parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]",
+                        type=_backend, help="A vLLM replica base URL, with its gRPC server if any (repeat). "
+                        "Overrides the config file's backends.")
     parser.add_argument("--policy", help="affinity (default), least_loaded or round_robin.")
     parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
                         help="Skew tolerated before a pin moves; null (default) keeps every pin.")
@@ -70,14 +80,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollout-router serve: invalid settings: {error}", file=sys.stderr)
         return 2
     _use_uvloop()
-    runtime = Runtime(settings, args.config, overrides)
+    grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
+    runtime = Runtime(settings, args.config, overrides, grpc_address)
     app = create_app(runtime)
 
     async def on_startup(app: web.Application) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, runtime.reload)
+
+    async def announce(app: web.Application):
         print(f"rollout-router listening on http://{args.host}:{args.port}", flush=True)
+        if runtime.grpc_port is not None:
+            print(f"rollout-router grpc listening on {args.host}:{runtime.grpc_port}", flush=True)
+        yield
 
     app.on_startup.append(on_startup)
+    app.cleanup_ctx.append(announce)
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None,
                 access_log=None, shutdown_timeout=5)
     return 0

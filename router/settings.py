@@ -6,7 +6,7 @@ names are snake_case in Python and camelCase on the wire (YAML, JSON, CRD).
 """
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from pydantic.alias_generators import to_camel
 
 __all__ = [
-    "DiscoverySettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
+    "Backend", "DiscoverySettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
     "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
 ]
 
@@ -83,23 +83,43 @@ class DiscoverySettings(Model):
 Seconds = Annotated[float, Field(gt=0)]
 
 
+class Backend(Model):
+    """A static replica: its HTTP base URL (its identity) and, if it serves gRPC, where."""
+
+    url: str = Field(description="HTTP base URL, e.g. http://vllm-0:8000.")
+    grpc: str | None = Field(None, description="host:port of the replica's vLLM gRPC server, if any.")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"backend {url!r} must be an http:// or https:// URL")
+        return url.rstrip("/")
+
+    @field_validator("grpc")
+    @classmethod
+    def _host_port(cls, target: str | None) -> str | None:
+        if target is not None and not re.fullmatch(r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", target):
+            raise ValueError(f"grpc target {target!r} must be host:port")
+        return target
+
+
 class RouterSettings(PolicySettings):
     """Everything ``rollout-router serve`` reads from ``--config``."""
 
-    backends: list[str] = Field(default_factory=list, description="Static replica URLs, used when discovery is unset.")
+    backends: list[Backend] = Field(default_factory=list,
+                                    description="Static replicas (a URL, or {url, grpc}), used when discovery is unset.")
     discovery: DiscoverySettings | None = None
     max_body_bytes: StrictInt = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     connect_retries: StrictInt = Field(2, ge=0, description="Other replicas tried when one refuses the connection.")
     down_seconds: Seconds = Field(5.0, description="How long a replica that refused a connection is skipped.")
     upstream_timeout_seconds: Seconds | None = Field(600.0, description="Longest silence from a replica mid-response.")
 
-    @field_validator("backends")
+    @field_validator("backends", mode="before")
     @classmethod
-    def _urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"backend {url!r} must be an http:// or https:// URL")
-        return [url.rstrip("/") for url in urls]
+    def _plain_urls(cls, backends: list) -> list:
+        """A bare URL string is a backend without gRPC."""
+        return [{"url": b} if isinstance(b, str) else b for b in backends] if isinstance(backends, list) else backends
 
 
 class SettingsError(ValueError):

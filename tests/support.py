@@ -106,9 +106,12 @@ class ScriptedReplica:
 
 
 @contextlib.asynccontextmanager
-async def running_router(settings: RouterSettings, host: str = "127.0.0.1"):
-    """An in-process router on a real socket; yields (base_url, runtime)."""
-    runtime = Runtime(settings)
+async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc: bool = False):
+    """An in-process router on a real socket; yields (base_url, runtime).
+
+    With ``grpc`` it also listens for gRPC on a free port (``runtime.grpc_port``).
+    """
+    runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None)
     runner = web.AppRunner(create_app(runtime), handler_cancellation=True)
     await runner.setup()
     port = free_port(host)

@@ -1,0 +1,217 @@
+"""The gRPC listener over real sockets: passthrough, stickiness, shared accounting, failures."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import grpc
+import pytest
+from grpc import aio
+
+from rollout_router.settings import RouterSettings
+from tests.support import ScriptedReplica, running_router, wait_for
+
+
+@dataclass
+class GrpcReplica:
+    """A raw-bytes gRPC server: Echo answers once, Stream answers ``chunks`` times, Hold waits."""
+
+    host: str
+    chunks: int = 3
+    hold: asyncio.Event = field(default_factory=asyncio.Event)
+    seen: list[dict] = field(default_factory=list)
+    active: int = 0
+    cancelled: int = 0
+    port: int = 0
+    server: aio.Server | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> "GrpcReplica":
+        self.server = aio.server()
+        self.server.add_generic_rpc_handlers((self,))
+        self.port = self.server.add_insecure_port(f"{self.host}:{self.port or 0}")
+        await self.server.start()
+        return self
+
+    async def stop(self) -> None:
+        await self.server.stop(grace=None)
+
+    def service(self, details):
+        behaviours = {"/test.Echo/Unary": self._unary, "/test.Echo/Stream": self._stream,
+                      "/test.Echo/Hold": self._hold, "/test.Echo/Fail": self._fail}
+        behaviour = behaviours.get(details.method)
+        if behaviour is None:
+            return None
+        if details.method == "/test.Echo/Stream":
+            return grpc.unary_stream_rpc_method_handler(behaviour)
+        return grpc.unary_unary_rpc_method_handler(behaviour)
+
+    def _record(self, request: bytes, context) -> None:
+        self.seen.append({"request": request, "metadata": dict(context.invocation_metadata())})
+
+    async def _unary(self, request: bytes, context) -> bytes:
+        self._record(request, context)
+        return request + b"|" + self.target.encode()
+
+    async def _stream(self, request: bytes, context):
+        self._record(request, context)
+        await context.send_initial_metadata((("x-upstream", "yes"),))
+        for index in range(self.chunks):
+            yield f"{request.decode()}-{index}".encode()
+            await asyncio.sleep(0.01)
+        context.set_trailing_metadata((("x-tokens", str(self.chunks)),))
+
+    async def _hold(self, request: bytes, context) -> bytes:
+        self._record(request, context)
+        self.active += 1
+        try:
+            await self.hold.wait()
+            return b"released"
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _fail(self, request: bytes, context) -> bytes:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty")
+
+
+@pytest.fixture
+async def replicas():
+    started = [await GrpcReplica(f"127.0.0.{40 + i}").start() for i in range(3)]
+    yield started
+    for replica in started:
+        await replica.stop()
+
+
+def backends(replicas, http_port: int = 1) -> RouterSettings:
+    """Each gRPC replica is also named by an HTTP URL (its identity; unused here)."""
+    return RouterSettings(backends=[{"url": f"http://{r.host}:{http_port}", "grpc": r.target} for r in replicas],
+                          connect_retries=3)
+
+
+@pytest.fixture
+async def router(replicas):
+    async with running_router(backends(replicas), grpc=True) as (base, runtime):
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            yield base, runtime, channel
+
+
+def url_of(replica) -> str:
+    return f"http://{replica.host}:1"
+
+
+async def unary(channel, method: str, body: bytes, session: str | None = None):
+    metadata = (("x-session-id", session),) if session else ()
+    call = channel.unary_unary(method)(body, metadata=metadata)
+    response = await call
+    return response, dict(await call.initial_metadata())
+
+
+async def test_unary_calls_stick_to_one_replica(router, replicas):
+    base, runtime, channel = router
+    for session in ("a", "b", "c"):
+        served = set()
+        for turn in range(3):
+            response, headers = await unary(channel, "/test.Echo/Unary", f"{session}{turn}".encode(), session)
+            target = response.split(b"|")[1].decode()
+            assert headers["x-rolloutrouter-replica"] == url_of(next(r for r in replicas if r.target == target))
+            served.add(target)
+        assert len(served) == 1
+    counters = runtime.balancer.policy.counters
+    assert counters.new_sessions == 3 and counters.affinity_kept == 6
+    seen = [m for r in replicas for m in r.seen]
+    assert all(m["metadata"]["x-session-id"] for m in seen)
+
+
+async def test_server_streaming_passes_messages_and_metadata_through(router):
+    _, runtime, channel = router
+    call = channel.unary_stream("/test.Echo/Stream")(b"tok", metadata=(("x-session-id", "s"),))
+    messages = [m async for m in call]
+    assert messages == [b"tok-0", b"tok-1", b"tok-2"]
+    headers, trailers = dict(await call.initial_metadata()), dict(await call.trailing_metadata())
+    assert headers["x-upstream"] == "yes" and "x-rolloutrouter-replica" in headers
+    assert trailers["x-tokens"] == "3" and await call.code() is grpc.StatusCode.OK
+    assert runtime.replicas.total_inflight() == 0
+
+
+async def test_grpc_and_http_share_one_inflight_count_per_replica():
+    """A held gRPC call counts on its replica, so the next HTTP turn's margin decision sees it."""
+    hosts = [f"127.0.0.{50 + i}" for i in range(2)]
+    http_side = [await ScriptedReplica(h).start() for h in hosts]
+    grpc_side = [await GrpcReplica(h).start() for h in hosts]
+    settings = RouterSettings(backends=[{"url": h.url, "grpc": g.target} for h, g in zip(http_side, grpc_side)],
+                              affinity_break_margin=0)
+    try:
+        async with running_router(settings, grpc=True) as (base, runtime), \
+                aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel, aiohttp.ClientSession() as http:
+            async def http_turn() -> str:
+                async with http.post(f"{base}/v1/chat/completions", json={"messages": []},
+                                     headers={"X-Session-ID": "conv"}) as response:
+                    return response.headers["X-RolloutRouter-Replica"]
+            pinned = await http_turn()
+            runtime.balancer.policy.table.pin("other", pinned, time.monotonic())
+            held = asyncio.ensure_future(unary(channel, "/test.Echo/Hold", b"h", "other"))
+            await wait_for(lambda: runtime.replicas.loads()[pinned] == 1)
+            async with http.get(f"{base}/status") as response:
+                status = await response.json()
+            assert {b["url"]: b["inflight"] for b in status["backends"]}[pinned] == 1
+            assert await http_turn() != pinned  # skew 1 (from gRPC) > margin 0: the HTTP turn moves
+            assert runtime.balancer.policy.counters.affinity_broken == 1
+            for g in grpc_side:
+                g.hold.set()
+            assert (await held)[0] == b"released"
+            assert runtime.replicas.total_inflight() == 0
+    finally:
+        for server in (*http_side, *grpc_side):
+            await server.stop()
+
+
+async def test_client_cancel_cancels_upstream_and_releases(router, replicas):
+    _, runtime, channel = router
+    call = channel.unary_unary("/test.Echo/Hold")(b"h", metadata=(("x-session-id", "gone"),))
+    await wait_for(lambda: sum(r.active for r in replicas) == 1)
+    assert runtime.replicas.total_inflight() == 1
+    call.cancel()
+    await wait_for(lambda: sum(r.cancelled for r in replicas) == 1)
+    await wait_for(lambda: runtime.replicas.total_inflight() == 0)
+    assert runtime.balancer.policy.sessions() == 1
+
+
+async def test_upstream_status_and_details_reach_the_client(router):
+    _, runtime, channel = router
+    with pytest.raises(aio.AioRpcError) as raised:
+        await unary(channel, "/test.Echo/Fail", b"", "s")
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT and raised.value.details() == "prompt is empty"
+    assert runtime.replicas.total_inflight() == 0
+    with pytest.raises(aio.AioRpcError) as raised:
+        await unary(channel, "/test.Nope/Missing", b"", "s")
+    assert raised.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_refused_replica_is_retried_elsewhere_and_marked_down(router, replicas):
+    _, runtime, channel = router
+    _, headers = await unary(channel, "/test.Echo/Unary", b"x", "s")
+    pinned = next(r for r in replicas if url_of(r) == headers["x-rolloutrouter-replica"])
+    await pinned.stop()
+    response, headers = await unary(channel, "/test.Echo/Unary", b"y", "s")
+    assert headers["x-rolloutrouter-replica"] != url_of(pinned) and response.startswith(b"y|")
+    assert url_of(pinned) not in runtime.replicas.loads()
+    assert runtime.balancer.policy.counters.repinned_replica_gone == 1
+    assert runtime.replicas.total_inflight() == 0
+
+
+async def test_no_grpc_replica_answers_unavailable():
+    settings = RouterSettings(backends=["http://127.0.0.1:1"])  # HTTP only
+    async with running_router(settings, grpc=True) as (_, runtime):
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            with pytest.raises(aio.AioRpcError) as raised:
+                await unary(channel, "/test.Echo/Unary", b"x", "s")
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "no replica with a gRPC port" in raised.value.details()
