@@ -105,7 +105,7 @@ async def _generate(request: web.Request, kind: Kind, body: ChatCompletionReques
                     prompt: list[int]) -> web.StreamResponse:
     engine = request.app[ENGINE]
     _check_model(engine.config, body.model)
-    _check_length(engine.config, len(prompt), body.output_limit)
+    check_length(engine.config, len(prompt), body.output_limit)
     try:
         stream = engine.submit(prompt, body.output_limit)
     except ValueError as exc:  # more KV blocks than the pool has
@@ -189,7 +189,8 @@ def _check_model(config: FakeVllmConfig, model: str | None) -> None:
         raise ApiError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
 
 
-def _check_length(config: FakeVllmConfig, num_prompt: int, max_tokens: int | None) -> None:
+def check_length(config: FakeVllmConfig, num_prompt: int, max_tokens: int | None) -> None:
+    """vLLM's prompt checks (shared with the gRPC side): not empty, fits ``max_model_len``."""
     if num_prompt == 0:
         raise ApiError.bad_request("The decoder prompt cannot be empty", "prompt")
     num_output = config.default_max_tokens if max_tokens is None else max_tokens

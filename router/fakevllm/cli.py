@@ -13,9 +13,12 @@ from .config import FakeVllmConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--host``, ``--port`` and one flag per ``FakeVllmConfig`` field."""
+    """``--host``, ``--port``, ``--grpc-port`` and one flag per ``FakeVllmConfig`` field."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (any 127.0.0.x works)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (0 picks a free one)")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="also serve vLLM's gRPC VllmEngine service on --host at this port, sharing "
+                             "the engine (0 picks a free one; default: no gRPC)")
     for knob in dataclasses.fields(FakeVllmConfig):
         flag = "--" + knob.name.replace("_", "-")
         parser.add_argument(flag, *knob.metadata["aliases"], dest=knob.name, type=type(knob.default),
@@ -27,29 +30,46 @@ def config_from_args(args: argparse.Namespace) -> FakeVllmConfig:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve on uvloop; prints ``fake-vllm listening on http://HOST:PORT`` once bound."""
+    """Serve on uvloop; prints ``fake-vllm listening on http://HOST:PORT`` once bound.
+
+    With ``--grpc-port`` a second line follows: ``fake-vllm grpc listening on HOST:PORT``.
+    """
     config = config_from_args(args)
+    main = serve(config, args.host, args.port, getattr(args, "grpc_port", None))
     try:
         import uvloop
     except ImportError:  # uvloop does not exist on Windows
-        asyncio.run(serve(config, args.host, args.port))
+        asyncio.run(main)
     else:
-        uvloop.run(serve(config, args.host, args.port))
+        uvloop.run(main)
 
 
-async def serve(config: FakeVllmConfig, host: str, port: int) -> None:
-    """The async core of ``run``, for callers that already have a loop (main thread only)."""
+async def serve(config: FakeVllmConfig, host: str, port: int, grpc_port: int | None = None) -> None:
+    """The async core of ``run``, for callers that already have a loop (main thread only).
+
+    Both servers are bound before either line is printed; they share one engine.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    app = create_app(config)
     # In-flight requests get a moment to end, then are cancelled (and aborted).
-    runner = web.AppRunner(create_app(config), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
+    grpc_server = None
     try:
         await web.TCPSite(runner, host, port).start()
         bound_port = runner.addresses[0][1]
+        if grpc_port is not None:
+            from .grpc_api import address, start_grpc  # grpcio is loaded only when asked for
+
+            grpc_server, grpc_bound = await start_grpc(app, host, grpc_port)
         print(f"fake-vllm listening on http://{host}:{bound_port}", flush=True)
+        if grpc_server is not None:
+            print(f"fake-vllm grpc listening on {address(host, grpc_bound)}", flush=True)
         await stop.wait()
     finally:
+        if grpc_server is not None:  # before the runner's cleanup stops the engine loop
+            await grpc_server.stop(1.0)
         await runner.cleanup()

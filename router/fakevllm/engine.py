@@ -68,9 +68,14 @@ class Engine:
         return stream
 
     def abort(self, stream: Stream) -> None:
-        """Stop a request that has not finished (its client went away); no-op otherwise."""
+        """Stop a request that has not finished; no-op otherwise.
+
+        Its stream ends (a reader still waiting on it, as after an out-of-band
+        gRPC ``Abort``, sees the end; ``stream.request.status`` says ABORTED).
+        """
         if self.scheduler.abort(stream.request):
             del self._streams[stream.request]
+            stream.queue.put_nowait(None)
             self.metrics.request_finished("abort")
 
     async def run(self) -> None:
