@@ -27,6 +27,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Service:
     url: str
     process: subprocess.Popen
+    grpc_target: str | None = None  # host:port, when it also serves gRPC
+
+    @property
+    def backend(self) -> str:
+        """How a router's ``--backend`` names this replica."""
+        return f"{self.url},grpc={self.grpc_target}" if self.grpc_target else self.url
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -64,26 +70,36 @@ def wait_healthy(service: Service, health: str, timeout: float = 30.0) -> Servic
     raise TimeoutError(f"{service.url} did not become healthy within {timeout}s")
 
 
-def spawn_replica(index: int, fake_args: Sequence[str] = ()) -> Service:
+def spawn_replica(index: int, fake_args: Sequence[str] = (), grpc: bool = False) -> Service:
     host = f"127.0.0.{10 + index}"
-    port = free_port(host)
-    return spawn(["fake-vllm", "--host", host, "--port", str(port), *fake_args], f"http://{host}:{port}")
+    port, grpc_port = free_port(host), free_port(host) if grpc else None
+    extra = ["--grpc-port", str(grpc_port)] if grpc else []
+    service = spawn(["fake-vllm", "--host", host, "--port", str(port), *extra, *fake_args], f"http://{host}:{port}")
+    service.grpc_target = f"{host}:{grpc_port}" if grpc else None
+    return service
 
 
-def spawn_router(backends: Sequence[str], router_args: Sequence[str] = ()) -> Service:
-    port = free_port()
-    flags = [arg for url in backends for arg in ("--backend", url)]
-    return spawn(["serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags, *router_args],
-                 f"http://127.0.0.1:{port}")
+def spawn_router(backends: Sequence[str], router_args: Sequence[str] = (), grpc: bool = False) -> Service:
+    port, grpc_port = free_port(), free_port() if grpc else None
+    flags = [arg for backend in backends for arg in ("--backend", backend)]
+    extra = ["--grpc-port", str(grpc_port)] if grpc else []
+    service = spawn(["serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags, *extra,
+                     *router_args], f"http://127.0.0.1:{port}")
+    service.grpc_target = f"127.0.0.1:{grpc_port}" if grpc else None
+    return service
 
 
 @contextlib.contextmanager
-def local_fleet(replicas: int, router_args: Sequence[str] = (), fake_args: Sequence[str] = ()) -> Iterator[tuple[Service, list[Service]]]:
-    """``replicas`` simulated vLLM servers behind one router; everything stops on exit."""
+def local_fleet(replicas: int, router_args: Sequence[str] = (), fake_args: Sequence[str] = (),
+                grpc: bool = False) -> Iterator[tuple[Service, list[Service]]]:
+    """``replicas`` simulated vLLM servers behind one router; everything stops on exit.
+
+    With ``grpc`` the replicas and the router also serve gRPC (``Service.grpc_target``).
+    """
     started: list[Service] = []
     try:
-        started.extend(spawn_replica(index, fake_args) for index in range(replicas))
-        router = spawn_router([s.url for s in started], router_args)
+        started.extend(spawn_replica(index, fake_args, grpc) for index in range(replicas))
+        router = spawn_router([s.backend for s in started], router_args, grpc)
         started.append(router)
         for service in started[:-1]:
             wait_healthy(service, "/health")

@@ -4,19 +4,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from rollout_router.app import Runtime, create_app
+from rollout_router.localfleet import free_port
 from rollout_router.settings import RouterSettings
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
