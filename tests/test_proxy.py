@@ -122,6 +122,7 @@ async def test_replica_dying_mid_body_answers_502_json(replicas, http):
     async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
         code, where, body = await chat(http, base, "s")
         assert code == 502 and "broke off mid-response" in body["error"]["message"]
+        assert where in {r.url for r in replicas}
         assert runtime.replicas.total_inflight() == 0 and runtime.balancer.policy.sessions() == 1
 
 

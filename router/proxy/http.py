@@ -103,11 +103,12 @@ class HttpProxy:
                 raise UpstreamRefused(str(error)) from None
             except asyncio.TimeoutError:
                 code = 504
-                return self._refuse(RouterError(504, f"replica {lease.replica_id} did not answer in time"), "timeout")
+                return self._refuse(RouterError(504, f"replica {lease.replica_id} did not answer in time"), "timeout",
+                                    lease.replica_id)
             except aiohttp.ClientError as error:
                 code = 502
                 return self._refuse(RouterError(502, f"replica {lease.replica_id} failed: {error or type(error).__name__}"),
-                                    "upstream_error")
+                                    "upstream_error", lease.replica_id)
             async with upstream:
                 response, code = await self._relay(request, upstream, lease)
                 return response
@@ -130,7 +131,8 @@ class HttpProxy:
                 body = await upstream.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 return self._refuse(RouterError(502, f"replica {lease.replica_id} broke off mid-response: "
-                                                     f"{type(error).__name__}"), "upstream_broke_mid_response"), 502
+                                                     f"{type(error).__name__}"), "upstream_broke_mid_response",
+                                    lease.replica_id), 502
             return web.Response(body=body, status=upstream.status, reason=upstream.reason, headers=headers), upstream.status
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if length is not None:
@@ -160,9 +162,13 @@ class HttpProxy:
         elif request.transport is not None:
             request.transport.close()
 
-    def _refuse(self, error: RouterError, reason: str | None = None) -> web.Response:
+    def _refuse(self, error: RouterError, reason: str | None = None, replica: str | None = None) -> web.Response:
+        """The router's own error answer; names the replica when one was involved."""
         self._metrics.errors.labels(reason or f"http_{error.status}").inc()
-        return error_response(error.status, error.message, error.param)
+        response = error_response(error.status, error.message, error.param)
+        if replica is not None:
+            response.headers[REPLICA_HEADER] = replica
+        return response
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
