@@ -158,11 +158,14 @@ def test_chart_ships_exactly_the_crd(chart):
 
 
 def test_chart_operator_and_crd_name_the_same_image():
+    """The chart's image is the operator's built-in default, and the CRD leaves spec.router.image unset
+    (a schema default would be stored by the API server and --router-image would never apply)."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert f"{values['image']['repository']}:{meta['appVersion']}" == DEFAULT_IMAGE
-    router_image = crd_schema()["properties"]["spec"]["properties"]["router"]["properties"]["image"]["default"]
-    assert router_image == DEFAULT_IMAGE
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    assert "default" not in spec["router"]["properties"]["image"]
+    assert "image" not in spec["router"]["default"]
 
 
 # --- helm lint and the values schema ---------------------------------------------------------------
@@ -188,6 +191,8 @@ def test_helm_lint_catches_a_broken_template(tmp_path):
     ({"operator": {"watchNamespaces": "team-a"}}, "/operator/watchNamespaces"),
     ({"operator": {"watchNamespaces": ["Team_A"]}}, "/operator/watchNamespaces/0"),
     ({"operator": {"healthPort": 70000}}, "/operator/healthPort"),
+    ({"operator": {"metricsPort": "8080"}}, "/operator/metricsPort"),
+    ({"service": {"metricsPort": 0}}, "/service/metricsPort"),
     ({"operator": {"verbose": "yes"}}, "/operator/verbose"),
     ({"operator": {"nodeSelector": {"disk": 1}}}, "/operator/nodeSelector/disk"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
@@ -278,7 +283,8 @@ def test_defaults_render_the_operator_cluster_wide_locked_down(chart):
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert container["image"] == DEFAULT_IMAGE and container["imagePullPolicy"] == "IfNotPresent"
     assert container["command"] == ["rollout-router", "operator", "--all-namespaces", "--status-interval=10",
-                                    "--liveness=http://0.0.0.0:8081/healthz"]
+                                    "--liveness=http://0.0.0.0:8081/healthz", "--metrics-port=8080",
+                                    f"--router-image={DEFAULT_IMAGE}"]
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
                                       "seccompProfile": {"type": "RuntimeDefault"}}
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -286,9 +292,11 @@ def test_defaults_render_the_operator_cluster_wide_locked_down(chart):
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
     assert pod["serviceAccountName"] == one(manifests, "ServiceAccount")["metadata"]["name"]
     service = one(manifests, "Service")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"} in service["spec"]["ports"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     # The operator's pods are never taken for router pods (whose selector has component=router).
     assert not router_labels(RELEASE).items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -387,28 +395,6 @@ def example_resource(spec: dict | None = None, name: str = "rollouts", namespace
     return {"apiVersion": "rolloutrouter.dev/v1alpha1", "kind": "RolloutRouter",
             "metadata": {"name": name, "namespace": namespace, "uid": "uid-1", "generation": 1},
             "spec": spec or {"selector": {"matchLabels": {"app": "vllm"}}}}
-
-
-def test_servicemonitor_selects_the_router_services_the_operator_creates(chart):
-    manifests = render(chart, scenario_values("servicemonitor"))
-    monitor = one(manifests, "ServiceMonitor")
-    assert monitor["metadata"]["namespace"] == "monitoring"
-    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert monitor["spec"]["namespaceSelector"] == {"any": True}
-    router_service = next(c for c in render_children(example_resource()) if c["kind"] == "Service")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= router_service["metadata"]["labels"].items()
-    operator_service = one(manifests, "Service")
-    assert not monitor["spec"]["selector"]["matchLabels"].items() <= operator_service["metadata"]["labels"].items()
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in router_service["spec"]["ports"]}
-    assert (endpoint["path"], endpoint["interval"], endpoint["scrapeTimeout"]) == ("/metrics", "15s", "5s")
-    # The dashboard filters on namespace (set by the Prometheus Operator) and rolloutrouter (this relabeling).
-    label = "app.kubernetes.io/instance"
-    assert {"sourceLabels": ["__meta_kubernetes_service_label_" + label.replace(".", "_").replace("/", "_")],
-            "targetLabel": "rolloutrouter", "action": "replace"} in endpoint["relabelings"]
-    assert router_service["metadata"]["labels"][label] == "rollouts"
-    namespaced = render(chart, {**scenario_values("namespaced"), "serviceMonitor": {"enabled": True}})
-    assert one(namespaced, "ServiceMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
 def test_dashboard_configmap_is_labelled_for_the_sidecar_and_can_be_turned_off(chart):

@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_router_operator.kube import _path as kube_path
 from rollout_router_operator.render import child_refs, router_labels
@@ -35,6 +36,7 @@ NAME, LABELS = "e2e", {"app": "vllm-e2e"}
 VLLM_IPS = ["127.0.0.31", "127.0.0.32", "127.0.0.33"]
 ROUTER_IPS = [f"127.0.0.{n}" for n in range(40, 50)]
 UNSCHEDULABLE = {"rolloutrouter.dev/test": "no-such-node"}  # on a real cluster the Deployment's pods stay Pending
+ROUTER_IMAGE = "registry.example.com/mirror/rollout-router:e2e"  # the operator's ROLLOUT_ROUTER_IMAGE
 
 
 def wait_for(check: Callable[[], object], what: str, timeout: float = 20.0) -> object:
@@ -77,6 +79,7 @@ class Stack:
     workdir: Path
     vllm_port: int
     router_ip: str
+    metrics_port: int
     procs: list[subprocess.Popen] = field(default_factory=list)
     router: subprocess.Popen | None = None
 
@@ -84,8 +87,9 @@ class Stack:
     def router_url(self) -> str:
         return f"http://{self.router_ip}:8080"
 
-    def spawn(self, *args: str, log: str) -> subprocess.Popen:
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "POD_NAMESPACE": self.cluster.namespace}
+    def spawn(self, *args: str, log: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "POD_NAMESPACE": self.cluster.namespace,
+               **(env or {})}
         proc = subprocess.Popen([SCRIPT, *args], env=env, stdout=open(self.workdir / log, "w"),
                                 stderr=subprocess.STDOUT, cwd=self.workdir)
         self.procs.append(proc)
@@ -110,6 +114,13 @@ class Stack:
     def status(self) -> dict:
         return get_json(f"{self.router_url}/status")
 
+    def operator_metric(self, name: str, **labels: str) -> float:
+        """One sample from the operator's /metrics, summed over the labels not given."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=3) as response:
+            families = text_string_to_metric_families(response.read().decode())
+        return sum(sample.value for family in families for sample in family.samples
+                   if sample.name == name and labels.items() <= sample.labels.items())
+
 
 @pytest.fixture(scope="module")
 def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:  # noqa: F811
@@ -117,12 +128,13 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     if router_ip is None:
         pytest.skip("no 127.0.0.x address with port 8080 free for the router")
     vllm_port = free_port(VLLM_IPS[0])
-    s = Stack(cluster, tmp_path_factory.mktemp("e2e"), vllm_port, router_ip)
+    s = Stack(cluster, tmp_path_factory.mktemp("e2e"), vllm_port, router_ip, free_port("127.0.0.1"))
     try:
         for index, ip in enumerate(VLLM_IPS):
             s.spawn("fake-vllm", "--host", ip, "--port", str(vllm_port), "--speed", "10", log=f"vllm-{index}.log")
             add_pod(cluster, f"vllm-{index}", LABELS, ip, ports={"http": vllm_port})
-        s.spawn("operator", "--namespace", cluster.namespace, "--status-interval", "1", log="operator.log")
+        s.spawn("operator", "--namespace", cluster.namespace, "--status-interval", "1", "--metrics-host", "127.0.0.1",
+                "--metrics-port", str(s.metrics_port), log="operator.log", env={"ROLLOUT_ROUTER_IMAGE": ROUTER_IMAGE})
         yield s
     finally:
         for proc in s.procs:
@@ -161,6 +173,7 @@ def test_children_appear_owned_labelled_and_locked_down(stack: Stack):
     assert container.security_context.capabilities.drop == ["ALL"]
     assert container.readiness_probe.http_get.path == "/readyz"
     assert container.liveness_probe.http_get.path == "/healthz"
+    assert container.image == ROUTER_IMAGE  # the spec names no image: the operator's --router-image (from its env)
 
 
 def get_object(c: Cluster, api_version: str, kind: str, name: str) -> dict | None:
@@ -205,6 +218,20 @@ async def test_traffic_flows_and_status_matches_the_router(stack: Stack):
     wait_for(matches, "the resource status to show the router's counters")
     conditions = {c["type"]: c for c in stack.rr()["status"]["conditions"]}
     assert conditions["Ready"]["status"] == "True" and conditions["Degraded"]["status"] == "False"
+
+
+def test_operator_metrics_count_reconciles_polls_and_conditions(stack: Stack):
+    metric = stack.operator_metric
+    assert metric("rolloutrouter_operator_reconciles_total", handler="create", outcome="success") >= 1
+    assert metric("rolloutrouter_operator_reconcile_duration_seconds_count", handler="create") >= 1
+    wait_for(lambda: metric("rolloutrouter_operator_resources", condition="Ready", status="True") == 1, "Ready=True counted")
+    assert metric("rolloutrouter_operator_resources", condition="Degraded", status="False") == 1
+    assert metric("rolloutrouter_operator_resources", condition="Degraded", status="True") == 0
+    polls, last = metric("rolloutrouter_operator_status_polls_total", result="ok"), \
+        metric("rolloutrouter_operator_last_status_poll_timestamp_seconds")
+    assert polls >= 1 and time.time() - last < 10
+    wait_for(lambda: metric("rolloutrouter_operator_status_polls_total", result="ok") > polls, "another poll (1 s interval)")
+    assert metric("rolloutrouter_operator_last_status_poll_timestamp_seconds") > last
 
 
 async def _skewed_request(stack: Stack, session: aiohttp.ClientSession, key: str) -> str:
@@ -288,10 +315,23 @@ def test_invalid_spec_gets_its_condition_and_no_children(stack: Stack):
         return conditions.get("Degraded") if conditions.get("Degraded", {}).get("status") == "True" else None
     condition = wait_for(degraded, "the Degraded condition")
     assert condition["reason"] == "InvalidSpec" and "spec.selector" in condition["message"]
+    assert stack.operator_metric("rolloutrouter_operator_reconciles_total", handler="create", outcome="invalid_spec") >= 1
+    wait_for(lambda: stack.operator_metric("rolloutrouter_operator_resources", condition="Degraded", status="True") == 1,
+             "the invalid resource counted as Degraded")
     with pytest.raises(ApiException) as error:
         c.apps.read_namespaced_deployment("bad-router", c.namespace)
     assert error.value.status == 404
     c.custom.delete_namespaced_custom_object(GROUP, VERSION, c.namespace, PLURAL, "bad")
+
+
+def test_operator_metrics_saw_the_unreachable_router_the_updates_and_the_removal(stack: Stack):
+    metric = stack.operator_metric
+    assert metric("rolloutrouter_operator_status_polls_total", result="unreachable") >= 1
+    assert metric("rolloutrouter_operator_reconciles_total", handler="update", outcome="success") >= 3
+    wait_for(lambda: metric("rolloutrouter_operator_resources", condition="Degraded", status="True") == 0,
+             "the deleted invalid resource to stop counting")
+    assert metric("rolloutrouter_operator_reconciles_total", handler="delete", outcome="success") >= 1
+    assert metric("rolloutrouter_operator_reconciles_total", outcome="error") == 0
 
 
 def test_deleting_the_resource_removes_the_children(stack: Stack):
@@ -301,6 +341,7 @@ def test_deleting_the_resource_removes_the_children(stack: Stack):
     wait_for(lambda: all(get_object(c, *ref[:2], ref[2]) is None for ref in child_refs(NAME)),
              "every child to be deleted")
     wait_for(lambda: _missing(c, NAME), "the resource itself to go (finalizer released)")
+    wait_for(lambda: stack.operator_metric("rolloutrouter_operator_resources") == 0, "no resource counted any more")
 
 
 def _missing(c: Cluster, name: str) -> bool:

@@ -72,6 +72,19 @@ def test_router_pods_are_locked_down_and_probed():
     assert not any("subPath" in m for m in container["volumeMounts"])  # subPath mounts never update
 
 
+def image_of(manifests: list[dict]) -> str:
+    return by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def test_the_operators_router_image_runs_routers_whose_spec_names_none():
+    """The default image is an input (the operator's --router-image), and the spec's own image wins over it."""
+    assert image_of(render(resource())) == DEFAULT_IMAGE
+    assert image_of(render(resource(), default_image="mirror.example.com/rr:1")) == "mirror.example.com/rr:1"
+    named = resource({"router": {"image": "example.com/rr:dev"}})
+    assert image_of(render(named, default_image="mirror.example.com/rr:1")) == "example.com/rr:dev"
+    assert image_of(render(resource({"router": {"image": None}}), default_image="m/rr:2")) == "m/rr:2"
+
+
 def test_configmap_is_what_the_router_reads():
     config = by_kind(render(resource(FULL)))["ConfigMap"]["data"]["config.yaml"]
     settings = parse_settings(yaml.safe_load(config))
@@ -157,4 +170,5 @@ def test_render_is_pure(margin, determinism, replicas):
     body = resource({"affinityBreakMargin": margin, "fullDeterminism": determinism, "router": {"replicas": replicas}})
     frozen = copy.deepcopy(body)
     assert render(body) == render(body)
+    assert render(body, default_image="m/rr:1") == render(body, default_image="m/rr:1")
     assert body == frozen

@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 import kopf
 
+from . import metrics
 from .handlers import register
+from .spec import DEFAULT_IMAGE
+
+IMAGE_ENV = "ROLLOUT_ROUTER_IMAGE"
+METRICS_PORT = 8080  # as controller-runtime operators: metrics on 8080, health on 8081
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="How often router pods' /status is read into the resource status (default 10).")
     parser.add_argument("--liveness", metavar="URL", default=None,
                         help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz.")
+    parser.add_argument("--metrics-port", type=int, default=METRICS_PORT, metavar="PORT",
+                        help=f"Serve Prometheus metrics at /metrics on PORT (default {METRICS_PORT}; 0: off).")
+    parser.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",
+                        help="Address the metrics endpoint listens on (default 0.0.0.0).")
+    parser.add_argument("--router-image", default=os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE, metavar="IMAGE",
+                        help=f"Image of router pods whose spec.router.image is unset (default: ${IMAGE_ENV}, "
+                             f"else {DEFAULT_IMAGE}).")
     parser.add_argument("--verbose", "-v", action="store_true", help="Debug logging.")
 
 
@@ -26,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
-    register(registry, args.status_interval)
+    register(registry, args.status_interval, args.router_image)
+    if args.metrics_port:
+        metrics.serve(args.metrics_host, args.metrics_port)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: object) -> kopf.ConnectionInfo | None:

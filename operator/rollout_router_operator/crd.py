@@ -36,6 +36,13 @@ class _WithFactoryDefaults(GenerateJsonSchema):
         return super().default_schema(schema)
 
 
+def _without_nulls(value: Any) -> Any:
+    """A default object minus its null fields: absent already means null, and the API server would store the nulls."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
 def _structural(node: Any, defs: dict) -> Any:
     """Rewrite one JSON Schema node (recursively) into its Kubernetes form."""
     if isinstance(node, list):
@@ -69,6 +76,8 @@ def _structural(node: Any, defs: dict) -> Any:
             out.update(minimum=value, exclusiveMinimum=True)
         elif key == "default" and value is None:
             continue  # absent means null; Kubernetes will not default to null
+        elif key == "default":
+            out[key] = _without_nulls(value)
         else:
             out[key] = value
     if out.get("type") == "object" and "properties" not in out:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rollout_router.discovery.selectors import matches
 from rollout_router.settings import DiscoverySettings, RouterSettings
 
-from .spec import GROUP, KIND, VERSION, RolloutRouterSpec
+from .spec import DEFAULT_IMAGE, GROUP, KIND, VERSION, RolloutRouterSpec
 
 CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
 ROUTER_PORT = 8080
@@ -90,8 +90,12 @@ def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
     return RouterSettings(**policy, discovery=discovery)
 
 
-def render(resource: dict) -> list[dict]:
-    """Every child of ``resource``, in apply order (RBAC and config before the Deployment)."""
+def render(resource: dict, default_image: str = DEFAULT_IMAGE) -> list[dict]:
+    """Every child of ``resource``, in apply order (RBAC and config before the Deployment).
+
+    ``default_image`` runs the routers when ``spec.router.image`` is unset: the operator's
+    ``--router-image``, so a chart's image override reaches router pods without touching render's purity.
+    """
     meta = resource["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     spec = parse_spec(resource)
@@ -114,7 +118,7 @@ def render(resource: dict) -> list[dict]:
               roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": full},
               subjects=[{"kind": "ServiceAccount", "name": full, "namespace": namespace}]),
         child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
-        child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels)),
+        child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image)),
         child("v1", "Service", full, spec={
             "type": spec.router.service.type, "selector": router_labels(name),
             "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"}]}),
@@ -125,7 +129,7 @@ def render(resource: dict) -> list[dict]:
     return children
 
 
-def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict) -> dict:
+def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str) -> dict:
     router = spec.router
     env = [
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -137,7 +141,7 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict) -> dict:
              "failureThreshold": 3}
     container = {
         "name": "router",
-        "image": router.image,
+        "image": router.image or default_image,
         "imagePullPolicy": router.image_pull_policy,
         "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
                     "--host", "0.0.0.0", "--port", str(ROUTER_PORT)],
