@@ -115,6 +115,23 @@ def test_every_optional_field_lands():
     assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
 
 
+@pytest.mark.parametrize("grpc_port", [None, 50051, "grpc"])
+def test_router_serves_grpc_exactly_when_the_replicas_do(grpc_port):
+    kinds = by_kind(render(resource({"grpcPort": grpc_port} if grpc_port is not None else {})))
+    container = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    service_ports = {p["name"]: p for p in kinds["Service"]["spec"]["ports"]}
+    container_ports = {p["name"] for p in container["ports"]}
+    if grpc_port is None:
+        assert "--grpc-port" not in container["command"] and "grpc" not in service_ports.keys() | container_ports
+    else:
+        flag = container["command"].index("--grpc-port")
+        listen = int(container["command"][flag + 1])
+        assert {"http", "grpc"} <= container_ports and service_ports["grpc"]["targetPort"] == "grpc"
+        assert next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc") == listen
+        settings = yaml.safe_load(kinds["ConfigMap"]["data"]["config.yaml"])
+        assert settings["discovery"]["grpcPort"] == grpc_port  # where the replicas' gRPC is found
+
+
 @pytest.mark.parametrize("replicas, has_pdb", [(0, False), (1, False), (2, True), (5, True)])
 def test_pdb_only_above_one_replica(replicas, has_pdb):
     assert ("PodDisruptionBudget" in by_kind(render(resource({"router": {"replicas": replicas}})))) is has_pdb

@@ -21,6 +21,7 @@ from .spec import DEFAULT_IMAGE, GROUP, KIND, VERSION, RolloutRouterSpec
 
 CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
 ROUTER_PORT = 8080
+ROUTER_GRPC_PORT = 50051  # the router's gRPC listener, opened when the replicas serve gRPC (spec.grpcPort)
 RUN_AS = 65532  # the "nonroot" user of distroless images
 MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
 RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "PYTHONDONTWRITEBYTECODE"}
@@ -121,7 +122,9 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE) -> list[dict]:
         child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image)),
         child("v1", "Service", full, spec={
             "type": spec.router.service.type, "selector": router_labels(name),
-            "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"}]}),
+            "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
+                      *([{"name": "grpc", "port": ROUTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
+                          "appProtocol": "grpc"}] if spec.grpc_port is not None else [])]}),
     ]
     if spec.router.replicas > 1:
         children.append(child("policy/v1", "PodDisruptionBudget", full, spec={
@@ -139,13 +142,16 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
     ]
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 3,
              "failureThreshold": 3}
+    grpc = spec.grpc_port is not None  # replicas serve gRPC: so does the router, beside HTTP
+    grpc_args = ["--grpc-port", str(ROUTER_GRPC_PORT)] if grpc else []
+    grpc_ports = [{"name": "grpc", "containerPort": ROUTER_GRPC_PORT, "protocol": "TCP"}] if grpc else []
     container = {
         "name": "router",
         "image": router.image or default_image,
         "imagePullPolicy": router.image_pull_policy,
         "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
-                    "--host", "0.0.0.0", "--port", str(ROUTER_PORT)],
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+                    "--host", "0.0.0.0", "--port", str(ROUTER_PORT), *grpc_args],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}, *grpc_ports],
         "env": env,
         "resources": router.resources.dump(),
         "livenessProbe": probe,
