@@ -39,7 +39,8 @@ ENV PATH=/opt/rollout-router/bin:$PATH \
     MPLCONFIGDIR=/tmp/matplotlib
 USER 65532:65532
 WORKDIR /tmp
-# 8080: router traffic, /metrics, /status; 8081: the operator's liveness endpoint.
-EXPOSE 8080 8081
+# 8080: the router's traffic, /metrics and /status (or the operator's metrics); 8081: the operator's
+# liveness endpoint; 50051: the router's gRPC listener, when the replicas serve gRPC.
+EXPOSE 8080 8081 50051
 ENTRYPOINT ["rollout-router"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8080"]
