@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,28 @@ def test_tracker_follows_pods():
     assert len(replicas) == 0
     tracker.reset([pod("c", "10.0.0.3")])
     assert [r.id for r in replicas.replicas()] == ["http://10.0.0.3:8000"]
+
+
+def test_a_new_watch_takes_over_the_set_and_drops_what_no_longer_matches():
+    """Discovery restarts (selector or port changed, static -> discovery) leave no stale replica."""
+    replicas = ReplicaSet()
+    replicas.replace([("http://static:8000", None)])
+    discovery.PodTracker(SETTINGS, replicas).reset([pod("a", "10.0.0.1"), pod("b", "10.0.0.2")])
+    assert {r.id for r in replicas.replicas()} == {"http://10.0.0.1:8000", "http://10.0.0.2:8000"}
+    narrower = DiscoverySettings(selector={"matchLabels": {"app": "vllm", "tier": "a"}}, port=9000)
+    discovery.PodTracker(narrower, replicas).reset([pod("a", "10.0.0.1", labels={"app": "vllm", "tier": "a"}), pod("b", "10.0.0.2")])
+    assert [r.id for r in replicas.replicas()] == ["http://10.0.0.1:9000"]
+
+
+async def test_discovery_that_cannot_start_keeps_retrying(monkeypatch):
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(discovery, "SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent/namespace"))
+    monkeypatch.setattr(discovery, "BACKOFF_MIN", 0.01)
+    task = asyncio.create_task(discovery.run(SETTINGS, ReplicaSet(), api=object()))
+    await asyncio.sleep(0.2)
+    assert not task.done()  # no namespace yet: still trying, not dead
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def test_namespace_resolution(monkeypatch, tmp_path):

@@ -77,7 +77,9 @@ class PodTracker:
     def __init__(self, settings: DiscoverySettings, replicas: ReplicaSet):
         self.settings, self.replicas = settings, replicas
         self._pods: dict[str, Endpoint] = {}  # pod name -> endpoint, serving pods only
-        self._applied: dict[str, str | None] = {}  # url -> grpc target, as last written to the set
+        # url -> grpc target, as last written to the set. It starts as whatever the set holds (a previous
+        # watch's pods, static backends), so the first listing removes what no longer matches.
+        self._applied: dict[str, str | None] = {r.id: r.grpc_target for r in replicas.replicas()}
 
     def reset(self, pods: Iterable[dict]) -> None:
         """A full listing: pods not in it are gone."""
@@ -199,6 +201,18 @@ class PodApi:
                         yield event
 
 
+async def _connect(settings: DiscoverySettings, api: PodApi | None) -> tuple[PodApi, str]:
+    """Credentials and namespace, retried with backoff: a router must not stay blind after a bad start."""
+    delay = BACKOFF_MIN
+    while True:
+        try:
+            return api or await asyncio.to_thread(PodApi.from_environment), resolve_namespace(settings)
+        except Exception as error:  # noqa: BLE001 - any failure here is logged and retried
+            log.error("pod discovery cannot start: %s; retrying in %.1fs", error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX)
+
+
 async def run(settings: DiscoverySettings, replicas: ReplicaSet, api: PodApi | None = None) -> None:
     """Keep ``replicas`` equal to the serving pods until cancelled; API errors back off and retry.
 
@@ -206,12 +220,7 @@ async def run(settings: DiscoverySettings, replicas: ReplicaSet, api: PodApi | N
     replicas) and then watches from the listing's resourceVersion until the
     server ends the stream.
     """
-    try:
-        api = api or await asyncio.to_thread(PodApi.from_environment)
-        namespace = resolve_namespace(settings)
-    except Exception:
-        log.exception("pod discovery cannot start")
-        raise
+    api, namespace = await _connect(settings, api)
     selector = to_query(settings.selector)
     tracker = PodTracker(settings, replicas)
     log.info("watching pods in %s matching %r at %s", namespace, selector, api.host)
