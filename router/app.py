@@ -44,7 +44,7 @@ class Runtime:
         self.metrics = Metrics(self.balancer)
         self.client: aiohttp.ClientSession | None = None
         self.grpc_address, self.grpc_port = grpc_address, None
-        self._grpc = GrpcProxy(self.balancer, self.metrics, lambda: self.settings)
+        self.grpc_proxy = GrpcProxy(self.balancer, self.metrics, lambda: self.settings)
         self._discovery: asyncio.Task | None = None
         self._config_mtime = _mtime(config_path)
 
@@ -94,7 +94,7 @@ class Runtime:
             if waited >= EXPIRY_INTERVAL:
                 waited = 0.0
                 self.balancer.expire_idle()
-                self._grpc.prune()
+                self.grpc_proxy.prune()
 
     async def lifecycle(self, app: web.Application):
         """aiohttp cleanup context: start and stop everything the router owns."""
@@ -105,7 +105,7 @@ class Runtime:
         background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         server = None
         if self.grpc_address is not None:
-            server, self.grpc_port = await start_grpc(self._grpc, self.grpc_address)
+            server, self.grpc_port = await start_grpc(self.grpc_proxy, self.grpc_address)
         yield
         if server is not None:
             await server.stop(grace=2)
@@ -114,7 +114,7 @@ class Runtime:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self._grpc.close()
+        await self.grpc_proxy.close()
         await self.client.close()
 
 

@@ -96,6 +96,10 @@ class ReplicaSet:
         if replica is not None:
             replica.down_until = self._clock() + seconds
 
+    def grpc_targets(self) -> set[str]:
+        """gRPC targets still in use: live replicas and those draining their last requests."""
+        return {r.grpc_target for r in (*self._live.values(), *self._draining.values()) if r.grpc_target}
+
     def total_inflight(self) -> int:
         return sum(r.inflight for r in self._live.values()) + sum(r.inflight for r in self._draining.values())
 

@@ -190,8 +190,8 @@ async def test_upstream_status_and_details_reach_the_client(router):
         await unary(channel, "/test.Echo/Fail", b"", "s")
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT and raised.value.details() == "prompt is empty"
     assert runtime.replicas.total_inflight() == 0
-    with pytest.raises(aio.AioRpcError) as raised:
-        await unary(channel, "/test.Nope/Missing", b"", "s")
+    with pytest.raises(aio.AioRpcError) as raised:  # a vLLM method this replica lacks: relayed as unary
+        await unary(channel, "/vllm.grpc.engine.VllmEngine/Embed", b"", "s")
     assert raised.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -215,3 +215,16 @@ async def test_no_grpc_replica_answers_unavailable():
                 await unary(channel, "/test.Echo/Unary", b"x", "s")
     assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
     assert "no replica with a gRPC port" in raised.value.details()
+
+
+async def test_a_removed_replica_keeps_its_channel_until_its_calls_drain(router, replicas):
+    _, runtime, channel = router
+    call = channel.unary_unary("/test.Echo/Hold")(b"h", metadata=(("x-session-id", "drain"),))
+    await wait_for(lambda: sum(r.active for r in replicas) == 1)
+    holder = next(r for r in replicas if r.active)
+    runtime.replicas.remove(url_of(holder))  # the pod went unready mid-call
+    runtime.grpc_proxy.prune()
+    holder.hold.set()
+    assert await call == b"released"
+    runtime.grpc_proxy.prune()  # drained now: its channel can go
+    assert holder.target not in runtime.replicas.grpc_targets()

@@ -1,14 +1,16 @@
 """The gRPC listener: every method passed through as raw bytes to the chosen replica.
 
-gRPC is a stream of messages either way on the wire, so one stream-stream
-handler carries unary and streaming methods alike; no protos are needed. The
-session key comes from request metadata (the same names as the HTTP headers,
-lower-cased), the routing goes through the same ``Balancer`` as HTTP, and so
-a replica's in-flight count is one number across both protocols.
+No (de)serialization happens here. Methods whose client sends one message (all
+of vLLM's ``VllmEngine``, known from its protos) are relayed as unary-request
+calls; any other method as a bidirectional stream, which carries every shape
+on the wire. The session key comes from request metadata (the HTTP header
+names, lower-cased), routing goes through the same ``Balancer`` as HTTP, and
+so a replica's in-flight count is one number across both protocols.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -28,17 +30,67 @@ REPLICA_METADATA = "x-rolloutrouter-replica"
 # Set by the gRPC library on every call; forwarding them would clash with the upstream call's own.
 _RESERVED = ("user-agent", "te", "content-type", "host", "grpc-")
 
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+
+def unary_request_methods() -> frozenset[str]:
+    """Paths of the methods whose client sends exactly one message, from vLLM's protos."""
+    try:
+        from smg_grpc_proto.generated import vllm_engine_pb2
+    except ImportError:  # without the protos every method is relayed as a stream, which also works
+        return frozenset()
+    return frozenset(f"/{service.full_name}/{method.name}"
+                     for service in vllm_engine_pb2.DESCRIPTOR.services_by_name.values()
+                     for method in service.methods if not method.client_streaming)
+
+
+class _Single:
+    """A one-message request: replayable on any retry."""
+
+    replayable = True
+
+    def __init__(self, message: bytes):
+        self.message = message
+
+    async def settle(self) -> None:
+        return None
+
 
 class _Replay:
-    """The client's request messages, remembered so a refused attempt can be retried."""
+    """A streamed request, remembered so a refused attempt can be retried.
+
+    A retry replays what was read; it is allowed only while no read of the
+    client's stream is pending (two readers of one stream would clash) and the
+    buffer is small.
+    """
+
+    LIMIT = 64
 
     def __init__(self, source: AsyncIterator[bytes]):
         self._source, self._seen = source, []
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def replayable(self) -> bool:
+        return self._idle.is_set() and len(self._seen) <= self.LIMIT
+
+    async def settle(self, timeout: float = 1.0) -> None:
+        """Let a pending read of the client's stream finish before the call ends."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
 
     async def messages(self) -> AsyncIterator[bytes]:
         for message in list(self._seen):
             yield message
-        async for message in self._source:
+        while True:
+            self._idle.clear()
+            try:
+                message = await self._source.__anext__()
+            except StopAsyncIteration:
+                return
+            finally:
+                self._idle.set()
             self._seen.append(message)
             yield message
 
@@ -47,39 +99,46 @@ class GrpcProxy(grpc.GenericRpcHandler):
     def __init__(self, balancer: Balancer, metrics: Metrics, settings: Callable[[], RouterSettings]):
         self._balancer, self._metrics, self._settings = balancer, metrics, settings
         self._channels: dict[str, aio.Channel] = {}
+        self._unary = unary_request_methods()
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        async def forward(requests: AsyncIterator[bytes], context: aio.ServicerContext) -> AsyncIterator[bytes]:
-            async for response in self._forward(details.method, requests, context):
+        method = details.method
+        if method in self._unary:
+            async def unary(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
+                async for response in self._forward(method, _Single(request), context):
+                    yield response
+            return grpc.unary_stream_rpc_method_handler(unary)
+
+        async def streamed(requests: AsyncIterator[bytes], context: aio.ServicerContext) -> AsyncIterator[bytes]:
+            async for response in self._forward(method, _Replay(requests), context):
                 yield response
-        return grpc.stream_stream_rpc_method_handler(forward)
+        return grpc.stream_stream_rpc_method_handler(streamed)
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close() for channel in self._channels.values()))
         self._channels.clear()
 
     def prune(self) -> None:
-        """Close channels to targets no replica has any more."""
-        live = {r.grpc_target for r in self._balancer.replicas.replicas()}
+        """Close channels to targets that no replica, live or still draining, has any more."""
+        live = self._balancer.replicas.grpc_targets()
         for target in set(self._channels) - live:
             asyncio.ensure_future(self._channels.pop(target).close())
 
-    async def _forward(self, method: str, requests: AsyncIterator[bytes],
+    async def _forward(self, method: str, request: _Single | _Replay,
                        context: aio.ServicerContext) -> AsyncIterator[bytes]:
         settings = self._settings()
         metadata = _forwardable(context.invocation_metadata())
         key = next((value for name in settings.session.headers
-                    for k, value in metadata if k == name.lower() and value), None)
-        replay = _Replay(requests)
+                    for k, value in metadata if k == name.lower() and isinstance(value, str) and value), None)
         for _ in range(settings.connect_retries + 1):
             try:
-                _, lease = self._balancer.acquire(key if isinstance(key, str) else None, grpc=True)
+                _, lease = self._balancer.acquire(key, grpc=True)
             except NoReplicaError:
                 self._metrics.errors.labels("no_replica").inc()
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "no replica with a gRPC port is available")
             try:
                 refused = False
-                async for response in self._attempt(method, replay, metadata, lease, context):
+                async for response in self._attempt(method, request, metadata, lease, context):
                     if response is None:
                         refused = True
                         break
@@ -92,12 +151,17 @@ class GrpcProxy(grpc.GenericRpcHandler):
         await context.abort(grpc.StatusCode.UNAVAILABLE,
                             f"replicas refused the connection on all {settings.connect_retries + 1} attempts")
 
-    async def _attempt(self, method: str, replay: _Replay, metadata: Metadata, lease: Lease,
+    def _call(self, method: str, request: _Single | _Replay, metadata: Metadata, target: str,
+              context: aio.ServicerContext):
+        channel, timeout = self._channel(target), context.time_remaining()
+        if isinstance(request, _Single):
+            return channel.unary_stream(method)(request.message, metadata=metadata, timeout=timeout)
+        return channel.stream_stream(method)(request.messages(), metadata=metadata, timeout=timeout)
+
+    async def _attempt(self, method: str, request: _Single | _Replay, metadata: Metadata, lease: Lease,
                        context: aio.ServicerContext) -> AsyncIterator[bytes | None]:
         """One upstream call; yields responses, or a single None if it was refused before answering."""
-        target = lease.replica.grpc_target
-        call = self._channel(target).stream_stream(method)(
-            replay.messages(), metadata=metadata, timeout=context.time_remaining())
+        call = self._call(method, request, metadata, lease.replica.grpc_target, context)
         started, code, answered = time.monotonic(), "CANCELLED", False
         try:
             async for response in call:
@@ -111,13 +175,17 @@ class GrpcProxy(grpc.GenericRpcHandler):
             context.set_trailing_metadata(_forwardable(await call.trailing_metadata()))
         except aio.AioRpcError as error:
             code = error.code().name
-            if error.code() is grpc.StatusCode.UNAVAILABLE and not answered:
+            call.cancel()
+            await request.settle()
+            if error.code() is grpc.StatusCode.UNAVAILABLE and not answered and request.replayable:
                 self._balancer.replicas.mark_down(lease.replica_id, self._settings().down_seconds)
                 self._metrics.retries.labels(lease.replica_id).inc()
                 code = None
                 yield None
                 return
-            await context.abort(error.code(), error.details() or "", _forwardable(error.trailing_metadata()))
+            context.set_code(error.code())
+            context.set_details(error.details() or "")
+            context.set_trailing_metadata(_forwardable(error.trailing_metadata()))
         finally:
             call.cancel()  # no-op when finished; stops the replica's work when the client went away
             if code is not None:
@@ -128,9 +196,6 @@ class GrpcProxy(grpc.GenericRpcHandler):
         if channel is None:
             channel = self._channels[target] = aio.insecure_channel(target)
         return channel
-
-
-Metadata = tuple[tuple[str, str | bytes], ...]
 
 
 def _forwardable(metadata) -> Metadata:
