@@ -271,3 +271,21 @@ async def test_unexpected_errors_become_json_500_and_the_router_goes_on(replicas
         assert code == 500 and body["error"]["code"] == 500 and "boom" not in json.dumps(body)
         monkeypatch.undo()
         assert (await chat(http, base, "s"))[0] == 200
+
+
+async def test_metadata_paths_never_touch_pins(replicas, http):
+    async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
+        for _ in range(3):
+            async with http.get(f"{base}/v1/models", headers={"X-Session-ID": "s"}) as response:
+                assert response.status == 200
+        assert runtime.balancer.policy.sessions() == 0 and runtime.balancer.policy.counters.new_sessions == 0
+
+
+async def test_non_json_bodies_are_forwarded_even_when_keys_come_from_json(replicas, http):
+    settings = RouterSettings(backends=[r.url for r in replicas], session=SessionSettings(body_fields=["session_id"]))
+    async with running_router(settings) as (base, runtime):
+        form = aiohttp.FormData()
+        form.add_field("file", b"RIFF....", filename="a.wav", content_type="audio/wav")
+        async with http.post(f"{base}/v1/audio/transcriptions", data=form) as response:
+            assert "X-RolloutRouter-Replica" in response.headers  # forwarded, not refused by the router
+        assert runtime.replicas.total_inflight() == 0

@@ -8,6 +8,7 @@ the response: success, upstream error, client disconnect or timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -36,6 +37,8 @@ FORWARDED_PATHS = frozenset({
     "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations", "/version",
 })
 FORWARDED_PREFIXES = ("/v1/responses/", "/v1/models/")
+# Paths that read no conversation state: routed least-loaded, so they never move or count a session's pin.
+UNKEYED_PATHS = frozenset({"/v1/models", "/tokenize", "/detokenize", "/version"})
 
 BUFFER_LIMIT = 1 << 20  # non-streaming bodies up to this size are relayed in one piece
 
@@ -47,6 +50,10 @@ HOP_BY_HOP = frozenset({
 
 def forwarded(path: str) -> bool:
     return path in FORWARDED_PATHS or path.startswith(FORWARDED_PREFIXES)
+
+
+def _unkeyed(path: str) -> bool:
+    return path in UNKEYED_PATHS or path.startswith("/v1/models/")
 
 
 def end_to_end(headers) -> dict[str, str]:
@@ -71,7 +78,7 @@ class HttpProxy:
         settings = self._settings()
         try:
             body = await read_body(request, settings.max_body_bytes)
-            key = session_key(request.headers, body, settings.session)
+            key = None if _unkeyed(request.path) else session_key(request.headers, body, settings.session)
         except RouterError as error:
             return self._refuse(error)
         for _ in range(settings.connect_retries + 1):
@@ -157,8 +164,9 @@ class HttpProxy:
         log.warning("replica %s broke off mid-response: %r", lease.replica_id, error)
         if upstream.content_type == "text/event-stream":
             message = f"replica {lease.replica_id} failed mid-stream: {type(error).__name__}"
-            await response.write(b"data: " + json.dumps(error_body(502, message)).encode() + b"\n\n")
-            await response.write_eof()
+            with contextlib.suppress(ConnectionResetError):  # the client may be gone as well
+                await response.write(b"data: " + json.dumps(error_body(502, message)).encode() + b"\n\n")
+                await response.write_eof()
         elif request.transport is not None:
             request.transport.close()
 

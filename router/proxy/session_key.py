@@ -9,12 +9,17 @@ from .errors import RouterError
 
 
 def session_key(headers: Mapping[str, str], body: bytes, settings: SessionSettings) -> str | None:
-    """The first non-empty key found, or None. Bad JSON is an error only when we must read it."""
+    """The first non-empty key found, or None.
+
+    Body fields are read only from JSON bodies (a multipart upload has none);
+    bad JSON is an error only when we must read it.
+    """
     for name in settings.headers:
         value = headers.get(name)
         if value:
             return value
-    if not settings.body_fields or not body:
+    content_type = headers.get("Content-Type", "application/json").split(";")[0].strip().lower()
+    if not settings.body_fields or not body or not content_type.endswith("json"):
         return None
     try:
         document = json.loads(body)
