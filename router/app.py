@@ -68,8 +68,10 @@ class Runtime:
             settings = self._overrides(load_settings(self.config_path))
         except (OSError, SettingsError) as error:
             log.error("config %s not applied, keeping the running settings: %s", self.config_path, error)
+            self.metrics.config_reloads["rejected"] += 1
             return False
         self.apply(settings)
+        self.metrics.config_reloads["applied"] += 1
         log.info("config %s applied", self.config_path)
         return True
 

@@ -27,10 +27,15 @@ _DECISIONS = {
 
 
 class _LiveCollector(Collector):
-    def __init__(self, balancer: Balancer):
-        self._balancer = balancer
+    def __init__(self, balancer: Balancer, metrics: Metrics):
+        self._balancer, self._metrics = balancer, metrics
 
     def collect(self):
+        reloads = CounterMetricFamily("rolloutrouter_config_reloads", "Config file reloads, by result.",
+                                      labels=["result"])
+        for result, count in self._metrics.config_reloads.items():
+            reloads.add_metric([result], count)
+        yield reloads
         counters = self._balancer.policy.counters.as_dict()
         for field, doc in _DECISIONS.items():
             family = CounterMetricFamily(f"rolloutrouter_{field}", doc)
@@ -58,7 +63,7 @@ class Metrics:
 
     def __init__(self, balancer: Balancer):
         self.registry = CollectorRegistry()
-        self.registry.register(_LiveCollector(balancer))
+        self.registry.register(_LiveCollector(balancer, self))
         self.requests = Counter("rolloutrouter_requests", "Proxied requests by replica and status code.",
                                 ["backend", "code"], registry=self.registry)
         self.duration = Histogram("rolloutrouter_request_duration_seconds",
@@ -69,12 +74,14 @@ class Metrics:
         self.errors = Counter("rolloutrouter_request_errors", "Requests answered by the router itself with an error, by reason.",
                               ["reason"], registry=self.registry)
 
+        self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
+
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
         self.requests.labels(backend, str(code)).inc()
         self.duration.labels(backend).observe(seconds)
 
 
-def status(balancer: Balancer) -> dict:
+def status(balancer: Balancer, metrics: Metrics) -> dict:
     """verl's get_status() plus the decision counters."""
     replicas = balancer.replicas.replicas()
     loads = balancer.replicas.loads()
@@ -87,4 +94,5 @@ def status(balancer: Balancer) -> dict:
         "total_inflight": balancer.replicas.total_inflight(),
         "backends_ready": len(loads),
         "backends": [{"url": r.id, "inflight": r.inflight, "ready": r.id in loads} for r in replicas],
+        "config_reloads": dict(metrics.config_reloads),
     }

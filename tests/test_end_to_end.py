@@ -92,9 +92,12 @@ def test_serve_reloads_config_on_sighup_keeping_pins(tmp_path):
             assert status["sessions"] == 1 and status["new_sessions"] == 1
             config.write_text("affinityBreakMargin: -1\n")  # invalid: logged, not applied, no crash
             router.process.send_signal(signal.SIGHUP)
-            time.sleep(0.3)
+            while get_json(f"{router.url}/status")["config_reloads"]["rejected"] < 1:
+                assert time.monotonic() < deadline + 10, "SIGHUP did not re-read the config"
+                time.sleep(0.05)
             assert router.process.poll() is None
-            assert get_json(f"{router.url}/status")["affinity_break_margin"] == 3
+            status = get_json(f"{router.url}/status")
+            assert status["affinity_break_margin"] == 3 and status["sessions"] == 1
         finally:
             router.stop()
     finally:

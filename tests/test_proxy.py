@@ -238,6 +238,9 @@ async def test_live_settings_change_keeps_pins(replicas, http, tmp_path):
         config.write_text(json.dumps({"affinityBreakMargin": -3}))
         assert not runtime.reload()  # rejected, the running settings stay
         assert runtime.settings.affinity_break_margin == 0 and runtime.balancer.policy.sessions() == 3
+        metrics = await (await http.get(f"{base}/metrics")).text()
+    assert 'rolloutrouter_config_reloads_total{result="applied"} 1.0' in metrics
+    assert 'rolloutrouter_config_reloads_total{result="rejected"} 1.0' in metrics
 
 
 async def test_metrics_and_status_agree_with_traffic(replicas, http):

@@ -35,7 +35,7 @@ class AdminRoutes:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(status(self._balancer))
+        return web.json_response(status(self._balancer, self._metrics))
 
     async def release_session(self, request: web.Request) -> web.Response:
         """Drop a finished conversation's pin now instead of waiting for the idle timeout."""
