@@ -115,6 +115,11 @@ def test_every_optional_field_lands():
     assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
 
 
+def test_service_keeps_each_client_on_one_router_pod():
+    """Pins are per router pod, so a client's turns must keep meeting the same router."""
+    assert by_kind(render(resource({"router": {"replicas": 3}})))["Service"]["spec"]["sessionAffinity"] == "ClientIP"
+
+
 @pytest.mark.parametrize("grpc_port", [None, 50051, "grpc"])
 def test_router_serves_grpc_exactly_when_the_replicas_do(grpc_port):
     kinds = by_kind(render(resource({"grpcPort": grpc_port} if grpc_port is not None else {})))

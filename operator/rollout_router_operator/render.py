@@ -120,8 +120,9 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE) -> list[dict]:
               subjects=[{"kind": "ServiceAccount", "name": full, "namespace": namespace}]),
         child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
         child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image)),
+        # Pins live in each router pod: ClientIP affinity keeps a rollout worker's turns on one router.
         child("v1", "Service", full, spec={
-            "type": spec.router.service.type, "selector": router_labels(name),
+            "type": spec.router.service.type, "selector": router_labels(name), "sessionAffinity": "ClientIP",
             "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
                       *([{"name": "grpc", "port": ROUTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
                           "appProtocol": "grpc"}] if spec.grpc_port is not None else [])]}),
