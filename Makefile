@@ -5,7 +5,13 @@ BIN    := $(VENV)/bin
 
 .PHONY: demo test study install install-test system-deps clean
 
+# apt-get as root, else through sudo; the package lists are fetched once per make run.
+APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
+
 $(BIN)/python:
+	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
+	  echo "installing Debian packages: python3-venv"; \
+	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends python3-venv >/dev/null; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip "setuptools>=77" wheel
 
@@ -20,12 +26,11 @@ $(VENV)/.installed-test: pyproject.toml setup.py | $(BIN)/python
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# Debian packages the tests use (a real Prometheus server); installed once, as root.
+# Debian packages the tests use (a real Prometheus server); installed once.
 system-deps:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "installing Debian packages: prometheus"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 demo: install
 	$(BIN)/rollout-router demo
@@ -34,7 +39,7 @@ demo: install
 study: install
 	$(BIN)/rollout-router simulate --steps 8 --jobs 2 --plots docs/img --markdown out/study.md --json-out out/study.json
 
-test: install-test system-deps
+test: system-deps install-test
 	$(BIN)/python -m pytest
 
 clean:
