@@ -81,7 +81,7 @@ def test_covers_what_a_vllm_fleet_operator_needs():
         "In-flight skew (max - min)": ["max(", "min(", "rolloutrouter_backend_inflight_requests"],
         "Sessions pinned": ["rolloutrouter_sessions"],
         "Request rate per replica": ["rolloutrouter_requests_total"],
-        "Error rate per replica": ["rolloutrouter_requests_total", 'code!~"2.."'],
+        "Error rate per replica": ["rolloutrouter_requests_total", 'code!~"2..|OK|499|CANCELLED"'],
         "Latency quantiles per replica": ["histogram_quantile(0.5,", "histogram_quantile(0.95,", "histogram_quantile(0.99,",
                                           "rolloutrouter_request_duration_seconds_bucket"],
         "Ready replicas": ["rolloutrouter_backends_ready"],
