@@ -83,3 +83,25 @@ def test_operator_rbac_covers_exactly_what_it_does():
     for rule in router_role["rules"]:  # RBAC forbids granting what the granter lacks
         assert set(rule["verbs"]) <= grants[("", "pods")]
     assert grants[("rolloutrouter.dev", "rolloutrouters/status")] == {"patch"}
+
+
+async def test_only_ready_router_pods_are_polled(monkeypatch):
+    """A router pod still starting is not 'unreachable': polling it would flap Degraded on every rollout."""
+    import rollout_router_operator.status as status_module
+    from rollout_router.settings import LabelSelector
+
+    def pod(name: str, ready: bool) -> dict:
+        return {"metadata": {"name": name}, "status": {"phase": "Running", "podIP": "127.0.0.99",
+                                                        "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+    polled = []
+
+    async def fake_poll(session, pod):
+        polled.append(pod["metadata"]["name"])
+        return {"affinity_kept": 1}
+
+    monkeypatch.setattr(status_module.kube, "list_pods",
+                        lambda namespace, selector: [pod("ready", True), pod("starting", False)])
+    monkeypatch.setattr(status_module, "_poll", fake_poll)
+    seen = await status_module.observe("ns", "rr", LabelSelector(match_labels={"app": "vllm"}), desired=2)
+    assert polled == ["ready"] and seen.unreachable == [] and seen.routers_ready == 1

@@ -100,11 +100,12 @@ async def _poll(session: aiohttp.ClientSession, pod: dict) -> dict:
 
 
 async def observe(namespace: str, name: str, selector: LabelSelector, desired: int) -> Observation:
-    """List router and backend pods, and read every serving router pod's /status."""
+    """List router and backend pods, and read every Ready router pod's /status."""
     routers = await asyncio.to_thread(kube.list_pods, namespace, ",".join(f"{k}={v}" for k, v in router_labels(name).items()))
     backends = await asyncio.to_thread(kube.list_pods, namespace, to_query(selector))
     backends = [pod for pod in backends if not pod["metadata"].get("deletionTimestamp")]
-    live = [pod for pod in routers if (pod.get("status") or {}).get("podIP") and not pod["metadata"].get("deletionTimestamp")]
+    # Only Ready pods: one still starting (or shutting down) is not "unreachable", and would flap Degraded.
+    live = [pod for pod in routers if is_ready(pod) and (pod.get("status") or {}).get("podIP")]
     obs = Observation(routers_ready=sum(map(is_ready, routers)), routers_desired=desired,
                       backends_ready=sum(map(is_ready, backends)), backends_total=len(backends), read_at=now())
     async with aiohttp.ClientSession() as session:
