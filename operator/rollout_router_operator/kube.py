@@ -8,12 +8,13 @@ retries) and permanent ones.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
+
+from rollout_router.discovery.kubernetes import load_configuration
 
 FIELD_MANAGER = "rollout-router-operator"
 # apiVersion/kind -> plural, for the kinds render() produces.
@@ -31,12 +32,7 @@ class RetryableError(Exception):
 @functools.cache
 def api_client() -> kubernetes.client.ApiClient:
     """In-cluster service account, else KUBECONFIG (or ~/.kube/config)."""
-    configuration = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    return kubernetes.client.ApiClient(configuration)
+    return kubernetes.client.ApiClient(load_configuration())
 
 
 def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:

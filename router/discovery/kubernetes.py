@@ -126,6 +126,21 @@ def resolve_namespace(settings: DiscoverySettings) -> str:
     raise RuntimeError("discovery needs a namespace: set discovery.namespace or POD_NAMESPACE")
 
 
+def load_configuration() -> Any:
+    """API credentials: the in-cluster service account, else ``KUBECONFIG`` (or ~/.kube/config).
+
+    KUBECONFIG is read at call time, not when the client was imported (tests set it late).
+    """
+    from kubernetes import client, config  # heavy; only routers with discovery (and the operator) pay for it
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    return configuration
+
+
 class ApiError(Exception):
     """The API answered with an error status; ``status`` 410 means the resourceVersion expired."""
 
@@ -152,16 +167,7 @@ class PodApi:
 
     @classmethod
     def from_environment(cls) -> PodApi:
-        """In-cluster service account, else ``KUBECONFIG`` (or ~/.kube/config)."""
-        from kubernetes import client, config  # heavy; only routers with discovery pay for it
-
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            # KUBECONFIG is read now, not when the client was imported (tests set it late).
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-        return cls(configuration)
+        return cls(load_configuration())
 
     def headers(self) -> dict[str, str]:
         """Re-read each time: in-cluster tokens rotate, and the hook re-reads the file."""
