@@ -26,6 +26,7 @@ class ScriptedReplica:
     chunks: int = 3
     hold: asyncio.Event | None = None
     die_after: int | None = None
+    linger: float = 0.0  # pause between `data: [DONE]` and the end of the body, as uvicorn's separate writes
     seen: list[dict] = field(default_factory=list)
     active: int = 0
     cancelled: int = 0
@@ -95,6 +96,7 @@ class ScriptedReplica:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await asyncio.sleep(0.01)
         await response.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(self.linger)
         await response.write_eof()
         return response
 

@@ -89,6 +89,22 @@ async def test_streaming_passes_through_chunk_by_chunk(replicas, http):
         assert runtime.replicas.total_inflight() == 0
 
 
+async def test_stream_read_to_done_is_a_success_even_if_the_client_leaves_before_the_end(replicas, http):
+    """OpenAI clients hang up at `data: [DONE]`; real vLLM ends its body a moment later."""
+    for r in replicas:
+        r.linger = 0.5
+    async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
+        response = await http.post(f"{base}/v1/chat/completions", json={**CHAT, "stream": True})
+        while not (await response.content.readuntil(b"\n\n")).startswith(b"data: [DONE]"):
+            pass
+        response.close()  # hang up before the replica's end of body
+        await wait_for(lambda: runtime.replicas.total_inflight() == 0)
+        metrics = await (await http.get(f"{base}/metrics")).text()
+    codes = {line.split('code="')[1].split('"')[0] for line in metrics.splitlines()
+             if line.startswith("rolloutrouter_requests_total{")}
+    assert codes == {"200"}
+
+
 async def test_client_disconnect_cancels_upstream_and_releases(replicas, http):
     for r in replicas:
         r.hold = asyncio.Event()
@@ -100,6 +116,8 @@ async def test_client_disconnect_cancels_upstream_and_releases(replicas, http):
         await wait_for(lambda: runtime.replicas.total_inflight() == 0)
         await wait_for(lambda: sum(r.cancelled for r in replicas) == 1)
         assert runtime.balancer.policy.sessions() == 1  # the pin survives
+        metrics = await (await http.get(f"{base}/metrics")).text()
+        assert 'code="499"} 1.0' in metrics
 
 
 async def test_replica_dying_mid_stream_ends_client_stream_with_error(replicas, http):

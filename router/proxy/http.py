@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -62,6 +63,16 @@ def end_to_end(headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named}
 
 
+SSE_DONE = b"data: [DONE]"
+
+
+@dataclasses.dataclass(slots=True)
+class _Outcome:
+    """The status code to record for one attempt: a client that left counts as 499 until we know better."""
+
+    code: int | None = CLIENT_CLOSED
+
+
 class UpstreamRefused(Exception):
     """The replica refused the connection before any byte was sent: safe to retry."""
 
@@ -99,33 +110,32 @@ class HttpProxy:
     async def _dispatch(self, request: web.Request, body: bytes, lease: Lease,
                         settings: RouterSettings) -> web.StreamResponse:
         url = lease.replica_id + request.rel_url.raw_path_qs
-        started, code = time.monotonic(), CLIENT_CLOSED
+        started, outcome = time.monotonic(), _Outcome()
         try:
             try:
                 upstream = await self._client().request(
                     request.method, url, headers=end_to_end(request.headers), data=body or None,
                     allow_redirects=False, timeout=_timeout(settings))
             except aiohttp.ClientConnectorError as error:
-                code = None
+                outcome.code = None
                 raise UpstreamRefused(str(error)) from None
             except asyncio.TimeoutError:
-                code = 504
+                outcome.code = 504
                 return self._refuse(RouterError(504, f"replica {lease.replica_id} did not answer in time"), "timeout",
                                     lease.replica_id)
             except aiohttp.ClientError as error:
-                code = 502
+                outcome.code = 502
                 return self._refuse(RouterError(502, f"replica {lease.replica_id} failed: {error or type(error).__name__}"),
                                     "upstream_error", lease.replica_id)
             async with upstream:
-                response, code = await self._relay(request, upstream, lease)
-                return response
+                return await self._relay(request, upstream, lease, outcome)
         finally:
-            if code is not None:
-                self._metrics.observe(lease.replica_id, code, time.monotonic() - started)
+            if outcome.code is not None:
+                self._metrics.observe(lease.replica_id, outcome.code, time.monotonic() - started)
 
-    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                     lease: Lease) -> tuple[web.StreamResponse, int]:
-        """Pass the upstream response on; returns it with the code to record.
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, lease: Lease,
+                     outcome: _Outcome) -> web.StreamResponse:
+        """Pass the upstream response on, noting in ``outcome`` the code to record.
 
         A small body of known length is read whole and sent in one write (the
         common non-streaming JSON answer); anything else, SSE above all, streams.
@@ -137,25 +147,35 @@ class HttpProxy:
             try:
                 body = await upstream.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                outcome.code = 502
                 return self._refuse(RouterError(502, f"replica {lease.replica_id} broke off mid-response: "
                                                      f"{type(error).__name__}"), "upstream_broke_mid_response",
-                                    lease.replica_id), 502
-            return web.Response(body=body, status=upstream.status, reason=upstream.reason, headers=headers), upstream.status
+                                    lease.replica_id)
+            outcome.code = upstream.status
+            return web.Response(body=body, status=upstream.status, reason=upstream.reason, headers=headers)
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if length is not None:
             response.content_length = length
         await response.prepare(request)
+        tail = b""
         try:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
+                tail = (tail + chunk)[-len(SSE_DONE) - 4:]
+                if tail.rstrip().endswith(SSE_DONE):
+                    # The client has the whole answer: OpenAI clients hang up right here,
+                    # before the replica's end of body, and that is a success, not a 499.
+                    outcome.code = upstream.status
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                 asyncio.TimeoutError) as error:
+            outcome.code = 502
             await self._broken_stream(request, response, upstream, lease, error)
-            return response, 502
+            return response
         except ConnectionResetError:  # the client went away; leaving `async with` closes upstream
-            return response, CLIENT_CLOSED
+            return response
         await response.write_eof()
-        return response, upstream.status
+        outcome.code = upstream.status
+        return response
 
     async def _broken_stream(self, request: web.Request, response: web.StreamResponse,
                              upstream: aiohttp.ClientResponse, lease: Lease, error: BaseException) -> None:
