@@ -50,8 +50,9 @@ class SessionSettings(Model):
 class PolicySettings(Model):
     """The knobs that can change while the router runs, without losing pins."""
 
-    policy: Literal["affinity", "least_loaded", "round_robin"] = Field(
-        "affinity", description="Routing policy; affinity is the margin policy.")
+    policy: Literal["affinity", "least_loaded", "round_robin", "consistent_hash", "power_of_two"] = Field(
+        "affinity", description="Routing policy; affinity is the margin policy, the others are baselines "
+                                "(consistent_hash: bounded loads, c=1.25).")
     affinity_break_margin: StrictInt | None = Field(
         None, ge=0, description="Skew tolerated before a pin moves; null keeps every pin, 0 moves unless least-loaded.")
     full_determinism: bool = Field(False, description="Place sessions by key hash only; the margin is ignored.")

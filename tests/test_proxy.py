@@ -310,3 +310,11 @@ async def test_non_json_bodies_are_forwarded_even_when_keys_come_from_json(repli
         async with http.post(f"{base}/v1/audio/transcriptions", data=form) as response:
             assert "X-RolloutRouter-Replica" in response.headers  # forwarded, not refused by the router
         assert runtime.replicas.total_inflight() == 0
+
+
+@pytest.mark.parametrize("policy, sticky", [("consistent_hash", True), ("power_of_two", False)])
+async def test_baseline_policies_route_real_traffic(replicas, http, policy, sticky):
+    async with running_router(RouterSettings(backends=[r.url for r in replicas], policy=policy)) as (base, runtime):
+        served = [(await chat(http, base, "s"))[1] for _ in range(12)]
+        assert runtime.balancer.policy.name == policy and runtime.replicas.total_inflight() == 0
+    assert (len(set(served)) == 1) if sticky else (len(set(served)) > 1)
