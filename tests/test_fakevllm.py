@@ -26,6 +26,7 @@ from rollout_router.fakevllm.cli import config_from_args
 from rollout_router.fakevllm.prefix_cache import BlockPool, extend_hashes
 from rollout_router.fakevllm.scheduler import Request, Scheduler, Status
 from rollout_router.fakevllm.tokens import output_word, tokenize, word_id
+from tests.support import wait_for
 
 # --------------------------------------------------------------------------- helpers
 
@@ -63,13 +64,6 @@ async def token_times(session: aiohttp.ClientSession, url: str, payload: dict) -
             if line.startswith(b"data: {"):
                 times.append(time.perf_counter() - start)
     return times
-
-
-async def wait_until(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 def assert_idle(app: web.Application) -> None:
@@ -239,7 +233,7 @@ async def test_bigger_batch_decodes_slower():
         alone = await token_times(session, url, payload)
         crowd = [asyncio.create_task(token_times(session, url, {"prompt": words(8, f"c{i}"), "max_tokens": 40}))
                  for i in range(32)]
-        await wait_until(lambda: len(app[ENGINE].scheduler.running) == 32)
+        await wait_for(lambda: len(app[ENGINE].scheduler.running) == 32)
         batched = await token_times(session, url, payload)
         await asyncio.gather(*crowd)
         assert batched[-1] - batched[0] > alone[-1] - alone[0]
@@ -256,7 +250,7 @@ async def test_preemption_and_waiting_keep_outputs_right():
                 return await response.json()
 
         tasks = [asyncio.create_task(complete(i)) for i in range(5)]
-        await wait_until(lambda: len(app[ENGINE].scheduler.waiting) > 0)
+        await wait_for(lambda: len(app[ENGINE].scheduler.waiting) > 0)
         metrics = await scrape(session, url)
         assert metrics[("vllm:num_requests_waiting", "")] > 0
         results = await asyncio.gather(*tasks)
@@ -402,13 +396,13 @@ async def test_client_disconnect_aborts_streaming_and_plain_requests(caplog):
         await response.content.readline()
         assert len(engine.scheduler.running) == 1 and engine.pool.num_used > 0
         response.close()
-        await wait_until(lambda: not engine.scheduler.running)
+        await wait_for(lambda: not engine.scheduler.running)
         assert_idle(app)
 
         plain = asyncio.create_task(session.post(f"{url}/v1/completions", json={**body, "stream": False}))
-        await wait_until(lambda: engine.scheduler.running)
+        await wait_for(lambda: engine.scheduler.running)
         plain.cancel()
-        await wait_until(lambda: not engine.scheduler.running)
+        await wait_for(lambda: not engine.scheduler.running)
         assert_idle(app)
 
         metrics = await scrape(session, url)

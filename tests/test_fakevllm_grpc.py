@@ -8,14 +8,12 @@ import logging
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import grpc
 import pytest
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
@@ -23,6 +21,8 @@ from rollout_router.fakevllm import FakeVllmConfig, create_app, start_grpc
 from rollout_router.fakevllm.api import ENGINE
 from rollout_router.fakevllm.engine import Engine
 from rollout_router.fakevllm.tokens import output_word, tokenize
+from tests.support import wait_for
+from tests.test_fakevllm import scrape, words
 
 
 @dataclasses.dataclass
@@ -68,24 +68,6 @@ def generate(ids: list[int] | None = None, max_tokens: int | None = None, stream
 
 def expected_ids(num_prompt: int, count: int) -> list[int]:
     return tokenize(" ".join(output_word(num_prompt, i) for i in range(count)))
-
-
-def words(n: int, tag: str = "w") -> str:
-    return " ".join(f"{tag}{i}" for i in range(n))
-
-
-async def scrape(session: aiohttp.ClientSession, url: str) -> dict[tuple[str, str], float]:
-    async with session.get(f"{url}/metrics") as response:
-        text = await response.text()
-    return {(s.name, s.labels.get("finished_reason", "")): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-async def wait_until(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 def assert_idle(engine: Engine) -> None:
@@ -162,7 +144,7 @@ async def test_health_model_server_info_and_loads():
         assert server.block_size == 8 and server.max_num_seqs == 32 and server.uptime_seconds > 0
         assert server.last_receive_timestamp > 0
         call.cancel()
-        await wait_until(lambda: not replica.engine.scheduler.running)
+        await wait_for(lambda: not replica.engine.scheduler.running)
         assert (await stub.GetLoads(pb.GetLoadsRequest())).loads[0].num_running_reqs == 0
 
 
@@ -179,15 +161,15 @@ async def test_cancel_and_abort_free_the_request(caplog):
         assert (await call.read()).WhichOneof("response") == "chunk"
         assert len(engine.scheduler.running) == 1 and engine.pool.num_used > 0
         call.cancel()
-        await wait_until(lambda: not engine.scheduler.running)
+        await wait_for(lambda: not engine.scheduler.running)
         assert_idle(engine)
         plain = stub.Generate(generate(prompt, max_tokens=5000, stream=False))
         reading = asyncio.create_task(plain.read())
-        await wait_until(lambda: engine.scheduler.running)
+        await wait_for(lambda: engine.scheduler.running)
         plain.cancel()
         with pytest.raises(asyncio.CancelledError):
             await reading
-        await wait_until(lambda: not engine.scheduler.running)
+        await wait_for(lambda: not engine.scheduler.running)
         assert_idle(engine)
 
         # Abort by id: the stream ends as vLLM's does, an empty chunk then "abort".
