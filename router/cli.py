@@ -21,7 +21,8 @@ SUBCOMMANDS = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollout-router", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rollout-router", description=(
+        "RolloutRouter: a session-affinity router for vLLM fleets, with its operator, simulator and demo."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module, summary) in SUBCOMMANDS.items():
