@@ -9,11 +9,10 @@ only on its key and the replica set, never on load or arrival order.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 
 from .base import Counters, Decision, NoReplicaError, Outcome, Request
-from .hashing import least_loaded, rendezvous
+from .hashing import Spread, least_loaded, rendezvous
 from .sessions import SessionTable
 
 
@@ -29,7 +28,7 @@ class AffinityPolicy:
     ):
         self.counters = Counters()
         self.table = SessionTable(self.counters, max_sessions, idle_ttl)
-        self._unkeyed = itertools.count()
+        self._unkeyed = Spread()
         self.margin: int | None = None
         self.full_determinism = False
         self.configure(margin, full_determinism)
@@ -47,7 +46,7 @@ class AffinityPolicy:
         key = request.key
         if key is None:
             self.counters.count(Outcome.UNKEYED)
-            return Decision(least_loaded(loads, f"#{next(self._unkeyed)}"), Outcome.UNKEYED)
+            return Decision(self._unkeyed.pick(loads), Outcome.UNKEYED)
         pinned = self.table.get(key, request.now)
         if pinned is None:
             decision = Decision(self._place(key, loads), Outcome.NEW)

@@ -12,11 +12,10 @@ last replica only to report KEPT/BROKEN), KEPT = same replica as last time.
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 
 from .base import Counters, Decision, NoReplicaError, Outcome, Request
-from .hashing import least_loaded, stable_hash
+from .hashing import Spread, least_loaded, stable_hash
 from .sessions import SessionTable
 
 
@@ -31,7 +30,7 @@ class ConsistentHashPolicy:
         self.counters = Counters()
         self.table = SessionTable(self.counters, max_sessions, idle_ttl)
         self._rings: dict[frozenset, tuple[list[int], list[str]]] = {}
-        self._unkeyed = itertools.count()
+        self._unkeyed = Spread()
 
     def _ring(self, replicas) -> tuple[list[int], list[str]]:
         members = frozenset(replicas)
@@ -50,7 +49,7 @@ class ConsistentHashPolicy:
         key = request.key
         if key is None:
             self.counters.count(Outcome.UNKEYED)
-            return Decision(least_loaded(loads, f"#{next(self._unkeyed)}"), Outcome.UNKEYED)
+            return Decision(self._unkeyed.pick(loads), Outcome.UNKEYED)
         hashes, owners = self._ring(loads)
         cap = math.ceil(self.load_factor * (sum(loads.values()) + 1) / len(loads))
         start = bisect.bisect(hashes, stable_hash(key))

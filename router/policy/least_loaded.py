@@ -4,10 +4,9 @@ The baseline that balances best and reuses the prefix cache least.
 """
 from __future__ import annotations
 
-import itertools
 
 from .base import Counters, Decision, NoReplicaError, Outcome, Request
-from .hashing import least_loaded
+from .hashing import Spread
 
 
 class LeastLoadedPolicy:
@@ -15,13 +14,13 @@ class LeastLoadedPolicy:
 
     def __init__(self) -> None:
         self.counters = Counters()
-        self._seq = itertools.count()
+        self._unkeyed = Spread()
 
     def route(self, request: Request) -> Decision:
         if not request.loads:
             raise NoReplicaError("no replica is available")
         self.counters.count(Outcome.UNKEYED)
-        return Decision(least_loaded(request.loads, f"#{next(self._seq)}"), Outcome.UNKEYED)
+        return Decision(self._unkeyed.pick(request.loads), Outcome.UNKEYED)
 
     def release(self, key: str) -> bool:
         return False
