@@ -92,13 +92,14 @@ class HttpProxy:
             key = None if _unkeyed(request.path) else session_key(request.headers, body, settings.session)
         except RouterError as error:
             return self._refuse(error)
+        headers = end_to_end(request.headers)  # once: every attempt sends the same request
         for _ in range(settings.connect_retries + 1):
             try:
                 _, lease = self._balancer.acquire(key)
             except NoReplicaError:
                 return self._refuse(RouterError(503, "no replica is available to serve this request"), "no_replica")
             try:
-                return await self._dispatch(request, body, lease, settings)
+                return await self._dispatch(request, headers, body, lease, settings)
             except UpstreamRefused:
                 self._balancer.replicas.mark_down(lease.replica_id, settings.down_seconds)
                 self._metrics.retries.labels(lease.replica_id).inc()
@@ -107,14 +108,14 @@ class HttpProxy:
         return self._refuse(RouterError(503, f"replicas refused the connection on all {settings.connect_retries + 1} attempts"),
                             "all_refused")
 
-    async def _dispatch(self, request: web.Request, body: bytes, lease: Lease,
+    async def _dispatch(self, request: web.Request, headers: dict[str, str], body: bytes, lease: Lease,
                         settings: RouterSettings) -> web.StreamResponse:
         url = lease.replica_id + request.rel_url.raw_path_qs
         started, outcome = time.monotonic(), _Outcome()
         try:
             try:
                 upstream = await self._client().request(
-                    request.method, url, headers=end_to_end(request.headers), data=body or None,
+                    request.method, url, headers=headers, data=body or None,
                     allow_redirects=False, timeout=_timeout(settings))
             except aiohttp.ClientConnectorError as error:
                 outcome.code = None
