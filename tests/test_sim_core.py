@@ -80,7 +80,7 @@ def _drive(rep: Replica, reqs: list[Req]) -> list[Req]:
 
 def test_replica_under_pressure_preempts_but_loses_nothing_and_conserves_blocks():
     rep = Replica("r", CostModel(), num_blocks=300, max_batched_tokens=2048)  # 4800 tokens
-    reqs = [Req(_Traj(), i, 700 + 13 * i, 400 + 17 * i, gid=i % 3, tid=(1 << 40) + i, P=(700 + 13 * i) // 16 // 2, fresh=700, now=0.0)
+    reqs = [Req(_Traj(), i, 700 + 13 * i, 400 + 17 * i, gid=i % 3, tid=(1 << 40) + i, P=(700 + 13 * i) // 16 // 2, fresh=700)
             for i in range(20)]
     done = _drive(rep, reqs)
     assert sorted(r.serial for r in done) == list(range(20))
@@ -91,19 +91,19 @@ def test_replica_under_pressure_preempts_but_loses_nothing_and_conserves_blocks(
 
 def test_hits_only_on_cached_prefix():
     rep = Replica("r", CostModel(), num_blocks=1000)
-    first = Req(_Traj(), 0, 1000, 10, gid=7, tid=(1 << 40) + 1, P=20, fresh=1000, now=0.0)
+    first = Req(_Traj(), 0, 1000, 10, gid=7, tid=(1 << 40) + 1, P=20, fresh=1000)
     _drive(rep, [first])
     assert first.hit == 0
     # the same group's prompt (20 blocks) is cached; a sibling trajectory hits exactly those
-    sibling = Req(_Traj(), 1, 1000, 10, gid=7, tid=(1 << 40) + 2, P=20, fresh=1000, now=0.0)
+    sibling = Req(_Traj(), 1, 1000, 10, gid=7, tid=(1 << 40) + 2, P=20, fresh=1000)
     _drive(rep, [sibling])
     assert sibling.hit == 20 * 16
     # the first trajectory's next turn hits its whole previous context's full blocks
-    nxt = Req(_Traj(), 2, 1000 + 10 + 50, 10, gid=7, tid=(1 << 40) + 1, P=20, fresh=60, now=0.0)
+    nxt = Req(_Traj(), 2, 1000 + 10 + 50, 10, gid=7, tid=(1 << 40) + 1, P=20, fresh=60)
     _drive(rep, [nxt])
     assert nxt.hit == (1000 + 10 - 1) // 16 * 16
     # another group shares nothing
-    other = Req(_Traj(), 3, 1000, 10, gid=8, tid=(1 << 40) + 3, P=20, fresh=1000, now=0.0)
+    other = Req(_Traj(), 3, 1000, 10, gid=8, tid=(1 << 40) + 3, P=20, fresh=1000)
     _drive(rep, [other])
     assert other.hit == 0
 

@@ -126,7 +126,6 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
         i = index[decision.replica]
         if tr.last is not None and tr.last != i:
             moved += 1
-            tr.moves += 1
         tr.last = i
         skew_area += cur_skew * (t - t_last)
         t_last = t
@@ -136,7 +135,7 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
         if trace is not None:
             trace.append((t, tuple(inflight)))
         fresh = tr.ctx if tr.turn == 0 else tr.outs[tr.turn - 1] + tr.tools[tr.turn - 1]
-        req = Req(tr, serial, tr.ctx, tr.outs[tr.turn], tr.gid, tr.tid, tr.P, fresh, t)
+        req = Req(tr, serial, tr.ctx, tr.outs[tr.turn], tr.gid, tr.tid, tr.P, fresh)
         serial += 1
         requests += 1
         rep = reps[i]

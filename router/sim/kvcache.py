@@ -43,7 +43,6 @@ class BlockPool:
         self.in_use = 0
         self.free_cached = 0
         self.free_uncached = num_blocks
-        self.evicted = 0
         self.pending = 0  # blocks handed to decoding requests, not yet booked on their chains
 
     # -- queries -----------------------------------------------------------
@@ -96,7 +95,6 @@ class BlockPool:
             chain.cached -= x
             self.free_cached -= x
             self.in_use += x
-            self.evicted += x
             n -= x
             if chain.cached == 0:
                 queue.popleft()

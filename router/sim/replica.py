@@ -33,11 +33,11 @@ class Req:
 
     __slots__ = (
         "traj", "serial", "ctx", "remaining", "computed", "phase", "gid", "tid", "P",
-        "gchain", "tchain", "off", "fin_it", "growth0", "fresh", "t_arrive",
+        "gchain", "tchain", "off", "fin_it", "growth0", "fresh",
         "hit", "query", "preemptions",
     )
 
-    def __init__(self, traj, serial: int, ctx: int, out: int, gid: int, tid: int, P: int, fresh: int, now: float):
+    def __init__(self, traj, serial: int, ctx: int, out: int, gid: int, tid: int, P: int, fresh: int):
         self.traj, self.serial = traj, serial
         self.ctx, self.remaining, self.computed = ctx, out, 0
         self.phase = WAITING
@@ -45,7 +45,7 @@ class Req:
         self.gchain: Chain | None = None
         self.tchain: Chain | None = None
         self.off = self.fin_it = self.growth0 = 0
-        self.fresh, self.t_arrive = fresh, now
+        self.fresh = fresh
         self.hit = self.query = self.preemptions = 0
 
 
@@ -67,7 +67,7 @@ class Replica:
         self.ver = 0
         # statistics
         self.hit_tokens = self.query_tokens = self.prefill_tokens = self.recomputed_tokens = 0
-        self.preemptions = self.admitted = 0
+        self.preemptions = 0
         self.busy_time = 0.0
 
     # -- block arithmetic ----------------------------------------------------
@@ -241,7 +241,6 @@ class Replica:
         self.query_tokens += req.ctx
         self.recomputed_tokens += max(0, req.ctx - hit - req.fresh)
         req.fresh = 0  # after a preemption everything recomputed was computed before
-        self.admitted += 1
         return n
 
     def _to_decode(self, req: Req) -> None:

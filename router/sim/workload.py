@@ -77,7 +77,7 @@ class Trajectory:
     """One sample's turns; mutated by the fleet as it runs."""
 
     __slots__ = ("key", "gid", "tid", "index", "prompt", "P", "outs", "tools", "lats",
-                 "turn", "ctx", "last", "t_done", "moves")
+                 "turn", "ctx", "last", "t_done")
 
     def __init__(self, key: str, gid: int, tid: int, index: int, prompt: int, P: int,
                  outs: list[int], tools: list[int], lats: list[float]):
@@ -87,7 +87,6 @@ class Trajectory:
         self.turn, self.ctx = 0, prompt
         self.last: int | None = None
         self.t_done = 0.0
-        self.moves = 0
 
     def contexts(self) -> list[int]:
         """Prompt length of every turn."""
