@@ -127,9 +127,6 @@ def _mtime(path: Path | None) -> float | None:
         return None
 
 
-RUNTIME = web.AppKey("runtime", Runtime)
-
-
 @web.middleware
 async def json_errors(request: web.Request, handler) -> web.StreamResponse:
     """Whatever goes wrong, the client gets JSON naming the problem, never a traceback."""
@@ -146,7 +143,6 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 def create_app(runtime: Runtime) -> web.Application:
     app = web.Application(middlewares=[json_errors])
-    app[RUNTIME] = runtime
     app.cleanup_ctx.append(runtime.lifecycle)
     AdminRoutes(runtime.balancer, runtime.metrics).add_to(app)
     proxy = HttpProxy(runtime.balancer, runtime.metrics, lambda: runtime.settings, lambda: runtime.client)
