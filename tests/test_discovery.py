@@ -9,6 +9,7 @@ import pytest
 from tests.k8s.cluster import cluster  # noqa: F401  (fixture)
 from tests.k8s.emulator import selector_matches
 from tests.k8s.pods import add_pod, delete_pod, set_status
+from tests.support import wait_for
 from rollout_router.discovery import kubernetes as discovery
 from rollout_router.discovery.selectors import matches, to_query
 from rollout_router.replicas import ReplicaSet
@@ -116,14 +117,6 @@ def test_namespace_resolution(monkeypatch, tmp_path):
     assert discovery.resolve_namespace(SETTINGS) == "c"
 
 
-async def until(condition, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 async def test_watch_keeps_the_set_live(cluster, monkeypatch):  # noqa: F811
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     settings = DiscoverySettings(namespace=cluster.namespace, selector={"matchLabels": {"app": "vllm-d"}}, port="http")
@@ -133,15 +126,15 @@ async def test_watch_keeps_the_set_live(cluster, monkeypatch):  # noqa: F811
     task = asyncio.create_task(discovery.run(settings, replicas))
     urls = lambda: {r.id for r in replicas.replicas()}  # noqa: E731
     try:
-        await until(lambda: urls() == {"http://127.0.0.21:8000"})
+        await wait_for(lambda: urls() == {"http://127.0.0.21:8000"}, timeout=10)
         await asyncio.to_thread(add_pod, cluster, "d2", {"app": "vllm-d"}, "127.0.0.22", True, {"http": 8001})
-        await until(lambda: urls() == {"http://127.0.0.21:8000", "http://127.0.0.22:8001"})
+        await wait_for(lambda: urls() == {"http://127.0.0.21:8000", "http://127.0.0.22:8001"}, timeout=10)
         await asyncio.to_thread(set_status, cluster, "d1", "127.0.0.21", False)
-        await until(lambda: urls() == {"http://127.0.0.22:8001"})
+        await wait_for(lambda: urls() == {"http://127.0.0.22:8001"}, timeout=10)
         await asyncio.to_thread(set_status, cluster, "d1", "127.0.0.23", True)
-        await until(lambda: urls() == {"http://127.0.0.23:8000", "http://127.0.0.22:8001"})
+        await wait_for(lambda: urls() == {"http://127.0.0.23:8000", "http://127.0.0.22:8001"}, timeout=10)
         await asyncio.to_thread(delete_pod, cluster, "d2")
-        await until(lambda: urls() == {"http://127.0.0.23:8000"})
+        await wait_for(lambda: urls() == {"http://127.0.0.23:8000"}, timeout=10)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -166,7 +159,7 @@ async def test_watch_survives_api_errors():
     api = Flaky()
     task = asyncio.create_task(discovery.run(SETTINGS.model_copy(update={"namespace": "x"}), replicas, api))
     try:
-        await until(lambda: len(replicas) == 1, timeout=10)
+        await wait_for(lambda: len(replicas) == 1, timeout=10)
         assert api.calls == 3
     finally:
         task.cancel()

@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_router_operator.kube import _path as kube_path
+from rollout_router.localfleet import free_port
 from rollout_router_operator.render import child_refs, router_labels
 from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, cluster  # noqa: F401  (fixture)
 from tests.k8s.pods import add_pod, set_status
@@ -51,12 +52,6 @@ def wait_for(check: Callable[[], object], what: str, timeout: float = 20.0) -> o
             last = error
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def port_free(host: str, port: int) -> bool:
