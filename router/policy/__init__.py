@@ -1,7 +1,8 @@
 """Routing policies: pure decision logic shared by the router, simulator and tests.
 
-``base`` holds the interface; each policy lives in its own file; ``registry``
-names them.
+``base`` holds the interface; ``unkeyed`` what every policy does without a
+session key or a replica; each policy lives in its own file; ``registry`` names
+them.
 """
 from .affinity import AffinityPolicy
 from .base import Counters, Decision, NoReplicaError, Outcome, Policy, Request

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import Counters, Decision, NoReplicaError, Outcome, Request
-from .hashing import Spread, least_loaded, rendezvous
+from .base import Counters, Decision, Outcome, Request
+from .hashing import least_loaded, rendezvous
 from .sessions import SessionTable
+from .unkeyed import Unkeyed, require
 
 
 class AffinityPolicy:
@@ -28,7 +29,7 @@ class AffinityPolicy:
     ):
         self.counters = Counters()
         self.table = SessionTable(self.counters, max_sessions, idle_ttl)
-        self._unkeyed = Spread()
+        self._unkeyed = Unkeyed()
         self.margin: int | None = None
         self.full_determinism = False
         self.configure(margin, full_determinism)
@@ -40,13 +41,10 @@ class AffinityPolicy:
         self.margin, self.full_determinism = margin, full_determinism
 
     def route(self, request: Request) -> Decision:
-        loads = request.loads
-        if not loads:
-            raise NoReplicaError("no replica is available")
         key = request.key
         if key is None:
-            self.counters.count(Outcome.UNKEYED)
-            return Decision(self._unkeyed.pick(loads), Outcome.UNKEYED)
+            return self._unkeyed.decide(request.loads, self.counters)
+        loads = require(request.loads)
         pinned = self.table.get(key, request.now)
         if pinned is None:
             decision = Decision(self._place(key, loads), Outcome.NEW)

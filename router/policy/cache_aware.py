@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Counters, Decision, NoReplicaError, Outcome, Request
+from .base import Counters, Decision, Outcome, Request
 from .hashing import least_loaded
+from .unkeyed import require
 
 
 class CacheAwarePolicy:
@@ -52,9 +53,7 @@ class CacheAwarePolicy:
         return lo
 
     def route(self, request: Request) -> Decision:
-        loads = request.loads
-        if not loads:
-            raise NoReplicaError("no replica is available")
+        loads = require(request.loads)
         units = self._units(request)
         tie = request.key or "#"
         hi, lo = max(loads.values()), min(loads.values())

@@ -14,9 +14,10 @@ from __future__ import annotations
 import bisect
 import math
 
-from .base import Counters, Decision, NoReplicaError, Outcome, Request
-from .hashing import Spread, least_loaded, stable_hash
+from .base import Counters, Decision, Outcome, Request
+from .hashing import least_loaded, stable_hash
 from .sessions import SessionTable
+from .unkeyed import Unkeyed, require
 
 
 class ConsistentHashPolicy:
@@ -30,7 +31,7 @@ class ConsistentHashPolicy:
         self.counters = Counters()
         self.table = SessionTable(self.counters, max_sessions, idle_ttl)
         self._rings: dict[frozenset, tuple[list[int], list[str]]] = {}
-        self._unkeyed = Spread()
+        self._unkeyed = Unkeyed()
 
     def _ring(self, replicas) -> tuple[list[int], list[str]]:
         members = frozenset(replicas)
@@ -43,13 +44,10 @@ class ConsistentHashPolicy:
         return ring
 
     def route(self, request: Request) -> Decision:
-        loads = request.loads
-        if not loads:
-            raise NoReplicaError("no replica is available")
         key = request.key
         if key is None:
-            self.counters.count(Outcome.UNKEYED)
-            return Decision(self._unkeyed.pick(loads), Outcome.UNKEYED)
+            return self._unkeyed.decide(request.loads, self.counters)
+        loads = require(request.loads)
         hashes, owners = self._ring(loads)
         cap = math.ceil(self.load_factor * (sum(loads.values()) + 1) / len(loads))
         start = bisect.bisect(hashes, stable_hash(key))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Iterable, Mapping
 
 
@@ -27,16 +26,3 @@ def least_loaded(loads: Mapping[str, float], key: str) -> str:
     low = min(loads.values())
     return rendezvous(key, [replica for replica, load in loads.items() if load == low])
 
-
-class Spread:
-    """Least-loaded picks for requests without a key.
-
-    Ties are broken by a running count, so a burst of unkeyed requests spreads
-    over the tied replicas instead of piling onto one, reproducibly.
-    """
-
-    def __init__(self) -> None:
-        self._count = itertools.count()
-
-    def pick(self, loads: Mapping[str, float]) -> str:
-        return least_loaded(loads, f"#{next(self._count)}")

@@ -4,9 +4,8 @@ The baseline that balances best and reuses the prefix cache least.
 """
 from __future__ import annotations
 
-
-from .base import Counters, Decision, NoReplicaError, Outcome, Request
-from .hashing import Spread
+from .base import Counters, Decision, Request
+from .unkeyed import Unkeyed
 
 
 class LeastLoadedPolicy:
@@ -14,13 +13,10 @@ class LeastLoadedPolicy:
 
     def __init__(self) -> None:
         self.counters = Counters()
-        self._unkeyed = Spread()
+        self._unkeyed = Unkeyed()
 
     def route(self, request: Request) -> Decision:
-        if not request.loads:
-            raise NoReplicaError("no replica is available")
-        self.counters.count(Outcome.UNKEYED)
-        return Decision(self._unkeyed.pick(request.loads), Outcome.UNKEYED)
+        return self._unkeyed.decide(request.loads, self.counters)
 
     def release(self, key: str) -> bool:
         return False

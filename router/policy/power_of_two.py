@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import random
 
-from .base import Counters, Decision, NoReplicaError, Outcome, Request
+from .base import Counters, Decision, Outcome, Request
+from .unkeyed import require
 
 
 class PowerOfTwoPolicy:
@@ -18,9 +19,7 @@ class PowerOfTwoPolicy:
         self._rng = random.Random(seed)
 
     def route(self, request: Request) -> Decision:
-        loads = request.loads
-        if not loads:
-            raise NoReplicaError("no replica is available")
+        loads = require(request.loads)
         replicas = sorted(loads)
         if len(replicas) == 1:
             choice = replicas[0]

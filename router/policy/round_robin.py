@@ -1,7 +1,8 @@
 """Round robin over the replicas in name order; ignores keys and load."""
 from __future__ import annotations
 
-from .base import Counters, Decision, NoReplicaError, Outcome, Request
+from .base import Counters, Decision, Outcome, Request
+from .unkeyed import require
 
 
 class RoundRobinPolicy:
@@ -12,9 +13,7 @@ class RoundRobinPolicy:
         self._next = 0
 
     def route(self, request: Request) -> Decision:
-        if not request.loads:
-            raise NoReplicaError("no replica is available")
-        replicas = sorted(request.loads)
+        replicas = sorted(require(request.loads))
         replica = replicas[self._next % len(replicas)]
         self._next += 1
         self.counters.count(Outcome.UNKEYED)
