@@ -426,23 +426,37 @@ def test_cli_flags_map_onto_the_config():
         FakeVllmConfig(block_size=0)
 
 
-async def test_cli_serves_until_sigterm():
+@contextlib.asynccontextmanager
+async def fake_vllm_process(*flags: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``fake-vllm`` through its CLI entry points, in a child process; killed if the test did not stop it."""
     script = ("import argparse, sys\n"
               "from rollout_router.fakevllm import add_arguments, run\n"
               "p = argparse.ArgumentParser(); add_arguments(p); run(p.parse_args(sys.argv[1:]))\n")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, "--host", "127.0.0.4", "--port", "0", "--speed", "10",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", script, *flags,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
-        assert line.startswith("fake-vllm listening on http://127.0.0.4:")
-        url = line.rsplit(" ", 1)[1]
-        async with aiohttp.ClientSession() as session, session.get(f"{url}/health") as response:
-            assert response.status == 200
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-        assert (await proc.stderr.read()) == b""
+        yield proc
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def printed_line(proc: asyncio.subprocess.Process) -> str:
+    return (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
+
+
+async def assert_stops_cleanly_on_sigterm(proc: asyncio.subprocess.Process) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    assert (await proc.stderr.read()) == b""
+
+
+async def test_cli_serves_until_sigterm():
+    async with fake_vllm_process("--host", "127.0.0.4", "--port", "0", "--speed", "10") as proc:
+        line = await printed_line(proc)
+        assert line.startswith("fake-vllm listening on http://127.0.0.4:")
+        url = line.rsplit(" ", 1)[1]
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/health") as response:
+            assert response.status == 200
+        await assert_stops_cleanly_on_sigterm(proc)

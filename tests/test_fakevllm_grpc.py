@@ -5,9 +5,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -22,7 +19,7 @@ from rollout_router.fakevllm.api import ENGINE
 from rollout_router.fakevllm.engine import Engine
 from rollout_router.fakevllm.tokens import output_word, tokenize
 from tests.support import wait_for
-from tests.test_fakevllm import scrape, words
+from tests.test_fakevllm import assert_stops_cleanly_on_sigterm, fake_vllm_process, printed_line, scrape, words
 
 
 @dataclasses.dataclass
@@ -244,15 +241,8 @@ async def test_grpc_hits_the_prefix_cache_an_http_request_filled():
 
 
 async def test_cli_serves_http_and_grpc_until_sigterm():
-    script = ("import argparse, sys\n"
-              "from rollout_router.fakevllm import add_arguments, run\n"
-              "p = argparse.ArgumentParser(); add_arguments(p); run(p.parse_args(sys.argv[1:]))\n")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, "--host", "127.0.0.6", "--port", "0", "--grpc-port", "0",
-        "--speed", "10", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        http_line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
-        grpc_line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
+    async with fake_vllm_process("--host", "127.0.0.6", "--port", "0", "--grpc-port", "0", "--speed", "10") as proc:
+        http_line, grpc_line = await printed_line(proc), await printed_line(proc)
         assert http_line.startswith("fake-vllm listening on http://127.0.0.6:")
         assert grpc_line.startswith("fake-vllm grpc listening on 127.0.0.6:")
         url, target = http_line.rsplit(" ", 1)[1], grpc_line.rsplit(" ", 1)[1]
@@ -266,10 +256,4 @@ async def test_cli_serves_http_and_grpc_until_sigterm():
             async with session.get(f"{url}/health") as response:
                 assert response.status == 200
             assert (await scrape(session, url))[("vllm:generation_tokens_total", "")] == 4
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
-        assert (await proc.stderr.read()) == b""
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await assert_stops_cleanly_on_sigterm(proc)
