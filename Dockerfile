@@ -12,13 +12,13 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/rollout-router
 ENV PATH=/opt/rollout-router/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY router/ router/
 COPY operator/ operator/
 # A regular (non-editable) install: the final stage copies only the virtualenv.
-RUN pip install --upgrade pip setuptools wheel \
+RUN pip install --upgrade pip \
  && pip install . \
- && pip uninstall -y pip setuptools wheel \
+ && pip uninstall -y pip \
  && rollout-router --help >/dev/null
 
 # --- final: the slim base, the virtualenv, a non-root user; no compilers, no pip, no sources ---

@@ -13,13 +13,13 @@ $(BIN)/python:
 	  echo "installing Debian packages: python3-venv"; \
 	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends python3-venv >/dev/null; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip "setuptools>=77" wheel
+	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml setup.py | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.installed
 
