@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from rollout_router.policy import registry
-from rollout_router.policy.base import Outcome, Policy, Request
+from rollout_router.policy.base import LiveConfig, Outcome, Policy, Request
 
 R = ["a", "b", "c", "d"]
 
@@ -49,12 +49,14 @@ def test_cache_aware_follows_prefix_then_balances():
     a = p.route(Request("x", loads(0, 0, 0, 0), prefix=[1, 2, 3, 4]))
     assert a.outcome is Outcome.NEW
     b = p.route(Request("y", loads(0, 0, 0, 0), prefix=[1, 2, 3, 4, 5, 6]))  # 4/6 matched > 0.3
-    assert b.outcome is Outcome.KEPT and b.replica == a.replica
+    assert b.outcome is Outcome.NEW and b.replica == a.replica  # a new session, placed by the cache match
+    again = p.route(Request("x", loads(0, 0, 0, 0), prefix=[1, 2, 3, 4, 9]))
+    assert again.outcome is Outcome.KEPT and again.replica == a.replica
     c = p.route(Request("z", loads(0, 0, 0, 0), prefix=[9, 8, 7]))  # no match: smallest tree
     assert c.outcome is Outcome.NEW and c.replica != a.replica
     hot = {r: (100 if r == a.replica else 0) for r in R}  # 100 - 0 > 64 and 100 > 1.5 * 0
     d = p.route(Request("y", hot, prefix=[1, 2, 3, 4, 5, 6, 7]))
-    assert d.outcome is Outcome.BROKEN and d.replica != a.replica
+    assert d.outcome is Outcome.BROKEN and d.replica != a.replica and d.previous == a.replica
 
 
 def test_cache_aware_tree_is_bounded():
@@ -112,3 +114,46 @@ def test_adaptive_affinity_context_margin_and_cooldown():
     assert moved.outcome is Outcome.BROKEN
     back = {r: (3 if r == moved.replica else 0) for r in R}
     assert c.route(Request("t", back, now=12.0)).outcome is Outcome.KEPT  # no ping-pong within the cooldown
+
+
+def test_create_rejects_unknown_options_naming_them():
+    with pytest.raises(ValueError, match=r"takes no option 'margn'.*margin"):
+        registry.create("affinity", margn=2)
+    with pytest.raises(ValueError, match="takes no option 'margin'"):
+        registry.create("least_loaded", margin=2)
+    with pytest.raises(ValueError, match="unknown policy"):
+        registry.create("afinity")
+
+
+@pytest.mark.parametrize("name", ["least_loaded", "round_robin", "power_of_two"])
+def test_stateless_policies_take_the_interface_defaults(name):
+    p = registry.create(name)
+    p.configure(LiveConfig(margin=1, max_sessions=5, idle_ttl=1.0))  # accepted, nothing to apply
+    p.route(Request("k", loads(0, 0, 0, 0)))
+    assert p.sessions() == 0 and p.release("k") is False and p.expire(1e9) == 0
+    assert p.counters.unkeyed == 1 and p.counters.affinity_kept == p.counters.new_sessions == 0
+
+
+@pytest.mark.parametrize("name", ["affinity", "consistent_hash", "cache_aware"])
+def test_session_policies_count_the_same_thing(name):
+    """kept = same replica as the previous turn; repinned = that replica left; new = first turn."""
+    p = registry.create(name)
+    first = p.route(Request("k", loads(0, 0, 0, 0), now=0.0))
+    assert first.outcome is Outcome.NEW
+    assert p.route(Request("k", loads(0, 0, 0, 0), now=1.0)).outcome is Outcome.KEPT
+    rest = {r: 0 for r in R if r != first.replica}
+    gone = p.route(Request("k", rest, now=2.0))
+    assert gone.outcome is Outcome.REPINNED and gone.previous == first.replica
+    counters = p.counters
+    assert (counters.new_sessions, counters.affinity_kept, counters.repinned_replica_gone) == (1, 1, 1)
+    assert p.sessions() == 1 and p.expire(2.0 + 3601) == 1 and p.sessions() == 0
+
+
+@pytest.mark.parametrize("name", ["affinity", "consistent_hash", "cache_aware", "dual_threshold"])
+def test_live_config_resizes_the_table_of_every_session_policy(name):
+    p = registry.create(name)
+    for i in range(6):
+        p.route(Request(f"s{i}", loads(0, 0, 0, 0), now=float(i)))
+    p.configure(LiveConfig(max_sessions=4, idle_ttl=10.0))
+    assert p.sessions() == 4 and p.counters.evicted_lru == 2
+    assert p.expire(5.0 + 10.5) == 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rollout_router.policy import AffinityPolicy, NoReplicaError, Outcome, Request, create, rendezvous
+from rollout_router.policy import AffinityPolicy, LiveConfig, NoReplicaError, Outcome, Request, create, rendezvous
 from rollout_router.replicas import ReplicaSet
 from rollout_router.settings import SettingsError, parse_settings
 
@@ -119,8 +119,8 @@ def test_release_drops_a_pin():
 def test_live_reconfigure_keeps_pins():
     policy = AffinityPolicy()
     pins = {f"s{i}": route(policy, f"s{i}", dict.fromkeys(R, 0)).replica for i in range(10)}
-    policy.configure(margin=2, full_determinism=False)
-    assert dict(policy.table) == pins
+    policy.configure(LiveConfig(margin=2, full_determinism=False))
+    assert dict(policy.table) == pins and policy.margin == 2
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])

@@ -235,6 +235,23 @@ async def test_headers_query_and_replica_header_forwarded(replicas, http):
     assert seen["headers"]["X-Session-ID"] == "q"
 
 
+@pytest.mark.parametrize("policy", ["affinity", "consistent_hash"])
+async def test_live_session_limits_apply_under_every_session_policy(replicas, http, tmp_path, policy):
+    """A reload of maxSessions / idleTimeoutSeconds reaches the pin table whatever the policy."""
+    config = tmp_path / "router.yaml"
+    config.write_text(json.dumps({"backends": [r.url for r in replicas], "policy": policy}))
+    from rollout_router.settings import load_settings
+    async with running_router(load_settings(config)) as (base, runtime):
+        runtime.config_path = config
+        for s in ("a", "b", "c"):
+            assert (await chat(http, base, s))[0] == 200
+        config.write_text(json.dumps({"backends": [r.url for r in replicas], "policy": policy,
+                                      "session": {"maxSessions": 2, "idleTimeoutSeconds": 30}}))
+        assert runtime.reload()
+        assert runtime.balancer.policy.sessions() == 2 and runtime.balancer.policy.counters.evicted_lru == 1
+        assert runtime.balancer.policy.expire(time.monotonic() + 31) == 2
+
+
 async def test_models_answered_by_a_replica(replicas, http):
     async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, _):
         async with http.get(f"{base}/v1/models") as response:

@@ -1,9 +1,10 @@
 """Assembles a running router: settings -> replica set -> balancer -> listeners.
 
-``Runtime`` owns the live state and applies new settings without dropping
-pins; the aiohttp application is built around it with background tasks for
-pin expiry, config-file reloads and replica discovery, and the gRPC listener
-beside it when asked for.
+``Runtime`` is the router's ``RouterContext`` plus what runs it: the
+listeners, replica sources and background tasks. It applies new settings
+without dropping pins; the aiohttp application is built around it with
+background tasks for pin expiry, config-file reloads and replica discovery,
+and the gRPC listener beside it when asked for.
 """
 from __future__ import annotations
 
@@ -13,45 +14,38 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
 
-from .balancer import Balancer
-from .observability import Metrics
+from .context import RouterContext
 from .proxy.admin import AdminRoutes
 from .proxy.errors import error_response
 from .proxy.grpc import GrpcProxy, start_server as start_grpc
 from .proxy.http import HttpProxy
-from .replicas import ReplicaSet
 from .settings import RouterSettings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
 
 EXPIRY_INTERVAL = 15.0
 RELOAD_INTERVAL = 2.0
-KEEPALIVE_SECONDS = 4.0
 
 
-class Runtime:
-    """The router's live state; ``overrides`` are CLI flags re-applied over every reload."""
+class Runtime(RouterContext):
+    """The router's live state and what runs it; ``overrides`` are CLI flags re-applied over every reload."""
 
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
                  grpc_address: str | None = None):
-        self.settings, self.config_path, self._overrides = settings, config_path, overrides
-        self.replicas = ReplicaSet()
-        self.balancer = Balancer(settings, self.replicas)
-        self.metrics = Metrics(self.balancer)
-        self.client: aiohttp.ClientSession | None = None
+        super().__init__(settings)
+        self.config_path, self._overrides = config_path, overrides
         self.grpc_address, self.grpc_port = grpc_address, None
-        self.grpc_proxy = GrpcProxy(self.balancer, self.metrics, lambda: self.settings)
+        self.http_proxy, self.grpc_proxy = HttpProxy(self), GrpcProxy(self)
         self._discovery: asyncio.Task | None = None
         self._config_mtime = _mtime(config_path)
 
     def apply(self, settings: RouterSettings) -> None:
         """Take new settings live: policy knobs keep pins; replica sources are swapped."""
-        previous, self.settings = self.settings, settings
-        self.balancer.apply(settings)
+        previous = self.settings
+        self.configure(settings)
         if settings.discovery is None:
             self._stop_discovery()
             self.replicas.replace((b.url, b.grpc) for b in settings.backends)
@@ -100,9 +94,7 @@ class Runtime:
 
     async def lifecycle(self, app: web.Application):
         """aiohttp cleanup context: start and stop everything the router owns."""
-        # Idle upstream connections are dropped before uvicorn's 5 s keep-alive closes them under us.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=KEEPALIVE_SECONDS)
-        self.client = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        await self.http_proxy.start()
         self.apply(self.settings)
         background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         server = None
@@ -117,7 +109,7 @@ class Runtime:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.grpc_proxy.close()
-        await self.client.close()
+        await self.http_proxy.close()
 
 
 def _mtime(path: Path | None) -> float | None:
@@ -144,7 +136,6 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 def create_app(runtime: Runtime) -> web.Application:
     app = web.Application(middlewares=[json_errors])
     app.cleanup_ctx.append(runtime.lifecycle)
-    AdminRoutes(runtime.balancer, runtime.metrics).add_to(app)
-    proxy = HttpProxy(runtime.balancer, runtime.metrics, lambda: runtime.settings, lambda: runtime.client)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    AdminRoutes(runtime).add_to(app)
+    app.router.add_route("*", "/{tail:.*}", runtime.http_proxy.handle)
     return app

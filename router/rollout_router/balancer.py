@@ -1,7 +1,8 @@
 """Joins the replica set and the policy: one call routes and takes a lease.
 
-Every listener (HTTP today, gRPC next) routes through ``Balancer.acquire``, so
-policy decisions and in-flight accounting are shared across protocols.
+Every listener (HTTP and gRPC) routes through ``Balancer.acquire``, so policy
+decisions and in-flight accounting are shared across protocols. The balancer
+holds no settings: ``RouterContext`` hands it the policy's name and live knobs.
 """
 from __future__ import annotations
 
@@ -9,17 +10,16 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from .policy import Decision, Policy, Request, create
+from .policy import Decision, LiveConfig, Policy, Request, create
 from .replicas import Lease, ReplicaSet
-from .settings import PolicySettings
 
 
 class Balancer:
-    def __init__(self, settings: PolicySettings, replicas: ReplicaSet, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, replicas: ReplicaSet, policy: str, config: LiveConfig,
+                 clock: Callable[[], float] = time.monotonic):
         self.replicas = replicas
         self._clock = clock
-        self.settings = settings
-        self.policy: Policy = self._build(settings)
+        self.policy: Policy = _build(policy, config)
 
     def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None,
                 grpc: bool = False) -> tuple[Decision, Lease]:
@@ -35,27 +35,19 @@ class Balancer:
         return self.policy.release(key)
 
     def expire_idle(self) -> int:
-        table = getattr(self.policy, "table", None)
-        return table.expire(self._clock()) if table is not None else 0
+        return self.policy.expire(self._clock())
 
-    def apply(self, settings: PolicySettings) -> None:
-        """Apply new policy settings live. Pins survive unless the policy itself changes."""
-        if settings.policy != self.policy.name:
-            counters = self.policy.counters
-            self.policy = self._build(settings)
-            for field in dataclasses.fields(counters):
-                setattr(self.policy.counters, field.name, getattr(counters, field.name))
-        elif hasattr(self.policy, "configure"):
-            self.policy.configure(settings.affinity_break_margin, settings.full_determinism)
-            self.policy.table.resize(settings.session.max_sessions, settings.session.idle_timeout_seconds)
-        self.settings = settings
+    def apply(self, policy: str, config: LiveConfig) -> None:
+        """Apply new settings live. Pins survive unless the policy itself changes; counters always do."""
+        if policy == self.policy.name:
+            self.policy.configure(config)
+            return
+        counters, self.policy = self.policy.counters, _build(policy, config)
+        for field in dataclasses.fields(counters):
+            setattr(self.policy.counters, field.name, getattr(counters, field.name))
 
-    @staticmethod
-    def _build(settings: PolicySettings) -> Policy:
-        return create(
-            settings.policy,
-            margin=settings.affinity_break_margin,
-            full_determinism=settings.full_determinism,
-            max_sessions=settings.session.max_sessions,
-            idle_ttl=settings.session.idle_timeout_seconds,
-        )
+
+def _build(name: str, config: LiveConfig) -> Policy:
+    policy = create(name)
+    policy.configure(config)
+    return policy

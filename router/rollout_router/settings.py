@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from .policy import LiveConfig
+
 __all__ = [
     "Backend", "DiscoverySettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
     "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
@@ -57,6 +59,11 @@ class PolicySettings(Model):
         None, ge=0, description="Skew tolerated before a pin moves; null keeps every pin, 0 moves unless least-loaded.")
     full_determinism: bool = Field(False, description="Place sessions by key hash only; the margin is ignored.")
     session: SessionSettings = Field(default_factory=SessionSettings)
+
+    def live_config(self) -> LiveConfig:
+        """What the running policy takes from these settings."""
+        return LiveConfig(self.affinity_break_margin, self.full_determinism,
+                          self.session.max_sessions, self.session.idle_timeout_seconds)
 
 
 class LabelSelectorRequirement(Model):

@@ -5,15 +5,15 @@ session key or a replica; each policy lives in its own file; ``registry`` names
 them.
 """
 from .affinity import AffinityPolicy
-from .base import Counters, Decision, NoReplicaError, Outcome, Policy, Request
+from .base import Counters, Decision, LiveConfig, NoReplicaError, Outcome, Policy, Request
 from .hashing import least_loaded, rendezvous, stable_hash
 from .least_loaded import LeastLoadedPolicy
 from .registry import POLICIES, create
 from .round_robin import RoundRobinPolicy
-from .sessions import SessionTable
+from .sessions import SessionPolicy, SessionTable
 
 __all__ = [
-    "AffinityPolicy", "Counters", "Decision", "LeastLoadedPolicy", "NoReplicaError", "Outcome",
-    "POLICIES", "Policy", "Request", "RoundRobinPolicy", "SessionTable", "create",
+    "AffinityPolicy", "Counters", "Decision", "LeastLoadedPolicy", "LiveConfig", "NoReplicaError", "Outcome",
+    "POLICIES", "Policy", "Request", "RoundRobinPolicy", "SessionPolicy", "SessionTable", "create",
     "least_loaded", "rendezvous", "stable_hash",
 ]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import Counters, Decision, Outcome, Request
+from .base import Decision, LiveConfig, Outcome, Request
 from .hashing import least_loaded, rendezvous
-from .sessions import SessionTable
-from .unkeyed import Unkeyed, require
+from .sessions import SessionPolicy
+from .unkeyed import require
 
 
-class AffinityPolicy:
+class AffinityPolicy(SessionPolicy):
     name = "affinity"
 
     def __init__(
@@ -27,18 +27,18 @@ class AffinityPolicy:
         max_sessions: int = 100_000,
         idle_ttl: float | None = 3600.0,
     ):
-        self.counters = Counters()
-        self.table = SessionTable(self.counters, max_sessions, idle_ttl)
-        self._unkeyed = Unkeyed()
+        super().__init__(max_sessions, idle_ttl)
         self.margin: int | None = None
         self.full_determinism = False
-        self.configure(margin, full_determinism)
+        self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl))
 
-    def configure(self, margin: int | None, full_determinism: bool) -> None:
-        """Change the rule live; pins and counters are kept."""
+    def configure(self, config: LiveConfig) -> None:
+        """Change the rule and the table's bounds live; pins and counters are kept."""
+        margin = config.margin
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int) or margin < 0):
             raise ValueError(f"affinity_break_margin must be an integer >= 0 or None, got {margin!r}")
-        self.margin, self.full_determinism = margin, full_determinism
+        super().configure(config)
+        self.margin, self.full_determinism = margin, config.full_determinism
 
     def route(self, request: Request) -> Decision:
         key = request.key
@@ -54,15 +54,7 @@ class AffinityPolicy:
             decision = Decision(pinned, Outcome.KEPT)
         else:
             decision = Decision(least_loaded(loads, key), Outcome.BROKEN, previous=pinned)
-        self.table.pin(key, decision.replica, request.now)
-        self.counters.count(decision.outcome)
-        return decision
-
-    def release(self, key: str) -> bool:
-        return self.table.release(key)
-
-    def sessions(self) -> int:
-        return len(self.table)
+        return self._commit(key, decision, request.now)
 
     def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
         if self.margin is None or self.full_determinism:

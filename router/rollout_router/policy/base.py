@@ -7,10 +7,11 @@ tests all drive the very same code.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import ClassVar
 
 
 class NoReplicaError(LookupError):
@@ -70,6 +71,10 @@ class Counters:
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
+    def by_outcome(self) -> dict[str, int]:
+        """Decisions per ``Outcome`` value."""
+        return {outcome.value: getattr(self, field) for outcome, field in _OUTCOME_FIELD.items()}
+
 
 _OUTCOME_FIELD = {
     Outcome.NEW: "new_sessions",
@@ -80,15 +85,52 @@ _OUTCOME_FIELD = {
 }
 
 
-@runtime_checkable
-class Policy(Protocol):
-    """A routing policy: ``route`` decides, ``release`` drops a session's pin."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class LiveConfig:
+    """The router-level knobs a running policy takes without losing its pins.
 
-    name: str
-    counters: Counters
+    The router builds this from its settings on start and on every reload and
+    hands it to ``Policy.configure``; each policy applies the fields that mean
+    something to it and ignores the rest (a stateless policy ignores all).
+    """
 
+    margin: int | None = None
+    full_determinism: bool = False
+    max_sessions: int = 100_000
+    idle_ttl: float | None = 3600.0
+
+
+class Policy(abc.ABC):
+    """A routing policy: ``route`` decides; the optional hooks default to a stateless policy.
+
+    What the decision counters mean is the same under every policy that tracks
+    sessions: ``affinity_kept`` is a keyed turn sent to the replica its previous
+    turn went to, ``affinity_broken`` one sent elsewhere while that replica was
+    still routable, ``repinned_replica_gone`` one sent elsewhere because it was
+    not, ``new_sessions`` a key seen for the first time. Stateless policies
+    (least_loaded, round_robin, power_of_two) remember no key: they count every
+    request as ``unkeyed``.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.counters = Counters()
+
+    @abc.abstractmethod
     def route(self, request: Request) -> Decision: ...
 
-    def release(self, key: str) -> bool: ...
+    def configure(self, config: LiveConfig) -> None:
+        """Apply the router's live knobs; pins and counters are kept."""
 
-    def sessions(self) -> int: ...
+    def release(self, key: str) -> bool:
+        """Drop ``key``'s pin now; False if it had none."""
+        return False
+
+    def sessions(self) -> int:
+        """Pins currently held."""
+        return 0
+
+    def expire(self, now: float) -> int:
+        """Drop pins idle past their TTL; returns how many."""
+        return 0

@@ -13,27 +13,29 @@ the simulator passes). Because units are inserted as whole prefixes, the
 matched length is found by binary search. When an index exceeds
 ``max_tree_size`` units, its oldest insertions are dropped first (SGLang evicts
 LRU leaves in a background thread). Requests without a prefix fall back to the
-session key. Outcomes: KEPT = routed by cache match, NEW = smallest index,
-BROKEN = the imbalance gate overrode the cache.
+session key. Keyed requests are remembered only to count kept / broken the
+way every session policy does (``Policy``); routing never reads them.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Counters, Decision, Outcome, Request
+from .base import Decision, Outcome, Request
 from .hashing import least_loaded
+from .sessions import SessionPolicy
 from .unkeyed import require
 
 
-class CacheAwarePolicy:
+class CacheAwarePolicy(SessionPolicy):
     name = "cache_aware"
 
     def __init__(self, cache_threshold: float = 0.3, balance_abs_threshold: float = 64,
-                 balance_rel_threshold: float = 1.5, max_tree_size: int = 2**26):
+                 balance_rel_threshold: float = 1.5, max_tree_size: int = 2**26,
+                 max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
+        super().__init__(max_sessions, idle_ttl)
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold, self.balance_rel_threshold = balance_abs_threshold, balance_rel_threshold
         self.max_tree_size = max_tree_size
-        self.counters = Counters()
         self._trees: dict[str, dict] = {}
 
     def _units(self, request: Request) -> Sequence:
@@ -58,18 +60,19 @@ class CacheAwarePolicy:
         tie = request.key or "#"
         hi, lo = max(loads.values()), min(loads.values())
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
-            decision = Decision(least_loaded(loads, tie), Outcome.BROKEN)
+            replica = least_loaded(loads, tie)
         else:
             matches = {r: self._match(self._trees.get(r, {}), units) for r in loads}
             best = max(matches.values()) if matches else 0
             if units and best / len(units) > self.cache_threshold:
-                decision = Decision(least_loaded({r: -m for r, m in matches.items()}, tie), Outcome.KEPT)
+                replica = least_loaded({r: -m for r, m in matches.items()}, tie)
             else:
-                sizes = {r: len(self._trees.get(r, ())) for r in loads}
-                decision = Decision(least_loaded(sizes, tie), Outcome.NEW)
-        self._insert(decision.replica, units)
-        self.counters.count(decision.outcome)
-        return decision
+                replica = least_loaded({r: len(self._trees.get(r, ())) for r in loads}, tie)
+        self._insert(replica, units)
+        if request.key is None:
+            self.counters.count(Outcome.UNKEYED)
+            return Decision(replica, Outcome.UNKEYED)
+        return self._follow(request.key, replica, loads, request.now)
 
     def _insert(self, replica: str, units: Sequence) -> None:
         tree = self._trees.setdefault(replica, {})
@@ -77,9 +80,3 @@ class CacheAwarePolicy:
             tree[(m, units[m - 1])] = None
         while len(tree) > self.max_tree_size:
             del tree[next(iter(tree))]
-
-    def release(self, key: str) -> bool:
-        return False
-
-    def sessions(self) -> int:
-        return 0

@@ -6,32 +6,30 @@ replica clockwise whose load is below ``ceil(load_factor * (total + 1) / n)``
 put while its home replica has room and spills deterministically to the next
 replica with room. ``load_factor`` 1.25 matches SMG ``prefix_hash`` and brpc;
 HAProxy's ``hash-balance-factor`` and Envoy's ``hash_balance_factor`` are the
-same rule. Outcomes: NEW = first sight of a key (this policy remembers the
-last replica only to report KEPT/BROKEN), KEPT = same replica as last time.
+same rule. The policy remembers each key's last replica only to count kept /
+broken the way every session policy does (``Policy``); it never routes by it.
 """
 from __future__ import annotations
 
 import bisect
 import math
 
-from .base import Counters, Decision, Outcome, Request
+from .base import Decision, Request
 from .hashing import least_loaded, stable_hash
-from .sessions import SessionTable
-from .unkeyed import Unkeyed, require
+from .sessions import SessionPolicy
+from .unkeyed import require
 
 
-class ConsistentHashPolicy:
+class ConsistentHashPolicy(SessionPolicy):
     name = "consistent_hash"
 
     def __init__(self, load_factor: float = 1.25, vnodes: int = 160,
                  max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
         if load_factor < 1:
             raise ValueError("load_factor must be >= 1")
+        super().__init__(max_sessions, idle_ttl)
         self.load_factor, self.vnodes = load_factor, vnodes
-        self.counters = Counters()
-        self.table = SessionTable(self.counters, max_sessions, idle_ttl)
         self._rings: dict[frozenset, tuple[list[int], list[str]]] = {}
-        self._unkeyed = Unkeyed()
 
     def _ring(self, replicas) -> tuple[list[int], list[str]]:
         members = frozenset(replicas)
@@ -59,19 +57,4 @@ class ConsistentHashPolicy:
                 break
         if chosen is None:  # cannot happen with load_factor >= 1, kept for safety
             chosen = least_loaded(loads, key)
-        previous = self.table.get(key, request.now)
-        if previous is None:
-            decision = Decision(chosen, Outcome.NEW)
-        elif previous == chosen:
-            decision = Decision(chosen, Outcome.KEPT)
-        else:
-            decision = Decision(chosen, Outcome.BROKEN, previous=previous)
-        self.table.pin(key, chosen, request.now)
-        self.counters.count(decision.outcome)
-        return decision
-
-    def release(self, key: str) -> bool:
-        return self.table.release(key)
-
-    def sessions(self) -> int:
-        return len(self.table)
+        return self._follow(key, chosen, loads, request.now)

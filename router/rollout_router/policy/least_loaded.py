@@ -4,22 +4,16 @@ The baseline that balances best and reuses the prefix cache least.
 """
 from __future__ import annotations
 
-from .base import Counters, Decision, Request
+from .base import Decision, Policy, Request
 from .unkeyed import Unkeyed
 
 
-class LeastLoadedPolicy:
+class LeastLoadedPolicy(Policy):
     name = "least_loaded"
 
     def __init__(self) -> None:
-        self.counters = Counters()
+        super().__init__()
         self._unkeyed = Unkeyed()
 
     def route(self, request: Request) -> Decision:
         return self._unkeyed.decide(request.loads, self.counters)
-
-    def release(self, key: str) -> bool:
-        return False
-
-    def sessions(self) -> int:
-        return 0

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import random
 
-from .base import Counters, Decision, Outcome, Request
+from .base import Decision, Outcome, Policy, Request
 from .unkeyed import require
 
 
-class PowerOfTwoPolicy:
+class PowerOfTwoPolicy(Policy):
     name = "power_of_two"
 
     def __init__(self, seed: int = 0):
-        self.counters = Counters()
+        super().__init__()
         self._rng = random.Random(seed)
 
     def route(self, request: Request) -> Decision:
@@ -28,9 +28,3 @@ class PowerOfTwoPolicy:
             choice = b if loads[b] < loads[a] else a
         self.counters.count(Outcome.UNKEYED)
         return Decision(choice, Outcome.UNKEYED)
-
-    def release(self, key: str) -> bool:
-        return False
-
-    def sessions(self) -> int:
-        return 0

@@ -14,23 +14,31 @@ from .least_loaded import LeastLoadedPolicy
 from .power_of_two import PowerOfTwoPolicy
 from .round_robin import RoundRobinPolicy
 
-POLICIES: dict[str, type] = {
-    AffinityPolicy.name: AffinityPolicy,
-    LeastLoadedPolicy.name: LeastLoadedPolicy,
-    RoundRobinPolicy.name: RoundRobinPolicy,
-    DualThresholdPolicy.name: DualThresholdPolicy,
-    CacheAwarePolicy.name: CacheAwarePolicy,
-    ConsistentHashPolicy.name: ConsistentHashPolicy,
-    PowerOfTwoPolicy.name: PowerOfTwoPolicy,
-    AdaptiveAffinityPolicy.name: AdaptiveAffinityPolicy,
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (
+        AffinityPolicy, LeastLoadedPolicy, RoundRobinPolicy, DualThresholdPolicy, CacheAwarePolicy,
+        ConsistentHashPolicy, PowerOfTwoPolicy, AdaptiveAffinityPolicy,
+    )
 }
 
 
-def create(name: str, **options: Any) -> Policy:
-    """Build policy ``name``, passing only the options its constructor takes."""
+def options(name: str) -> list[str]:
+    """The options policy ``name`` takes (its constructor's parameters)."""
+    return list(inspect.signature(_policy_class(name)).parameters)
+
+
+def create(name: str, **given: Any) -> Policy:
+    """Build policy ``name``; an option it does not take is an error, never silently dropped."""
+    accepted = options(name)
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise ValueError(f"policy {name!r} takes no option {', '.join(map(repr, unknown))}; "
+                         f"it takes: {', '.join(accepted) or 'none'}")
+    return _policy_class(name)(**given)
+
+
+def _policy_class(name: str) -> type[Policy]:
     try:
-        cls = POLICIES[name]
+        return POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    accepted = inspect.signature(cls).parameters
-    return cls(**{k: v for k, v in options.items() if k in accepted})

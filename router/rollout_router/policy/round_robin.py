@@ -1,15 +1,15 @@
 """Round robin over the replicas in name order; ignores keys and load."""
 from __future__ import annotations
 
-from .base import Counters, Decision, Outcome, Request
+from .base import Decision, Outcome, Policy, Request
 from .unkeyed import require
 
 
-class RoundRobinPolicy:
+class RoundRobinPolicy(Policy):
     name = "round_robin"
 
     def __init__(self) -> None:
-        self.counters = Counters()
+        super().__init__()
         self._next = 0
 
     def route(self, request: Request) -> Decision:
@@ -18,9 +18,3 @@ class RoundRobinPolicy:
         self._next += 1
         self.counters.count(Outcome.UNKEYED)
         return Decision(replica, Outcome.UNKEYED)
-
-    def release(self, key: str) -> bool:
-        return False
-
-    def sessions(self) -> int:
-        return 0

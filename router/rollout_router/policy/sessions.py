@@ -1,11 +1,13 @@
-"""The session table: session key -> pinned replica, bounded by size and idleness."""
+"""The session table (session key -> pinned replica, bounded by size and idleness), and the
+base of every policy that keeps one."""
 from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
-from .base import Counters
+from .base import Counters, Decision, LiveConfig, Outcome, Policy
+from .unkeyed import Unkeyed
 
 
 @dataclasses.dataclass(slots=True)
@@ -86,3 +88,46 @@ class SessionTable:
         while len(self._pins) > self.max_sessions:
             self._pins.popitem(last=False)
             self._counters.evicted_lru += 1
+
+
+class SessionPolicy(Policy):
+    """A policy that remembers each key's replica in a bounded ``SessionTable``.
+
+    It supplies the session hooks of ``Policy`` and one way to record a
+    decision, so that kept / broken / re-pinned mean the same under every such
+    policy (see ``Policy``).
+    """
+
+    def __init__(self, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
+        super().__init__()
+        self.table = SessionTable(self.counters, max_sessions, idle_ttl)
+        self._unkeyed = Unkeyed()
+
+    def configure(self, config: LiveConfig) -> None:
+        self.table.resize(config.max_sessions, config.idle_ttl)
+
+    def release(self, key: str) -> bool:
+        return self.table.release(key)
+
+    def sessions(self) -> int:
+        return len(self.table)
+
+    def expire(self, now: float) -> int:
+        return self.table.expire(now)
+
+    def _follow(self, key: str, replica: str, loads: Mapping[str, float], now: float) -> Decision:
+        """Record that ``key`` goes to ``replica``, classified against the replica of its previous turn."""
+        previous = self.table.get(key, now)
+        if previous is None:
+            decision = Decision(replica, Outcome.NEW)
+        elif previous == replica:
+            decision = Decision(replica, Outcome.KEPT)
+        else:
+            decision = Decision(replica, Outcome.BROKEN if previous in loads else Outcome.REPINNED, previous)
+        return self._commit(key, decision, now)
+
+    def _commit(self, key: str, decision: Decision, now: float) -> Decision:
+        """Pin ``key`` where ``decision`` sends it and count the decision."""
+        self.table.pin(key, decision.replica, now)
+        self.counters.count(decision.outcome)
+        return decision

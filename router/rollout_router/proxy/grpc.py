@@ -13,16 +13,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 from grpc import aio
+from multidict import CIMultiDict
 
-from ..balancer import Balancer
-from ..observability import Metrics
+from ..context import RouterContext
 from ..policy import NoReplicaError
 from ..replicas import Lease
-from ..settings import RouterSettings
+from .attempts import AllRefused, Refused, forward
+from .session_key import session_key
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +97,20 @@ class _Replay:
 
 
 class GrpcProxy(grpc.GenericRpcHandler):
-    def __init__(self, balancer: Balancer, metrics: Metrics, settings: Callable[[], RouterSettings]):
-        self._balancer, self._metrics, self._settings = balancer, metrics, settings
+    def __init__(self, context: RouterContext):
+        self._context = context
         self._channels: dict[str, aio.Channel] = {}
         self._unary = unary_request_methods()
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = details.method
         if method in self._unary:
-            async def unary(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
-                async for response in self._forward(method, _Single(request), context):
-                    yield response
+            async def unary(request: bytes, context: aio.ServicerContext) -> None:
+                await self._forward(method, _Single(request), context)
             return grpc.unary_stream_rpc_method_handler(unary)
 
-        async def streamed(requests: AsyncIterator[bytes], context: aio.ServicerContext) -> AsyncIterator[bytes]:
-            async for response in self._forward(method, _Replay(requests), context):
-                yield response
+        async def streamed(requests: AsyncIterator[bytes], context: aio.ServicerContext) -> None:
+            await self._forward(method, _Replay(requests), context)
         return grpc.stream_stream_rpc_method_handler(streamed)
 
     async def close(self) -> None:
@@ -120,36 +119,23 @@ class GrpcProxy(grpc.GenericRpcHandler):
 
     def prune(self) -> None:
         """Close channels to targets that no replica, live or still draining, has any more."""
-        live = self._balancer.replicas.grpc_targets()
+        live = self._context.replicas.grpc_targets()
         for target in set(self._channels) - live:
             asyncio.ensure_future(self._channels.pop(target).close())
 
-    async def _forward(self, method: str, request: _Single | _Replay,
-                       context: aio.ServicerContext) -> AsyncIterator[bytes]:
-        settings = self._settings()
+    async def _forward(self, method: str, request: _Single | _Replay, context: aio.ServicerContext) -> None:
         metadata = _forwardable(context.invocation_metadata())
-        key = next((value for name in settings.session.headers
-                    for k, value in metadata if k == name.lower() and isinstance(value, str) and value), None)
-        for _ in range(settings.connect_retries + 1):
-            try:
-                _, lease = self._balancer.acquire(key, grpc=True)
-            except NoReplicaError:
-                self._metrics.errors.labels("no_replica").inc()
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "no replica with a gRPC port is available")
-            try:
-                refused = False
-                async for response in self._attempt(method, request, metadata, lease, context):
-                    if response is None:
-                        refused = True
-                        break
-                    yield response
-                if not refused:
-                    return
-            finally:
-                lease.release()
-        self._metrics.errors.labels("all_refused").inc()
-        await context.abort(grpc.StatusCode.UNAVAILABLE,
-                            f"replicas refused the connection on all {settings.connect_retries + 1} attempts")
+        text = CIMultiDict((k, v) for k, v in metadata if isinstance(v, str))
+        key = session_key(text, b"", self._context.settings.session)
+        try:
+            await forward(self._context, key, lambda lease: self._attempt(method, request, metadata, lease, context),
+                          grpc=True)
+        except NoReplicaError:
+            self._context.metrics.errors.labels("no_replica").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no replica with a gRPC port is available")
+        except AllRefused as error:
+            self._context.metrics.errors.labels("all_refused").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
 
     def _call(self, method: str, request: _Single | _Replay, metadata: Metadata, target: str,
               context: aio.ServicerContext):
@@ -159,8 +145,9 @@ class GrpcProxy(grpc.GenericRpcHandler):
         return channel.stream_stream(method)(request.messages(), metadata=metadata, timeout=timeout)
 
     async def _attempt(self, method: str, request: _Single | _Replay, metadata: Metadata, lease: Lease,
-                       context: aio.ServicerContext) -> AsyncIterator[bytes | None]:
-        """One upstream call; yields responses, or a single None if it was refused before answering."""
+                       context: aio.ServicerContext) -> None:
+        """One upstream call relayed to the client; raises Refused if refused before answering."""
+        assert lease.replica.grpc_target is not None  # acquire(grpc=True) only leases gRPC replicas
         call = self._call(method, request, metadata, lease.replica.grpc_target, context)
         started, code, answered = time.monotonic(), "CANCELLED", False
         try:
@@ -168,7 +155,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 if not answered:
                     answered = True
                     await context.send_initial_metadata(_headers(await call.initial_metadata(), lease))
-                yield response
+                await context.write(response)
             code = (await call.code()).name
             if not answered:
                 await context.send_initial_metadata(_headers(await call.initial_metadata(), lease))
@@ -178,18 +165,15 @@ class GrpcProxy(grpc.GenericRpcHandler):
             call.cancel()
             await request.settle()
             if error.code() is grpc.StatusCode.UNAVAILABLE and not answered and request.replayable:
-                self._balancer.replicas.mark_down(lease.replica_id, self._settings().down_seconds)
-                self._metrics.retries.labels(lease.replica_id).inc()
                 code = None
-                yield None
-                return
+                raise Refused(error.details() or "UNAVAILABLE") from None
             context.set_code(error.code())
             context.set_details(error.details() or "")
             context.set_trailing_metadata(_forwardable(error.trailing_metadata()))
         finally:
             call.cancel()  # no-op when finished; stops the replica's work when the client went away
             if code is not None:
-                self._metrics.observe(lease.replica_id, code, time.monotonic() - started)
+                self._context.metrics.observe(lease.replica_id, code, time.monotonic() - started)
 
     def _channel(self, target: str) -> aio.Channel:
         channel = self._channels.get(target)

@@ -13,16 +13,15 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 
-from ..balancer import Balancer
-from ..observability import Metrics
+from ..context import RouterContext
 from ..policy import NoReplicaError
 from ..replicas import Lease
 from ..settings import RouterSettings
+from .attempts import AllRefused, Refused, forward
 from .errors import RouterError, error_body, error_response
 from .session_key import session_key
 
@@ -42,6 +41,7 @@ FORWARDED_PREFIXES = ("/v1/responses/", "/v1/models/")
 UNKEYED_PATHS = frozenset({"/v1/models", "/tokenize", "/detokenize", "/version"})
 
 BUFFER_LIMIT = 1 << 20  # non-streaming bodies up to this size are relayed in one piece
+KEEPALIVE_SECONDS = 4.0  # idle upstream connections close before uvicorn's 5 s keep-alive closes them under us
 
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
@@ -73,53 +73,53 @@ class _Outcome:
     code: int | None = CLIENT_CLOSED
 
 
-class UpstreamRefused(Exception):
-    """The replica refused the connection before any byte was sent: safe to retry."""
-
-
 class HttpProxy:
-    def __init__(self, balancer: Balancer, metrics: Metrics, settings: Callable[[], RouterSettings],
-                 client: Callable[[], aiohttp.ClientSession]):
-        self._balancer, self._metrics = balancer, metrics
-        self._settings, self._client = settings, client
+    """Forwards the OpenAI-compatible paths; owns the pooled upstream HTTP connections."""
+
+    def __init__(self, context: RouterContext):
+        self._context = context
+        self._client: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        """Open the upstream connection pool (inside the running loop)."""
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=KEEPALIVE_SECONDS)
+        self._client = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if not forwarded(request.path):
             return self._refuse(RouterError(404, f"path {request.path} is not an OpenAI-compatible endpoint this router forwards"))
-        settings = self._settings()
+        settings = self._context.settings
         try:
             body = await read_body(request, settings.max_body_bytes)
             key = None if _unkeyed(request.path) else session_key(request.headers, body, settings.session)
         except RouterError as error:
             return self._refuse(error)
         headers = end_to_end(request.headers)  # once: every attempt sends the same request
-        for _ in range(settings.connect_retries + 1):
-            try:
-                _, lease = self._balancer.acquire(key)
-            except NoReplicaError:
-                return self._refuse(RouterError(503, "no replica is available to serve this request"), "no_replica")
-            try:
-                return await self._dispatch(request, headers, body, lease, settings)
-            except UpstreamRefused:
-                self._balancer.replicas.mark_down(lease.replica_id, settings.down_seconds)
-                self._metrics.retries.labels(lease.replica_id).inc()
-            finally:
-                lease.release()
-        return self._refuse(RouterError(503, f"replicas refused the connection on all {settings.connect_retries + 1} attempts"),
-                            "all_refused")
+        try:
+            return await forward(self._context, key,
+                                 lambda lease: self._dispatch(request, headers, body, lease, settings))
+        except NoReplicaError:
+            return self._refuse(RouterError(503, "no replica is available to serve this request"), "no_replica")
+        except AllRefused as error:
+            return self._refuse(RouterError(503, str(error)), "all_refused")
 
     async def _dispatch(self, request: web.Request, headers: dict[str, str], body: bytes, lease: Lease,
                         settings: RouterSettings) -> web.StreamResponse:
+        assert self._client is not None, "HttpProxy.start() first"
         url = lease.replica_id + request.rel_url.raw_path_qs
         started, outcome = time.monotonic(), _Outcome()
         try:
             try:
-                upstream = await self._client().request(
+                upstream = await self._client.request(
                     request.method, url, headers=headers, data=body or None,
                     allow_redirects=False, timeout=_timeout(settings))
             except aiohttp.ClientConnectorError as error:
                 outcome.code = None
-                raise UpstreamRefused(str(error)) from None
+                raise Refused(str(error)) from None
             except asyncio.TimeoutError:
                 outcome.code = 504
                 return self._refuse(RouterError(504, f"replica {lease.replica_id} did not answer in time"), "timeout",
@@ -132,7 +132,7 @@ class HttpProxy:
                 return await self._relay(request, upstream, lease, outcome)
         finally:
             if outcome.code is not None:
-                self._metrics.observe(lease.replica_id, outcome.code, time.monotonic() - started)
+                self._context.metrics.observe(lease.replica_id, outcome.code, time.monotonic() - started)
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse, lease: Lease,
                      outcome: _Outcome) -> web.StreamResponse:
@@ -181,7 +181,7 @@ class HttpProxy:
     async def _broken_stream(self, request: web.Request, response: web.StreamResponse,
                              upstream: aiohttp.ClientResponse, lease: Lease, error: BaseException) -> None:
         """End the client's response with an error it can see: an SSE error event, else a cut connection."""
-        self._metrics.errors.labels("upstream_broke_mid_response").inc()
+        self._context.metrics.errors.labels("upstream_broke_mid_response").inc()
         log.warning("replica %s broke off mid-response: %r", lease.replica_id, error)
         if upstream.content_type == "text/event-stream":
             message = f"replica {lease.replica_id} failed mid-stream: {type(error).__name__}"
@@ -193,7 +193,7 @@ class HttpProxy:
 
     def _refuse(self, error: RouterError, reason: str | None = None, replica: str | None = None) -> web.Response:
         """The router's own error answer; names the replica when one was involved."""
-        self._metrics.errors.labels(reason or f"http_{error.status}").inc()
+        self._context.metrics.errors.labels(reason or f"http_{error.status}").inc()
         response = error_response(error.status, error.message, error.param)
         if replica is not None:
             response.headers[REPLICA_HEADER] = replica

@@ -15,7 +15,7 @@ import heapq
 from typing import Any
 
 from rollout_router.policy import registry
-from rollout_router.policy.base import Outcome, Request
+from rollout_router.policy.base import Request
 
 from .cost import CostModel
 from .replica import Replica, Req
@@ -145,11 +145,7 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
             push_step(i, rep.start(t))
     if unfinished:
         raise RuntimeError(f"{unfinished} trajectories never finished")
-    counters = policy.counters.as_dict()
-    outcomes = {o.value: counters[f] for o, f in [
-        (Outcome.NEW, "new_sessions"), (Outcome.KEPT, "affinity_kept"), (Outcome.BROKEN, "affinity_broken"),
-        (Outcome.REPINNED, "repinned_replica_gone"), (Outcome.UNKEYED, "unkeyed")]}
-    outcomes["evicted_lru"] = counters["evicted_lru"]
+    outcomes = {**policy.counters.by_outcome(), "evicted_lru": policy.counters.evicted_lru}
     return StepResult(
         step_seconds=t_end,
         hit_tokens=sum(r.hit_tokens for r in reps),

@@ -1,0 +1,49 @@
+"""The protocol of forwarding one request, shared by the HTTP and gRPC listeners.
+
+Route, take a lease, send one attempt, release the lease; if the replica
+refused before a byte was exchanged, mark it down for a while and try another.
+A listener supplies only ``send``: one attempt on the leased replica, which
+raises ``Refused`` when retrying elsewhere is safe. The lease is released
+exactly once whatever ends the attempt.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from ..context import RouterContext
+from ..replicas import Lease
+
+T = TypeVar("T")
+
+
+class Refused(Exception):
+    """The replica refused the request before any byte was exchanged: safe to retry elsewhere."""
+
+
+class AllRefused(Exception):
+    """Every attempt was refused."""
+
+    def __init__(self, attempts: int):
+        super().__init__(f"replicas refused the connection on all {attempts} attempts")
+
+
+async def forward(context: RouterContext, key: str | None, send: Callable[[Lease], Awaitable[T]],
+                  grpc: bool = False, prefix: Sequence[int] | str | None = None) -> T:
+    """``send`` on a routed replica, retried on others while replicas refuse.
+
+    Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
+    when every attempt was refused.
+    """
+    settings = context.settings  # one snapshot for every attempt of this request
+    attempts = settings.connect_retries + 1
+    for _ in range(attempts):
+        _, lease = context.balancer.acquire(key, prefix, grpc=grpc)
+        try:
+            return await send(lease)
+        except Refused:
+            context.replicas.mark_down(lease.replica_id, settings.down_seconds)
+            context.metrics.retries.labels(lease.replica_id).inc()
+        finally:
+            lease.release()
+    raise AllRefused(attempts)
