@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
 from .spec import GROUP, KIND, PLURAL, REQUIREMENT_RULE, VERSION, RolloutRouterSpec, RolloutRouterStatus
@@ -91,7 +92,7 @@ def _structural(node: Any, defs: dict) -> Any:
     return out
 
 
-def model_schema(model: type) -> dict:
+def model_schema(model: type[BaseModel]) -> dict:
     raw = model.model_json_schema(by_alias=True, schema_generator=_WithFactoryDefaults)
     return _structural(raw, raw.get("$defs", {}))
 

@@ -44,8 +44,8 @@ class ServiceSpec(Model):
 
 
 class ResourceRequirements(Model):
-    requests: dict[str, Quantity] = Field(default_factory=lambda: {"cpu": "500m", "memory": "256Mi"})
-    limits: dict[str, Quantity] = Field(default_factory=lambda: {"memory": "1Gi"})
+    requests: dict[str, Quantity] = Field(default_factory=lambda: dict[str, Quantity](cpu="500m", memory="256Mi"))
+    limits: dict[str, Quantity] = Field(default_factory=lambda: dict[str, Quantity](memory="1Gi"))
 
 
 class Toleration(Model):

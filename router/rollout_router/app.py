@@ -21,7 +21,7 @@ from .proxy.admin import AdminRoutes
 from .proxy.errors import error_response
 from .proxy.grpc import GrpcProxy, start_server as start_grpc
 from .proxy.http import HttpProxy
-from .settings import RouterSettings, SettingsError, load_settings
+from .settings import DiscoverySettings, RouterSettings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ class Runtime(RouterContext):
                  grpc_address: str | None = None):
         super().__init__(settings)
         self.config_path, self._overrides = config_path, overrides
-        self.grpc_address, self.grpc_port = grpc_address, None
+        self.grpc_address = grpc_address
+        self.grpc_port: int | None = None
         self.http_proxy, self.grpc_proxy = HttpProxy(self), GrpcProxy(self)
         self._discovery: asyncio.Task | None = None
         self._config_mtime = _mtime(config_path)
@@ -51,7 +52,7 @@ class Runtime(RouterContext):
             self.replicas.replace((b.url, b.grpc) for b in settings.backends)
         elif settings.discovery != previous.discovery or self._discovery is None:
             self._stop_discovery()
-            self._start_discovery(settings)
+            self._start_discovery(settings.discovery)
 
     def reload(self) -> bool:
         """Re-read the config file; a bad file is logged and the running settings stay."""
@@ -74,10 +75,10 @@ class Runtime(RouterContext):
             self._discovery.cancel()
             self._discovery = None
 
-    def _start_discovery(self, settings: RouterSettings) -> None:
+    def _start_discovery(self, discovery: DiscoverySettings) -> None:
         from .discovery import kubernetes  # only routers that discover pods need the client
         self._discovery = asyncio.get_running_loop().create_task(
-            kubernetes.run(settings.discovery, self.replicas), name="discovery")
+            kubernetes.run(discovery, self.replicas), name="discovery")
 
     async def run_background(self) -> None:
         """Pin expiry and config-file polling (ConfigMap updates arrive as file changes)."""

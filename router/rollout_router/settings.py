@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar, overload
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
@@ -143,6 +143,13 @@ def describe(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
+M = TypeVar("M", bound=Model)
+
+
+@overload
+def parse_settings(data: dict) -> RouterSettings: ...
+@overload
+def parse_settings(data: dict, model: type[M]) -> M: ...
 def parse_settings(data: dict, model: type[Model] = RouterSettings) -> Model:
     try:
         return model.model_validate(data)
@@ -159,4 +166,4 @@ def load_settings(path: str | Path) -> RouterSettings:
         raise SettingsError(f"{path}: not valid YAML/JSON: {error}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"{path}: expected a mapping at the top level")
-    return parse_settings(data)  # type: ignore[return-value]
+    return parse_settings(data)

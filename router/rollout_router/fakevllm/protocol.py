@@ -123,7 +123,7 @@ class Kind:
 
     def choice(self, text: str, finish_reason: str) -> dict[str, Any]:
         if self.chat:
-            message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
+            message: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []}
             return {"index": 0, "message": message, "logprobs": None,
                     "finish_reason": finish_reason, "stop_reason": None}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,

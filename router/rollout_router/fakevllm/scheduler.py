@@ -108,10 +108,10 @@ class Scheduler:
         # Like vLLM, nothing new is admitted in a step that had to preempt.
         while (not step.preemptions and self.waiting and budget > 0
                and len(self.running) < self.max_num_seqs):
-            num_new = self._admit(self.waiting[0], budget, step)
-            if num_new is None:
+            admitted = self._admit(self.waiting[0], budget, step)
+            if admitted is None:
                 break
-            budget -= num_new
+            budget -= admitted
         return step
 
     def complete(self, step: Step) -> list[tuple[Request, int]]:

@@ -68,7 +68,7 @@ class _Replay:
     LIMIT = 64
 
     def __init__(self, source: AsyncIterator[bytes]):
-        self._source, self._seen = source, []
+        self._source, self._seen = source, list[bytes]()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -149,7 +149,8 @@ class GrpcProxy(grpc.GenericRpcHandler):
         """One upstream call relayed to the client; raises Refused if refused before answering."""
         assert lease.replica.grpc_target is not None  # acquire(grpc=True) only leases gRPC replicas
         call = self._call(method, request, metadata, lease.replica.grpc_target, context)
-        started, code, answered = time.monotonic(), "CANCELLED", False
+        started, answered = time.monotonic(), False
+        code: str | None = "CANCELLED"
         try:
             async for response in call:
                 if not answered:

@@ -38,11 +38,14 @@ class BlockPool:
             raise ValueError("the KV pool needs at least one block")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self._empty()
+
+    def _empty(self) -> None:
         self.chains: dict[int, Chain] = {}
         self.queue: deque[tuple[Chain, int]] = deque()
         self.in_use = 0
         self.free_cached = 0
-        self.free_uncached = num_blocks
+        self.free_uncached = self.num_blocks
         self.pending = 0  # blocks handed to decoding requests, not yet booked on their chains
 
     # -- queries -----------------------------------------------------------
@@ -135,7 +138,7 @@ class BlockPool:
 
     def reset(self) -> None:
         """Sleep/wake between RL steps: the whole cache is dropped."""
-        self.__init__(self.num_blocks, self.block_size)
+        self._empty()
 
     def check(self) -> None:
         in_use = sum(c.cached for c in self.chains.values() if c.refs)

@@ -97,6 +97,7 @@ class Replica:
 
     def interrupt(self, now: float) -> float | None:
         """End the decode run in flight at the first step boundary after ``now``."""
+        assert self.cur is not None, "interrupt() only while a step is in flight"
         kind, t0, k, batch, ctx_sum = self.cur
         done = self.cost.decode_steps_within(batch, ctx_sum, k, now - t0)
         if done + 1 >= k:
@@ -122,6 +123,7 @@ class Replica:
             if req.phase != PREFILL:  # preempted earlier in this loop
                 continue
             n = min(req.ctx - req.computed, budget)
+            assert req.tchain is not None  # admitted requests hold their chain
             grow = self._traj_blocks(req.computed + n, req.P) - req.tchain.cached
             while grow > pool.available() - need1 and req.phase == PREFILL:
                 self._preempt(self.running[-1])
@@ -145,7 +147,7 @@ class Replica:
         dec_ctx = self.dec_off + self.dec_n * self.it
         if chunks:
             pool.allocate_pending(need1)
-            tokens, read, pairs = self.dec_n, dec_ctx, dec_ctx
+            tokens, read, pairs = self.dec_n, dec_ctx, float(dec_ctx)
             for req, n in chunks:
                 tokens += n
                 read += req.computed + n
@@ -182,6 +184,7 @@ class Replica:
     def finish(self, now: float) -> list[Req]:
         """Commit the step(s) in flight at time ``now``; returns the requests that finished."""
         cur, self.cur = self.cur, None
+        assert cur is not None, "finish() only while a step is in flight"
         self.busy_time += now - cur[1]
         done: list[Req] = []
         if cur[0] == "decode":
@@ -261,6 +264,7 @@ class Replica:
     def _release(self, req: Req, tokens: int) -> None:
         """Free a request's blocks; its full blocks stay cached."""
         pool = self.pool
+        assert req.tchain is not None  # admitted requests hold their chain
         if req.phase == DECODE:
             pool.settle(req.tchain, -(-tokens // self.bs) - req.growth0)
         pool.release(req.tchain, max(0, tokens // self.bs - req.P))

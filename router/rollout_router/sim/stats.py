@@ -13,6 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
+Samples = Sequence[float] | np.ndarray
+
+
 def paired_changes(arm: Sequence[float], base: Sequence[float]) -> np.ndarray:
     a, b = np.asarray(arm, float), np.asarray(base, float)
     if a.shape != b.shape:
@@ -20,20 +23,20 @@ def paired_changes(arm: Sequence[float], base: Sequence[float]) -> np.ndarray:
     return a / b - 1.0
 
 
-def bootstrap_median_ci(x: Sequence[float], level: float = 0.95, resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
-    x = np.asarray(x, float)
-    if len(x) == 0:
+def bootstrap_median_ci(x: Samples, level: float = 0.95, resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    v = np.asarray(x, float)
+    if len(v) == 0:
         return (math.nan, math.nan)
     rng = np.random.default_rng(seed)
-    meds = np.median(x[rng.integers(0, len(x), (resamples, len(x)))], axis=1)
+    meds = np.median(v[rng.integers(0, len(v), (resamples, len(v)))], axis=1)
     lo, hi = np.quantile(meds, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 
 
-def sign_test(x: Sequence[float]) -> float:
+def sign_test(x: Samples) -> float:
     """Exact two-sided sign test p-value of median(x) == 0 (zeros dropped)."""
-    x = np.asarray(x, float)
-    pos, neg = int((x > 0).sum()), int((x < 0).sum())
+    v = np.asarray(x, float)
+    pos, neg = int((v > 0).sum()), int((v < 0).sum())
     n = pos + neg
     if n == 0:
         return 1.0
@@ -42,14 +45,14 @@ def sign_test(x: Sequence[float]) -> float:
     return min(1.0, 2 * p)
 
 
-def wilcoxon(x: Sequence[float]) -> float:
+def wilcoxon(x: Samples) -> float:
     """Two-sided Wilcoxon signed-rank p-value (normal approximation, tie-corrected; zeros dropped)."""
-    x = np.asarray(x, float)
-    x = x[x != 0]
-    n = len(x)
+    v = np.asarray(x, float)
+    v = v[v != 0]
+    n = len(v)
     if n == 0:
         return 1.0
-    absx = np.abs(x)
+    absx = np.abs(v)
     order = np.argsort(absx, kind="mergesort")
     ranks = np.empty(n)
     sorted_abs = absx[order]
@@ -63,7 +66,7 @@ def wilcoxon(x: Sequence[float]) -> float:
         t = j - i + 1
         tie_term += t**3 - t
         i = j + 1
-    w_plus = ranks[x > 0].sum()
+    w_plus = ranks[v > 0].sum()
     mean = n * (n + 1) / 4
     var = n * (n + 1) * (2 * n + 1) / 24 - tie_term / 48
     if var <= 0:
