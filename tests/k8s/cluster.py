@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import yaml
 from rollout_router_operator.crd import crd_manifest
 
 from .emulator import Emulator, EmulatorServer
+from .resources import load_bundled
 
 GROUP, VERSION, PLURAL = "rolloutrouter.dev", "v1alpha1", "rolloutrouters"
 
@@ -53,9 +53,7 @@ class Cluster:
 
 def emulated_resources(emulator: Emulator) -> None:
     """Built-ins from kmock's bundle, RolloutRouter from our own CRD."""
-    with warnings.catch_warnings():  # kmock 0.8 reads its bundle with a deprecated importlib call
-        warnings.simplefilter("ignore", DeprecationWarning)
-        emulator.resources.load_bundled()
+    load_bundled(emulator)
     crd = crd_manifest()
     names = crd["spec"]["names"]
     version = crd["spec"]["versions"][0]
