@@ -57,10 +57,10 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
     @kopf.on.resume(GROUP, PLURAL, registry=registry)
     @kopf.on.create(GROUP, PLURAL, registry=registry)
     @kopf.on.update(GROUP, PLURAL, field="spec", registry=registry)
-    async def reconcile(body: kopf.Body, patch: kopf.Patch, retry: int, reason: kopf.Reason, logger: logging.Logger,
-                        **_: object) -> None:
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, retry: int, reason: str,
+                        logger: logging.Logger | logging.LoggerAdapter[Any], **_: object) -> None:
         generation = body["metadata"].get("generation")
-        with metrics.reconcile(reason.value) as run:
+        with metrics.reconcile(kopf.Reason(reason).value) as run:
             try:
                 problem = await _apply_or_reject(body, render(dict(body), default_image=router_image), retry)
             except InvalidSpec as error:

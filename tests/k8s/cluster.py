@@ -31,6 +31,7 @@ class Cluster:
     namespace: str
     api: kubernetes.client.ApiClient
     emulated: bool
+    emulator: Emulator | None = None  # the emulator itself (its request log, ``compact()``); None on a real cluster
 
     @property
     def core(self) -> kubernetes.client.CoreV1Api:
@@ -96,7 +97,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     _write_kubeconfig(kubeconfig, server.url)
     api = kubernetes.config.new_client_from_config(str(kubeconfig))
     try:
-        yield Cluster(kubeconfig, namespace, api, emulated=True)
+        yield Cluster(kubeconfig, namespace, api, emulated=True, emulator=emulator)
     finally:
         api.close()
         server.stop()
