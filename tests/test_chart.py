@@ -16,10 +16,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rollout_router_operator import kube
+from rollout_router_operator.render import child_refs
 from rollout_router_operator.render import render as render_children
 from rollout_router_operator.render import router_labels
 from rollout_router_operator.spec import DEFAULT_IMAGE
+from tests.k8s.resources import resource_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "rollout-router"
@@ -340,8 +341,9 @@ def test_operator_rbac_is_the_documented_least_privilege_set(chart, scenario):
             assert {**grants(role["rules"]), **cluster} == install_manifest_grants(), role["metadata"]["namespace"]
     for role in roles:
         rules = role["rules"]
-        for api_version_kind, plural in kube.PLURALS.items():  # server-side apply and cleanup of every child kind
-            group = api_version_kind.rsplit("/", 2)[0] if api_version_kind.count("/") == 2 else ""
+        for api_version, kind, _ in child_refs("x"):  # server-side apply and cleanup of every child kind
+            plural = resource_of(api_version, kind).plural
+            group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
             assert rules_grant(rules, group, plural, {"create", "patch", "delete"}), plural
         # A Role can only grant what its creator holds: the router's Role must be within the operator's.
         router_role = next(c for c in render_children(example_resource()) if c["kind"] == "Role")

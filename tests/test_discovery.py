@@ -11,7 +11,8 @@ from tests.k8s.emulator import selector_matches
 from tests.k8s.pods import add_pod, delete_pod, set_status
 from tests.support import wait_for
 from rollout_router.discovery import kubernetes as discovery
-from rollout_router.discovery.selectors import matches, to_query
+from rollout_router.kube.client import ApiError
+from rollout_router.kube.selectors import matches, to_query
 from rollout_router.replicas import ReplicaSet
 from rollout_router.settings import DiscoverySettings, LabelSelector
 
@@ -142,16 +143,16 @@ async def test_watch_keeps_the_set_live(cluster, monkeypatch):  # noqa: F811
 
 async def test_watch_survives_api_errors():
     """A server that fails, then answers: the loop backs off and recovers, never raises."""
-    class Flaky:
-        host, calls = "http://flaky", 0
+    class Flaky:  # stands in for rollout_router.kube.client.Client
+        server, calls = "http://flaky", 0
 
-        async def list(self, session, namespace, selector):
+        async def request(self, method, path, params=None, **_):
             self.calls += 1
             if self.calls < 3:
-                raise discovery.ApiError(503, "unavailable")
-            return [pod("a", "10.0.0.1")], "1"
+                raise ApiError(503, "ServiceUnavailable", "unavailable")
+            return {"items": [pod("a", "10.0.0.1")], "metadata": {"resourceVersion": "1"}}
 
-        async def watch(self, session, namespace, selector, resource_version):
+        async def stream(self, path, params, read_seconds):
             await asyncio.sleep(3600)
             yield {}
 

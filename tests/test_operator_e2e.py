@@ -26,11 +26,11 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollout_router_operator.kube import _path as kube_path
 from rollout_router.localfleet import free_port
 from rollout_router_operator.render import child_refs, router_labels
 from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, cluster  # noqa: F401  (fixture)
 from tests.k8s.pods import add_pod, set_status
+from tests.k8s.resources import object_path as kube_path
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
 NAME, LABELS = "e2e", {"app": "vllm-e2e"}

@@ -1,47 +1,50 @@
 """API error handling: what is retried with backoff, what is final."""
 from __future__ import annotations
 
+import aiohttp
 import kopf
 import pytest
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import ProtocolError
 
+from rollout_router.kube.client import ApiError
 from rollout_router_operator import handlers, kube
+from tests.k8s.cluster import cluster  # noqa: F401  (fixture)
 
 
-class FailingClient:
+class FailingClient:  # stands in for rollout_router.kube.client.Client
     def __init__(self, error: Exception):
-        self.error = error
+        self.error, self.discovered = error, {}
 
-    def param_serialize(self, *args, **kwargs):
-        return ("PATCH", "http://api/x", {}, None, None)
-
-    def call_api(self, *args, **kwargs):
+    async def request(self, method, path, **kwargs):
+        if path in ("/api/v1", "/apis/apps/v1"):  # discovery answers; the call itself fails
+            return {"resources": [{"name": "configmaps", "kind": "ConfigMap", "namespaced": True},
+                                  {"name": "deployments", "kind": "Deployment", "namespaced": True}]}
         raise self.error
 
 
 @pytest.fixture
 def failing(monkeypatch):
     def install(error: Exception) -> None:
-        monkeypatch.setattr(kube, "api_client", lambda: FailingClient(error))
+        async def api_client():
+            return FailingClient(error)
+        monkeypatch.setattr(kube, "api_client", api_client)
     return install
 
 
-@pytest.mark.parametrize("error", [ApiException(status=409, reason="Conflict"), ApiException(status=429),
-                                   ApiException(status=500), ApiException(status=503),
-                                   ProtocolError("connection dropped")])
-def test_conflicts_throttles_5xx_and_drops_are_retryable(failing, error):
+@pytest.mark.parametrize("error", [ApiError(409, "Conflict", ""), ApiError(429, "TooManyRequests", ""),
+                                   ApiError(500, "InternalError", ""), ApiError(503, "ServiceUnavailable", ""),
+                                   aiohttp.ServerDisconnectedError("connection dropped")])
+async def test_conflicts_throttles_5xx_and_drops_are_retryable(failing, error):
     failing(error)
     with pytest.raises(kube.RetryableError):
-        kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n"}})
+        await kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n"}})
 
 
-def test_other_client_errors_are_final_and_404_on_delete_is_done(failing):
-    failing(ApiException(status=422, reason="Invalid"))
-    with pytest.raises(ApiException):
-        kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n"}})
-    failing(ApiException(status=404))
-    assert kube.delete("apps/v1", "Deployment", "n", "a") is False
+async def test_other_client_errors_are_final_and_404_on_delete_is_done(failing):
+    failing(ApiError(422, "Invalid", ""))
+    with pytest.raises(ApiError):
+        await kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n"}})
+    failing(ApiError(404, "NotFound", ""))
+    assert await kube.delete("apps/v1", "Deployment", "n", "a") is False
 
 
 def test_backoff_grows_and_is_capped():
@@ -50,8 +53,18 @@ def test_backoff_grows_and_is_capped():
     assert isinstance(handlers._retry(RuntimeError("x"), 0), kopf.TemporaryError)
 
 
-def test_paths_for_every_child_kind():
-    assert kube._path("v1", "ConfigMap", "ns", "c") == "/api/v1/namespaces/ns/configmaps/c"
-    assert kube._path("apps/v1", "Deployment", "ns") == "/apis/apps/v1/namespaces/ns/deployments"
-    assert kube._path("policy/v1", "PodDisruptionBudget", "ns", "p") == \
-        "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/p"
+async def test_paths_for_every_child_kind(cluster, monkeypatch):  # noqa: F811
+    """Plurals come from the API's discovery documents, not from a table."""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    from rollout_router.kube.resources import find
+    client = await kube.api_client()
+
+    async def _path(api_version, kind, namespace, name=None):
+        return (await find(client, api_version, kind)).path(namespace, name)
+    try:
+        assert await _path("v1", "ConfigMap", "ns", "c") == "/api/v1/namespaces/ns/configmaps/c"
+        assert await _path("apps/v1", "Deployment", "ns") == "/apis/apps/v1/namespaces/ns/deployments"
+        assert await _path("policy/v1", "PodDisruptionBudget", "ns", "p") == \
+            "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/p"
+    finally:
+        await kube.close()

@@ -9,9 +9,9 @@ from pathlib import Path
 import kopf
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from rollout_router.kube.client import ApiError
 from rollout_router_operator import cli, kube, metrics
 from rollout_router_operator.spec import DEFAULT_IMAGE
 from tests.support import free_port
@@ -28,7 +28,7 @@ def sample(name: str, **labels: str) -> float:
 
 @pytest.mark.parametrize(("error", "outcome"), [
     (None, metrics.SUCCESS), (kopf.TemporaryError("409"), metrics.API_ERROR), (kube.RetryableError("503"), metrics.API_ERROR),
-    (ApiException(status=403), metrics.API_ERROR), (KeyError("bug"), metrics.ERROR)])
+    (ApiError(403, "Forbidden", ""), metrics.API_ERROR), (KeyError("bug"), metrics.ERROR)])
 def test_a_handler_run_is_counted_by_outcome_and_exceptions_still_reach_kopf(error, outcome):
     before = sample("rolloutrouter_operator_reconciles_total", handler="create", outcome=outcome)
     timed = sample("rolloutrouter_operator_reconcile_duration_seconds_count", handler="create")

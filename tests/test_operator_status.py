@@ -67,15 +67,15 @@ def test_operator_rbac_covers_exactly_what_it_does():
 
     import yaml
 
-    from rollout_router_operator.kube import PLURALS
-    from rollout_router_operator.render import render
+    from rollout_router_operator.render import child_refs, render
+    from tests.k8s.resources import resource_of
 
     docs = list(yaml.safe_load_all((Path(__file__).resolve().parents[1] / "docs/examples/operator.yaml").read_text()))
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     grants = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
               for group in rule["apiGroups"] for resource in rule["resources"]}
-    for key, plural in PLURALS.items():
-        api_version = key.rsplit("/", 1)[0]
+    for api_version, kind, _ in child_refs("x"):
+        plural = resource_of(api_version, kind).plural
         group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
         assert grants[(group, plural)] == {"create", "patch", "delete"}, plural
     body = {"metadata": {"name": "x", "namespace": "n", "uid": "u"}, "spec": {"selector": {"matchLabels": {"a": "b"}}}}
@@ -100,8 +100,10 @@ async def test_only_ready_router_pods_are_polled(monkeypatch):
         polled.append(pod["metadata"]["name"])
         return {"affinity_kept": 1}
 
-    monkeypatch.setattr(status_module.kube, "list_pods",
-                        lambda namespace, selector: [pod("ready", True), pod("starting", False)])
+    async def list_pods(namespace, selector):
+        return [pod("ready", True), pod("starting", False)]
+
+    monkeypatch.setattr(status_module.kube, "list_pods", list_pods)
     monkeypatch.setattr(status_module, "_poll", fake_poll)
     seen = await status_module.observe("ns", "rr", LabelSelector(match_labels={"app": "vllm"}), desired=2)
     assert polled == ["ready"] and seen.unreachable == [] and seen.routers_ready == 1

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 
 import kopf
 
-from . import metrics
+from rollout_router.kube import credentials
+
+from . import kube, metrics
 from .handlers import register
 from .spec import DEFAULT_IMAGE
 
@@ -35,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="Debug logging.")
 
 
+def connection_info(creds: credentials.Credentials) -> kopf.ConnectionInfo:
+    """kopf's form of the shared credentials; kopf logs in again (so re-reads a rotated token) on a 401."""
+    scheme, _, token = (creds.authorization() or "").partition(" ")
+    return kopf.ConnectionInfo(server=creds.server, ca_path=creds.ca_path, insecure=creds.insecure,
+                               scheme=scheme or None, token=token or None, certificate_path=creds.certificate_path,
+                               private_key_path=creds.private_key_path)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -44,9 +55,13 @@ def run(args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_host, args.metrics_port)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: object) -> kopf.ConnectionInfo | None:
-        """In-cluster service account, else KUBECONFIG (a custom registry has no default login)."""
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: object) -> kopf.ConnectionInfo:
+        """The credentials the operator's own calls use (a custom registry has no default login)."""
+        return connection_info(await asyncio.to_thread(credentials.load))
+
+    @kopf.on.cleanup(registry=registry)
+    async def disconnect(**_: object) -> None:
+        await kube.close()
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: object) -> None:

@@ -6,13 +6,12 @@ build their own operator. Counting happens in ``metrics``.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
+from rollout_router.kube.client import ApiError
 
 from . import kube, metrics
 from .render import InvalidSpec, child_refs, render
@@ -24,26 +23,26 @@ def _retry(error: Exception, retry: int) -> kopf.TemporaryError:
     return kopf.TemporaryError(str(error), delay=min(2 ** retry, 60))
 
 
-def _apply_all(body: kopf.Body, manifests: list[dict]) -> None:
+async def _apply_all(body: kopf.Body, manifests: list[dict]) -> None:
     """Apply every rendered child, then delete the optional ones no longer rendered (the PDB)."""
     for manifest in manifests:
-        kube.apply(manifest)
+        await kube.apply(manifest)
     rendered = {(m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in manifests}
     for ref in child_refs(body["metadata"]["name"]):
         if ref not in rendered:
-            kube.delete(*ref[:2], body["metadata"]["namespace"], ref[2])
+            await kube.delete(*ref[:2], body["metadata"]["namespace"], ref[2])
 
 
 async def _apply_or_reject(body: kopf.Body, manifests: list[dict], retry: int) -> str | None:
     """Apply the children; the API's message when it rejects one (422: retrying cannot help)."""
     try:
-        await asyncio.to_thread(_apply_all, body, manifests)
+        await _apply_all(body, manifests)
     except kube.RetryableError as error:
         raise _retry(error, retry) from error
-    except ApiException as error:
+    except ApiError as error:
         if error.status != 422:  # 403 and the like: RBAC may be fixed; keep trying, slowly
             raise _retry(error, retry + 4) from error
-        return f"the API rejected a child object: {error.body or error.reason}"
+        return f"the API rejected a child object: {error.message}"
     return None
 
 
@@ -58,10 +57,10 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
     @kopf.on.resume(GROUP, PLURAL, registry=registry)
     @kopf.on.create(GROUP, PLURAL, registry=registry)
     @kopf.on.update(GROUP, PLURAL, field="spec", registry=registry)
-    async def reconcile(body: kopf.Body, patch: kopf.Patch, retry: int, reason: kopf.Reason, logger: logging.Logger,
-                        **_: object) -> None:
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, retry: int, reason: str,
+                        logger: logging.Logger | logging.LoggerAdapter[Any], **_: object) -> None:
         generation = body["metadata"].get("generation")
-        with metrics.reconcile(reason.value) as run:
+        with metrics.reconcile(kopf.Reason(reason).value) as run:
             try:
                 problem = await _apply_or_reject(body, render(dict(body), default_image=router_image), retry)
             except InvalidSpec as error:
@@ -81,7 +80,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
         with metrics.reconcile("delete"):
             try:
                 for api_version, kind, name in child_refs(meta["name"]):
-                    await asyncio.to_thread(kube.delete, api_version, kind, meta["namespace"], name)
+                    await kube.delete(api_version, kind, meta["namespace"], name)
             except kube.RetryableError as error:
                 raise _retry(error, retry) from error
         metrics.forget(meta["namespace"], meta["name"])
@@ -91,7 +90,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
         """Poll the routers; observedGeneration stays what reconcile last applied."""
         try:
             document = await collect(dict(body), body.status.get("observedGeneration"))
-        except (kube.RetryableError, ApiException) as error:
+        except (kube.RetryableError, ApiError) as error:
             metrics.status_poll_failed()
             logging.getLogger(__name__).warning("status poll failed, next in %ss: %s", status_interval, error)
             return

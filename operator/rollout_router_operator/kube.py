@@ -1,83 +1,72 @@
-"""The few Kubernetes API calls the operator makes, on the ``kubernetes`` client.
+"""The few Kubernetes API calls the operator makes, through ``rollout_router.kube``.
 
 Children are written with server-side apply (one PATCH creates or updates,
 and fields we stop rendering are removed), so there is no read-modify-write
 and no 409 to resolve. Errors are sorted into retryable (kopf backs off and
-retries) and permanent ones.
+retries) and permanent ones (``ApiError``).
 """
 from __future__ import annotations
 
-import functools
-from typing import Any
+import asyncio
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
-import kubernetes
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
-
-from rollout_router.discovery.kubernetes import load_configuration
+from rollout_router.kube import objects
+from rollout_router.kube.client import TRANSIENT, ApiError, Client
+from rollout_router.kube.resources import PODS
 
 FIELD_MANAGER = "rollout-router-operator"
-# apiVersion/kind -> plural, for the kinds render() produces.
-PLURALS = {
-    "v1/ConfigMap": "configmaps", "v1/Service": "services", "v1/ServiceAccount": "serviceaccounts",
-    "apps/v1/Deployment": "deployments", "policy/v1/PodDisruptionBudget": "poddisruptionbudgets",
-    "rbac.authorization.k8s.io/v1/Role": "roles", "rbac.authorization.k8s.io/v1/RoleBinding": "rolebindings",
-}
+# One client per event loop: kopf runs one loop, tests start one per test.
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Client] = weakref.WeakKeyDictionary()
 
 
 class RetryableError(Exception):
     """A conflict, a throttle, a server error or a dropped connection: try again later."""
 
 
-@functools.cache
-def api_client() -> kubernetes.client.ApiClient:
-    """In-cluster service account, else KUBECONFIG (or ~/.kube/config)."""
-    return kubernetes.client.ApiClient(load_configuration())
+async def api_client() -> Client:
+    """In-cluster service account, else KUBECONFIG (or ~/.kube/config); created on first use."""
+    loop = asyncio.get_running_loop()
+    if loop not in _clients:
+        _clients[loop] = await Client.connect()
+    return _clients[loop]
 
 
-def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{PLURALS[f'{api_version}/{kind}']}"
-    return f"{path}/{name}" if name else path
+async def close() -> None:
+    """Close this loop's client (kopf's cleanup)."""
+    client = _clients.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+        await client.close()
 
 
-def _call(method: str, path: str, body: Any = None, query: list | None = None, content_type: str | None = None) -> Any:
-    headers = {"Accept": "application/json"}
-    if content_type:
-        headers["Content-Type"] = content_type
-    client = api_client()
+@asynccontextmanager
+async def _sorted_errors(what: str) -> AsyncIterator[None]:
+    """Retryable failures become ``RetryableError``; the rest (``ApiError`` 4xx) pass through."""
     try:
-        request = client.param_serialize(method, path, query_params=query or [], header_params=headers, body=body,
-                                         auth_settings=["BearerToken"])
-        response = client.call_api(*request, _request_timeout=30)
-        response.read()
-        return client.response_deserialize(response, {"2XX": "object"}).data
-    except ApiException as error:
-        if error.status in (409, 429) or error.status >= 500:
-            raise RetryableError(f"{method} {path}: HTTP {error.status} {error.reason}") from error
+        yield
+    except ApiError as error:
+        if error.retryable:
+            raise RetryableError(f"{what}: {error}") from error
         raise
-    except HTTPError as error:
-        raise RetryableError(f"{method} {path}: {error!r}") from error
+    except TRANSIENT as error:
+        raise RetryableError(f"{what}: {error!r}") from error
 
 
-def apply(manifest: dict) -> None:
+async def apply(manifest: dict) -> None:
     """Server-side apply, taking ownership of every field we render."""
     meta = manifest["metadata"]
-    _call("PATCH", _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]), manifest,
-          query=[("fieldManager", FIELD_MANAGER), ("force", "true")], content_type="application/apply-patch+yaml")
+    async with _sorted_errors(f"apply {manifest['kind']} {meta['namespace']}/{meta['name']}"):
+        await objects.apply(await api_client(), manifest, FIELD_MANAGER)
 
 
-def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
+async def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
     """Delete one child; False if it was already gone."""
-    try:
-        _call("DELETE", _path(api_version, kind, namespace, name), {"propagationPolicy": "Background"})
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
+    async with _sorted_errors(f"delete {kind} {namespace}/{name}"):
+        return await objects.delete(await api_client(), api_version, kind, namespace, name)
 
 
-def list_pods(namespace: str, label_selector: str) -> list[dict]:
-    body = _call("GET", f"/api/v1/namespaces/{namespace}/pods", query=[("labelSelector", label_selector)])
-    return body.get("items") or []
+async def list_pods(namespace: str, label_selector: str) -> list[dict]:
+    async with _sorted_errors(f"list pods in {namespace}"):
+        items, _ = await objects.list_objects(await api_client(), PODS, namespace, label_selector)
+    return items

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.registry import Collector
+
+from rollout_router.kube.client import ApiError
 
 from .kube import RetryableError
 
@@ -58,7 +59,7 @@ def reconcile(handler: str) -> Iterator[Run]:
     started = time.monotonic()
     try:
         yield run
-    except (kopf.TemporaryError, RetryableError, ApiException):
+    except (kopf.TemporaryError, RetryableError, ApiError):
         run.outcome = API_ERROR
         raise
     except Exception:

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rollout_router.discovery.selectors import matches
+from rollout_router.kube.selectors import matches
 from rollout_router.settings import DiscoverySettings, RouterSettings
 
 from .spec import DEFAULT_IMAGE, GROUP, KIND, VERSION, RolloutRouterSpec

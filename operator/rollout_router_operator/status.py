@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from rollout_router.discovery.kubernetes import is_ready
-from rollout_router.discovery.selectors import to_query
+from rollout_router.kube.pods import is_ready
+from rollout_router.kube.selectors import labels_query, to_query
 from rollout_router.settings import LabelSelector
 
 from . import kube
@@ -101,8 +101,8 @@ async def _poll(session: aiohttp.ClientSession, pod: dict) -> dict:
 
 async def observe(namespace: str, name: str, selector: LabelSelector, desired: int) -> Observation:
     """List router and backend pods, and read every Ready router pod's /status."""
-    routers = await asyncio.to_thread(kube.list_pods, namespace, ",".join(f"{k}={v}" for k, v in router_labels(name).items()))
-    backends = await asyncio.to_thread(kube.list_pods, namespace, to_query(selector))
+    routers, backends = await asyncio.gather(kube.list_pods(namespace, labels_query(router_labels(name))),
+                                             kube.list_pods(namespace, to_query(selector)))
     backends = [pod for pod in backends if not pod["metadata"].get("deletionTimestamp")]
     # Only Ready pods: one still starting (or shutting down) is not "unreachable", and would flap Degraded.
     live = [pod for pod in routers if is_ready(pod) and (pod.get("status") or {}).get("podIP")]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import yaml
 from rollout_router_operator.crd import crd_manifest
 
 from .emulator import Emulator, EmulatorServer
+from .resources import load_bundled
 
 GROUP, VERSION, PLURAL = "rolloutrouter.dev", "v1alpha1", "rolloutrouters"
 
@@ -31,6 +31,7 @@ class Cluster:
     namespace: str
     api: kubernetes.client.ApiClient
     emulated: bool
+    emulator: Emulator | None = None  # the emulator itself (its request log, ``compact()``); None on a real cluster
 
     @property
     def core(self) -> kubernetes.client.CoreV1Api:
@@ -53,9 +54,7 @@ class Cluster:
 
 def emulated_resources(emulator: Emulator) -> None:
     """Built-ins from kmock's bundle, RolloutRouter from our own CRD."""
-    with warnings.catch_warnings():  # kmock 0.8 reads its bundle with a deprecated importlib call
-        warnings.simplefilter("ignore", DeprecationWarning)
-        emulator.resources.load_bundled()
+    load_bundled(emulator)
     crd = crd_manifest()
     names = crd["spec"]["names"]
     version = crd["spec"]["versions"][0]
@@ -98,7 +97,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     _write_kubeconfig(kubeconfig, server.url)
     api = kubernetes.config.new_client_from_config(str(kubeconfig))
     try:
-        yield Cluster(kubeconfig, namespace, api, emulated=True)
+        yield Cluster(kubeconfig, namespace, api, emulated=True, emulator=emulator)
     finally:
         api.close()
         server.stop()

@@ -7,9 +7,12 @@ the status subresource (status writes only via /status, and /status writes
 nothing else), no-op patches that change nothing, JSON patches and removals
 (computed here, handed to kmock as a merge; a failed
 ``test`` op is 422 as kopf expects), server-side apply creating a
-missing object, and ``/api/v1/namespaces``. Not filled: garbage collection,
-strategic merge of lists (lists are replaced whole), resourceVersion on watch
-(every watch starts with ADDED for all objects), admission, schema validation.
+missing object, ``/api/v1/namespaces``, watches ending after ``timeoutSeconds``,
+and 410 Gone for a watch from a resourceVersion older than the last ``compact()``
+(as after etcd compaction). Not filled: garbage collection, strategic merge of
+lists (lists are replaced whole), replay of missed events on a watch from a
+resourceVersion (every watch starts with ADDED for all objects), admission,
+schema validation.
 """
 from __future__ import annotations
 
@@ -71,6 +74,7 @@ def _merge_diff(old: Any, new: Any) -> Any:
 class Emulator(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
     namespaces: set[str] = attrs.field(factory=lambda: {"default", "kube-system"})
+    _compacted: int = attrs.field(default=0, init=False)  # resourceVersions below this are gone
 
     def _has_status(self, resource: Any) -> bool:
         return resource in self.resources and "status" in self.resources[resource].subresources
@@ -175,9 +179,27 @@ class Emulator(kmock.KubernetesEmulator):
         result["metadata"]["resourceVersion"] = self._stamp()
         return result
 
+    def compact(self) -> None:
+        """Forget the history so far: a watch from any resourceVersion issued until now gets 410 Gone."""
+        self._compacted = int(self._stamp())
+
     async def _serve_watch(self, request: kmock.Request) -> Any:
+        since = request.params.get("resourceVersion", "")
+        if since.isdigit() and int(since) < self._compacted:
+            yield b""  # the headers, then the API's answer to a compacted version: an ERROR event, end of stream
+            yield {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                                               "reason": "Expired", "message": f"too old resource version: {since}"}}
+            return
         query = request.params.get("labelSelector", "")
-        async for event in super()._serve_watch(request):
+        seconds = request.params.get("timeoutSeconds")
+        deadline = asyncio.get_running_loop().time() + float(seconds) if seconds else None
+        events = aiter(super()._serve_watch(request))
+        while True:
+            try:  # the deadline covers the wait for an event only, never the time the caller holds one
+                async with asyncio.timeout_at(deadline):
+                    event = await anext(events)
+            except (StopAsyncIteration, TimeoutError):
+                return
             obj = event.get("object", {}) if isinstance(event, dict) else None
             if obj is None or selector_matches(query, obj.get("metadata", {}).get("labels")):
                 yield event

@@ -1,5 +1,6 @@
 """Where replicas come from: a static list (settings.backends) or a Kubernetes pod watch.
 
-``selectors`` is pure and shared with the operator; ``kubernetes`` imports the
-Kubernetes client lazily, so a router with a static list never loads it.
+``kubernetes`` follows pods through ``rollout_router.kube`` (the cluster access
+shared with the operator), which loads the Kubernetes client only when
+discovery starts, so a router with a static list never loads it.
 """

@@ -10,9 +10,14 @@ from collections.abc import Mapping
 from ..settings import LabelSelector
 
 
+def labels_query(labels: Mapping[str, str]) -> str:
+    """Equality terms only, e.g. ``app=vllm,pool=a``: the query for a set of labels."""
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
 def to_query(selector: LabelSelector) -> str:
     """The ``labelSelector`` query parameter, e.g. ``app=vllm,tier in (a,b),!legacy``."""
-    parts = [f"{key}={value}" for key, value in sorted(selector.match_labels.items())]
+    parts = [labels_query(selector.match_labels)] if selector.match_labels else []
     for expr in selector.match_expressions:
         values = ",".join(expr.values)
         parts.append({
