@@ -53,7 +53,7 @@ def _options(supplied: Mapping[str, Any], where: str) -> dict[str, Any]:
 def _checked(settings: dict[str, Any]) -> dict[str, Any]:
     """``settings``, or ValueError naming the first option of the wrong type or range.
 
-    The margin is checked by the policy; these are the options whose names differ from the policy's.
+    The margin is checked by the policy itself, under its own name (affinity_break_margin).
     """
     size, idle = settings["max_cache_size"], settings["idle_timeout_seconds"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
