@@ -23,8 +23,16 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.installed
 
+# verl, pinned, for tests/test_integrations_verl_real.py: installed without its dependencies
+# (torch, vLLM, CUDA: gigabytes), plus the three its load-balancer path imports (ray: ~250 MB).
+VERL_VERSION := 0.9.1
+$(VENV)/.installed-verl: Makefile | $(VENV)/.installed-test
+	$(BIN)/pip install --quiet 'ray>=2.41' cachetools omegaconf
+	$(BIN)/pip install --quiet --no-deps verl==$(VERL_VERSION)
+	touch $@
+
 install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test $(VENV)/.installed-verl
 
 # Debian packages the tests use (a real Prometheus server); installed once.
 system-deps:
