@@ -157,3 +157,12 @@ def test_live_config_resizes_the_table_of_every_session_policy(name):
     p.configure(LiveConfig(max_sessions=4, idle_ttl=10.0))
     assert p.sessions() == 4 and p.counters.evicted_lru == 2
     assert p.expire(5.0 + 10.5) == 4
+
+
+@pytest.mark.parametrize("name", ["affinity", "consistent_hash", "least_loaded"])
+def test_release_all_drops_every_pin_and_counts_it(name):
+    p = registry.create(name)
+    for i in range(3):
+        p.route(Request(f"s{i}", loads(0, 0, 0, 0)))
+    held = p.sessions()
+    assert p.release_all() == held and p.sessions() == 0 and p.counters.released == held

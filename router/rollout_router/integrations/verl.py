@@ -21,7 +21,6 @@ actor tasks, one at a time, so it needs no lock. Two ways to select it in verl:
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -100,9 +99,6 @@ class AffinityLoadBalancer:
         self._clock = clock
         self._servers: dict[str, Any] = dict(servers)
         self._inflight: dict[str, int] = {server_id: 0 for server_id in servers}
-        # The request ids the policy holds pins for, in the policy's LRU order: what
-        # clear_sticky_cache must release. Every keyed route pins, so this mirrors its table.
-        self._pinned: OrderedDict[str, None] = OrderedDict()
 
     @classmethod
     def configured(cls, **options: Any) -> type[AffinityLoadBalancer]:
@@ -117,7 +113,6 @@ class AffinityLoadBalancer:
         except NoReplicaError:
             raise RuntimeError(NO_SERVERS) from None
         server_id = decision.replica
-        self._remember(request_id)
         self._inflight[server_id] += 1
         return server_id, self._servers[server_id]
 
@@ -128,7 +123,6 @@ class AffinityLoadBalancer:
 
     def release_session(self, request_id: str) -> bool:
         """The trajectory ended: drop its pin now (the in-process ``DELETE /v1/sessions/{key}``)."""
-        self._pinned.pop(request_id, None)
         return self._policy.release(request_id)
 
     def require_acquire_fields(self) -> list[str]:
@@ -161,8 +155,7 @@ class AffinityLoadBalancer:
 
     def clear_sticky_cache(self) -> dict[str, Any]:
         """Drop every pin (verl calls this on phase switches); loads and counters stay."""
-        cleared = sum(self._policy.release(request_id) for request_id in self._pinned)
-        self._pinned.clear()
+        cleared = self._policy.release_all()
         return {"cleared_entries": cleared, "server_loads": dict(self._inflight)}
 
     def get_status(self) -> dict[str, Any]:
@@ -172,16 +165,8 @@ class AffinityLoadBalancer:
             "total_inflight": self.get_total_inflight(),
             "active_servers": len(self._inflight),
             "registered_handles": list(self._servers),
-            "sessions": len(self._pinned),
+            "sessions": self._policy.sessions(),
             **self._policy.counters.as_dict(),
             "affinity_break_margin": self.settings["affinity_break_margin"],
             "full_determinism": self.settings["full_determinism"],
         }
-
-    def _remember(self, request_id: str | None) -> None:
-        if request_id is None:
-            return  # unkeyed: the policy pinned nothing
-        self._pinned[request_id] = None
-        self._pinned.move_to_end(request_id)
-        while len(self._pinned) > self.settings["max_cache_size"]:
-            self._pinned.popitem(last=False)

@@ -134,3 +134,7 @@ class Policy(abc.ABC):
     def expire(self, now: float) -> int:
         """Drop pins idle past their TTL; returns how many."""
         return 0
+
+    def release_all(self) -> int:
+        """Drop every pin (a phase switch in an RL job); returns how many."""
+        return 0

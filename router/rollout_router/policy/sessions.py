@@ -69,6 +69,13 @@ class SessionTable:
         self._counters.released += 1
         return True
 
+    def clear(self) -> int:
+        """Release every pin; returns how many."""
+        released = len(self._pins)
+        self._pins.clear()
+        self._counters.released += released
+        return released
+
     def expire(self, now: float) -> int:
         """Drop every pin idle past the TTL; the caller runs this periodically."""
         expired = 0
@@ -114,6 +121,9 @@ class SessionPolicy(Policy):
 
     def expire(self, now: float) -> int:
         return self.table.expire(now)
+
+    def release_all(self) -> int:
+        return self.table.clear()
 
     def _follow(self, key: str, replica: str, loads: Mapping[str, float], now: float) -> Decision:
         """Record that ``key`` goes to ``replica``, classified against the replica of its previous turn."""
