@@ -21,17 +21,17 @@ COPY pyproject.toml README.md ./
 COPY router/ router/
 COPY operator/ operator/
 
-# --- the router's virtualenv: the core install; a regular (non-editable) install, copied whole below ---
+# --- the router's virtualenv: the core install, non-editable; no pip or setuptools at run time ---
 FROM build AS build-router
 RUN pip install . \
- && pip uninstall -y pip \
+ && pip uninstall -y pip setuptools \
  && rollout-router serve --help >/dev/null \
  && rollout-router fake-vllm --help >/dev/null
 
 # --- the operator's virtualenv: the core install and the [operator] extra ---
 FROM build AS build-operator
 RUN pip install '.[operator]' \
- && pip uninstall -y pip \
+ && pip uninstall -y pip setuptools \
  && rollout-router operator --help >/dev/null
 
 # --- what both images share: the slim base and a non-root user; no compilers, no pip, no sources ---
