@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-vllm study install install-test system-deps clean
+.PHONY: demo test test-vllm study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -15,23 +15,29 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# One stamp per install (pyproject.toml's extras): the core (`serve`, `fake-vllm`, `crd`); [sim] for
+# `demo` and `simulate`; [test], which includes [operator] and [sim], for the tests.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
+$(VENV)/.installed-sim: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[sim]'
 	touch $@ $(VENV)/.installed
 
-# verl, pinned, for tests/test_integrations_verl_real.py: installed without its dependencies
-# (torch, vLLM, CUDA: gigabytes), plus the three its load-balancer path imports (ray: ~250 MB).
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed-sim $(VENV)/.installed
+
+# verl, pinned, for tests/test_integrations_verl_real.py: installed without its dependencies (torch,
+# vLLM, CUDA: gigabytes); the few its load-balancer path imports (ray, cachetools, omegaconf) are in [test].
 VERL_VERSION := 0.9.1
 $(VENV)/.installed-verl: Makefile | $(VENV)/.installed-test
-	$(BIN)/pip install --quiet 'ray>=2.41' cachetools omegaconf
 	$(BIN)/pip install --quiet --no-deps verl==$(VERL_VERSION)
 	touch $@
 
 install: $(VENV)/.installed
+install-sim: $(VENV)/.installed-sim
 install-test: $(VENV)/.installed-test $(VENV)/.installed-verl
 
 # Debian packages the tests use (a real Prometheus server); installed once.
@@ -40,11 +46,11 @@ system-deps:
 	  echo "installing Debian packages: prometheus"; \
 	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus >/dev/null; }
 
-demo: install
+demo: install-sim
 	$(BIN)/rollout-router demo
 
 # The full fleet-simulator study behind docs/simulator.md (about 15 minutes on 2 cores).
-study: install
+study: install-sim
 	$(BIN)/rollout-router simulate --steps 8 --jobs 2 --plots docs/img --markdown out/study.md --json-out out/study.json
 
 test: system-deps install-test

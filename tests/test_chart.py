@@ -25,6 +25,7 @@ from tests.k8s.resources import resource_of
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "rollout-router"
 CRD_FILE = "rolloutrouter.dev_rolloutrouters.yaml"
+OPERATOR_IMAGE = "ghcr.io/rolloutrouter/rollout-router-operator:0.1.0"  # the Dockerfile's `operator` target
 DASHBOARD = CHART / "dashboards" / "rollout-router.json"
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 VALUES_FILES = {path.name.removesuffix("-values.yaml"): path for path in sorted((CHART / "ci").glob("*-values.yaml"))}
@@ -158,12 +159,13 @@ def test_chart_ships_exactly_the_crd(chart):
     assert yaml.safe_load(chart.crds[0]["data"]) == crd()
 
 
-def test_chart_operator_and_crd_name_the_same_image():
-    """The chart's image is the operator's built-in default, and the CRD leaves spec.router.image unset
+def test_chart_operator_and_crd_name_the_same_router_image():
+    """The chart's router image is the operator's built-in default, and the CRD leaves spec.router.image unset
     (a schema default would be stored by the API server and --router-image would never apply)."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert f"{values['image']['repository']}:{meta['appVersion']}" == DEFAULT_IMAGE
+    assert f"{values['routerImage']['repository']}:{meta['appVersion']}" == DEFAULT_IMAGE
+    assert values["image"]["repository"] != values["routerImage"]["repository"]  # the operator has its own image
     spec = crd_schema()["properties"]["spec"]["properties"]
     assert "default" not in spec["router"]["properties"]["image"]
     assert "image" not in spec["router"]["default"]
@@ -198,6 +200,9 @@ def test_helm_lint_catches_a_broken_template(tmp_path):
     ({"operator": {"nodeSelector": {"disk": 1}}}, "/operator/nodeSelector/disk"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"image": {"tag": 1.0}}, "/image/tag"),
+    ({"routerImage": {"repository": ""}}, "/routerImage/repository"),
+    ({"routerImage": {"tag": 1.0}}, "/routerImage/tag"),
+    ({"routerImage": {"pullPolicy": "Always"}}, "/routerImage"),  # router pods: spec.router.imagePullPolicy
     ({"serviceMonitor": {"enabled": "true"}}, "/serviceMonitor/enabled"),
     ({"serviceMonitor": {"interval": "30 seconds"}}, "/serviceMonitor/interval"),
     ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard"),
@@ -282,7 +287,7 @@ def test_defaults_render_the_operator_cluster_wide_locked_down(chart):
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
-    assert container["image"] == DEFAULT_IMAGE and container["imagePullPolicy"] == "IfNotPresent"
+    assert container["image"] == OPERATOR_IMAGE and container["imagePullPolicy"] == "IfNotPresent"
     assert container["command"] == ["rollout-router", "operator", "--all-namespaces", "--status-interval=10",
                                     "--liveness=http://0.0.0.0:8081/healthz", "--metrics-port=8080",
                                     f"--router-image={DEFAULT_IMAGE}"]
@@ -380,7 +385,8 @@ def test_cluster_wide_values_reach_the_pod(chart):
     assert spec["affinity"] == operator["affinity"]
     assert spec["priorityClassName"] == operator["priorityClassName"]
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
-    assert container["image"] == "registry.example.com/mirror/rollout-router:0.1.0"
+    assert container["image"] == "registry.example.com/mirror/rollout-router-operator:0.1.0"
+    assert "--router-image=registry.example.com/mirror/rollout-router:0.1.0" in container["command"]
     assert container["imagePullPolicy"] == "Always"
     assert {"name": "TZ", "value": "UTC"} in container["env"]
     assert "--verbose" in container["command"] and "--status-interval=5" in container["command"]

@@ -1,5 +1,5 @@
-"""The container image's Dockerfile (no Docker engine runs here): its shape, and that the files it
-copies build the package with both commands."""
+"""The container images' Dockerfile (no Docker engine runs here): its two targets (router, operator) and
+what each installs, and that the files it copies build the package with both commands."""
 from __future__ import annotations
 
 import fnmatch
@@ -9,7 +9,9 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
+import pytest
 import yaml
 
 from rollout_router_operator.render import RUN_AS
@@ -32,28 +34,55 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
-def stages() -> list[list[tuple[str, str]]]:
-    result: list[list[tuple[str, str]]] = []
+class Stage(NamedTuple):
+    name: str
+    base: str  # the FROM image, or an earlier stage's name
+    body: list[tuple[str, str]]  # its instructions after FROM
+
+
+def stages() -> dict[str, Stage]:
+    """The build stages by name, in order."""
+    result: dict[str, Stage] = {}
     for word, rest in instructions():
         if word == "FROM":
-            result.append([])
-        if result:
-            result[-1].append((word, rest))
+            base, _, name = rest.partition(" AS ")
+            result[name.strip()] = Stage(name.strip(), base.strip(), [])
+        elif result:
+            next(reversed(result.values())).body.append((word, rest))
     return result
+
+
+def image(target: str) -> list[tuple[str, str]]:
+    """What an image built with --target holds: its stage and the stages it is FROM, up to the base image."""
+    all_stages = stages()
+    body: list[tuple[str, str]] = []
+    while target in all_stages:
+        body = all_stages[target].body + body
+        target = all_stages[target].base
+    return body
+
+
+def installs(target: str) -> list[str]:
+    """The `pip install` arguments of the build stage whose virtualenv the image copies."""
+    (source,) = {rest.split()[0].removeprefix("--from=") for word, rest in image(target) if word == "COPY"}
+    return [arguments for word, rest in image(source) if word == "RUN"
+            for arguments in re.findall(r"pip install ([^&]+?)\s*(?:&&|$)", rest) if arguments != "--upgrade pip"]
 
 
 def test_multi_stage_on_a_slim_python_base():
     args = dict(rest.split("=", 1) for word, rest in instructions() if word == "ARG" and "=" in rest)
-    all_stages = stages()
-    assert len(all_stages) >= 2
-    for stage in all_stages:
-        base = stage[0][1].split()[0]
-        base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
-        assert re.fullmatch(r"python:3\.1[1-9][.\d]*-slim(-\w+)?", base), base
+    seen: set[str] = set()
+    for stage in stages().values():
+        if stage.base not in seen:
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], stage.base)
+            assert re.fullmatch(r"python:3\.1[1-9][.\d]*-slim(-\w+)?", base), base
+        seen.add(stage.name)
+    assert list(stages())[-1] == "router", "a plain `docker build .` builds the router image"
 
 
-def test_final_stage_is_non_root_without_build_tools_or_sources():
-    final = stages()[-1]
+@pytest.mark.parametrize(("target", "command"), [("router", "serve"), ("operator", "operator")])
+def test_each_image_is_non_root_without_build_tools_or_sources(target, command):
+    final = image(target)
     words = [word for word, _ in final]
     user = [rest for word, rest in final if word == "USER"]
     assert user and user[-1] == f"{RUN_AS}:{RUN_AS}"  # the uid the operator's router pods and the chart run as
@@ -62,17 +91,25 @@ def test_final_stage_is_non_root_without_build_tools_or_sources():
             assert not BUILD_TOOLS.search(rest), rest
             assert "pip install" not in rest, rest
         if word == "COPY":
-            assert rest.startswith("--from="), f"the final stage copies only from the build stage: {rest}"
+            assert rest.startswith("--from=build-"), f"an image copies only a build stage's virtualenv: {rest}"
     assert words.index("USER") > max(i for i, w in enumerate(words) if w in ("RUN", "COPY"))
     assert dict(final)["ENTRYPOINT"] == '["rollout-router"]'
-    assert dict(final)["CMD"].startswith('["serve"')
+    assert dict(final)["CMD"].startswith(f'["{command}"')
 
 
-def test_chart_and_operator_name_the_image_this_dockerfile_builds():
+@pytest.mark.parametrize(("target", "install"), [("router", "."), ("operator", "'.[operator]'")])
+def test_each_image_installs_only_what_it_runs(target, install):
+    """The router gets the core install, the operator the [operator] extra; neither the [sim] plotting stack."""
+    assert installs(target) == [install]
+
+
+def test_chart_and_operator_name_the_images_this_dockerfile_builds():
     values = yaml.safe_load((ROOT / "charts/rollout-router/values.yaml").read_text())
     chart = yaml.safe_load((ROOT / "charts/rollout-router/Chart.yaml").read_text())
-    assert DEFAULT_IMAGE == f"{values['image']['repository']}:{chart['appVersion']}"
+    assert DEFAULT_IMAGE == f"{values['routerImage']['repository']}:{chart['appVersion']}"
     assert f"docker build -t {DEFAULT_IMAGE} ." in DOCKERFILE.read_text()
+    operator_image = f"{values['image']['repository']}:{chart['appVersion']}"
+    assert f"docker build --target operator -t {operator_image} ." in DOCKERFILE.read_text()
     version = [rest for word, rest in instructions() if word == "ARG" and rest.startswith("VERSION=")]
     assert version == [f"VERSION={chart['appVersion']}"]
 
@@ -98,7 +135,7 @@ def test_build_stage_copies_build_the_package_with_both_commands(tmp_path):
     sent = {path.relative_to(ROOT).as_posix() for path in context_files()}
     assert not any(s.startswith((".venv/", "tests/", ".git/")) for s in sent)
     build = tmp_path / "src"
-    for word, rest in stages()[0]:
+    for word, rest in stages()["build"].body:
         if word != "COPY":
             continue
         *sources, _destination = rest.split()

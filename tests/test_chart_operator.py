@@ -9,7 +9,7 @@ import pytest
 from rollout_router_operator import cli
 from rollout_router_operator.render import render as render_children
 from rollout_router_operator.spec import DEFAULT_IMAGE
-from tests.test_chart import RELEASE, chart, example_resource, of_kind, one, render, scenario_values  # noqa: F401
+from tests.test_chart import OPERATOR_IMAGE, RELEASE, chart, example_resource, of_kind, one, render, scenario_values  # noqa: F401
 
 
 def operator_container(manifests: list[dict]) -> dict:
@@ -25,18 +25,25 @@ def operator_args(container: dict) -> argparse.Namespace:
     return parser.parse_args(container["command"][2:])
 
 
-@pytest.mark.parametrize(("image", "expected"), [
+@pytest.mark.parametrize(("router_image", "expected"), [
     ({}, DEFAULT_IMAGE),
     ({"repository": "registry.example.com/mirror/rollout-router"}, "registry.example.com/mirror/rollout-router:0.1.0"),
     ({"repository": "registry.example.com/rr", "tag": "dev"}, "registry.example.com/rr:dev"),
 ])
-def test_the_charts_image_reaches_router_pods_through_router_image(chart, image, expected):
-    """Overriding image.repository/tag changes the operator's image and, by --router-image, every router's."""
-    container = operator_container(render(chart, {"image": image} if image else {}))
-    assert container["image"] == expected
+def test_the_charts_router_image_reaches_router_pods_through_router_image(chart, router_image, expected):
+    """Overriding routerImage.repository/tag changes, by --router-image, every router's image, not the operator's."""
+    container = operator_container(render(chart, {"routerImage": router_image} if router_image else {}))
+    assert container["image"] == OPERATOR_IMAGE
     assert f"--router-image={expected}" in container["command"]
     routers = render_children(example_resource(), default_image=operator_args(container).router_image)
     assert one(routers, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"] == expected
+
+
+def test_the_operators_image_is_not_the_routers(chart):
+    """Overriding image.repository/tag moves the operator only: router pods keep the router image."""
+    container = operator_container(render(chart, {"image": {"repository": "registry.example.com/op", "tag": "dev"}}))
+    assert container["image"] == "registry.example.com/op:dev"
+    assert operator_args(container).router_image == DEFAULT_IMAGE
 
 
 def monitor_named(manifests: list[dict], suffix: str) -> dict:

@@ -90,7 +90,7 @@ class RouterDeploymentSpec(Model):
 
     replicas: StrictInt = Field(1, ge=0, le=100, description="Router pods; a PodDisruptionBudget is added above 1.")
     image: str | None = Field(None, min_length=1, description=(
-        "Router image. Unset: the operator's --router-image (the Helm chart passes its own image), "
+        "Router image. Unset: the operator's --router-image (the Helm chart passes its routerImage), "
         f"by default {DEFAULT_IMAGE.rsplit(':', 1)[0]}:<operator version>."))
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)

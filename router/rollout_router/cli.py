@@ -1,23 +1,55 @@
 """The ``rollout-router`` command: one entry point, one subcommand per job.
 
 Each subcommand's module is imported only when it runs, so ``serve`` never
-pays for matplotlib and ``fake-vllm`` never loads kopf.
+pays for matplotlib and ``fake-vllm`` never loads kopf. The core install runs
+``serve``, ``fake-vllm`` and ``crd``; the others need an extra (pyproject.toml),
+and a missing one is reported in one line before anything is imported.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
+from typing import NamedTuple
 
-# subcommand -> (module with add_arguments(parser) and run(args), help)
+
+class Subcommand(NamedTuple):
+    module: str  # has add_arguments(parser) and run(args)
+    extra: str | None  # the pyproject.toml extra its imports need; None: the core install
+    summary: str
+
+
 SUBCOMMANDS = {
-    "serve": ("rollout_router.serve", "Run the router in front of vLLM replicas."),
-    "fake-vllm": ("rollout_router.fakevllm", "Run a simulated vLLM replica (OpenAI-compatible)."),
-    "demo": ("rollout_router.demo", "Compare routing policies on a simulated fleet on this machine."),
-    "simulate": ("rollout_router.sim", "Discrete-event fleet simulator: compare policies on RL rollout steps."),
-    "operator": ("rollout_router_operator.cli", "Run the Kubernetes operator for RolloutRouter resources."),
-    "crd": ("rollout_router_operator.cli_crd", "Print the RolloutRouter CustomResourceDefinition YAML."),
+    "serve": Subcommand("rollout_router.serve", None, "Run the router in front of vLLM replicas."),
+    "fake-vllm": Subcommand("rollout_router.fakevllm", None, "Run a simulated vLLM replica (OpenAI-compatible)."),
+    "demo": Subcommand("rollout_router.demo", "sim",
+                       "Compare routing policies on a simulated fleet on this machine."),
+    "simulate": Subcommand("rollout_router.sim", "sim",
+                           "Discrete-event fleet simulator: compare policies on RL rollout steps."),
+    "operator": Subcommand("rollout_router_operator.cli", "operator",
+                           "Run the Kubernetes operator for RolloutRouter resources."),
+    "crd": Subcommand("rollout_router_operator.cli_crd", None, "Print the RolloutRouter CustomResourceDefinition YAML."),
 }
+
+# extra -> the top-level modules it installs (the same packages as pyproject.toml's optional-dependencies;
+# tests/test_packaging.py keeps the two equal).
+EXTRAS = {
+    "operator": ("kopf",),
+    "sim": ("numpy", "matplotlib", "tqdm"),
+}
+
+
+def require_extra(command: str) -> None:
+    """Exit with one line naming the extra to install, instead of an ImportError traceback mid-import.
+
+    ``find_spec`` only locates a top-level module, so checking costs no import.
+    """
+    extra = SUBCOMMANDS[command].extra
+    missing = [name for name in EXTRAS.get(extra or "", ()) if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"rollout-router {command} needs the [{extra}] extra ({', '.join(missing)} not installed): "
+                         f"pip install 'rollout-router[{extra}]'")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -25,11 +57,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         "RolloutRouter: a session-affinity router for vLLM fleets, with its operator, simulator and demo."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    for name, (module, summary) in SUBCOMMANDS.items():
-        command = sub.add_parser(name, help=summary, description=summary)
-        command.set_defaults(module=module)
+    for name, command in SUBCOMMANDS.items():
+        summary = command.summary + (f" Needs the [{command.extra}] extra." if command.extra else "")
+        subparser = sub.add_parser(name, help=summary, description=summary)
+        subparser.set_defaults(module=command.module)
         if name == chosen:  # only the chosen one is imported to add its flags
-            importlib.import_module(module).add_arguments(command)
+            require_extra(name)
+            importlib.import_module(command.module).add_arguments(subparser)
     return parser
 
 

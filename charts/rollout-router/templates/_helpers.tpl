@@ -60,8 +60,14 @@ annotations:
 {{- end }}
 {{- end }}
 
+{{/* The operator's image. */}}
 {{- define "rollout-router.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The router pods' image (the operator's --router-image). */}}
+{{- define "rollout-router.routerImage" -}}
+{{- printf "%s:%s" .Values.routerImage.repository (default .Chart.AppVersion .Values.routerImage.tag) }}
 {{- end }}
 
 {{/* The operator's permissions on RolloutRouters and their children (a Role's or ClusterRole's rules),
