@@ -178,5 +178,25 @@ async def test_credentials_from_kubeconfig(cluster, monkeypatch):  # noqa: F811
     if cluster.emulated:
         assert creds.server.startswith("http://127.0.0.1:") and creds.ssl_context() is False
         assert creds.authorization() == "Bearer emulator"
-    insecure = credentials.Credentials("https://api", None, True, None, None, creds.configuration).ssl_context()
+    insecure = credentials.Credentials("https://api", None, True, None, None, creds.authorization).ssl_context()
     assert isinstance(insecure, ssl.SSLContext) and insecure.verify_mode == ssl.CERT_NONE
+
+
+def test_credentials_in_a_pod_read_the_service_account_files_each_call(tmp_path, monkeypatch):
+    (tmp_path / "token").write_text("first\n")
+    (tmp_path / "ca.crt").write_text("")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    creds = credentials.load(tmp_path)
+    assert creds.server == "https://10.96.0.1:443" and creds.ca_path == str(tmp_path / "ca.crt")
+    assert creds.authorization() == "Bearer first"
+    (tmp_path / "token").write_text("rotated")
+    assert creds.authorization() == "Bearer rotated"
+
+
+def test_credentials_outside_a_pod_without_kubeconfig_say_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(credentials.CredentialsError, match="no usable kubeconfig"):
+        credentials.load(tmp_path)  # no token there, and KUBECONFIG names a missing file
+

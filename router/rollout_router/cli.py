@@ -35,7 +35,8 @@ SUBCOMMANDS = {
 # extra -> the top-level modules it installs (the same packages as pyproject.toml's optional-dependencies;
 # tests/test_packaging.py keeps the two equal).
 EXTRAS = {
-    "operator": ("kopf",),
+    "operator": ("kopf", "kubernetes"),
+    "kubeconfig": ("kubernetes",),
     "sim": ("numpy", "matplotlib", "tqdm"),
 }
 

@@ -1,16 +1,24 @@
 """Who we are and where the API is: the in-cluster service account, else KUBECONFIG (or ~/.kube/config).
 
-The ``kubernetes`` package only loads the credentials (it knows every kubeconfig
-form: certificate data, exec plugins, auth providers); requests go through
-``client`` on aiohttp. Tokens are re-read per request, since in-cluster tokens
-rotate and exec plugins refresh them.
+In a pod the service account's files are read directly (the router image carries
+no Kubernetes client). Out of a cluster the ``kubernetes`` package loads the
+kubeconfig, since it knows every form (certificate data, exec plugins, auth
+providers); requests always go through ``client`` on aiohttp. Tokens are re-read
+per request: in-cluster tokens rotate and exec plugins refresh them.
 """
 from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class CredentialsError(RuntimeError):
+    """No usable credentials; the message says what was looked for."""
 
 
 @dataclass(frozen=True)
@@ -22,11 +30,7 @@ class Credentials:
     insecure: bool
     certificate_path: str | None
     private_key_path: str | None
-    configuration: Any  # the kubernetes client's Configuration: the source of (refreshed) tokens
-
-    def authorization(self) -> str | None:
-        """The Authorization header's value, e.g. ``Bearer <token>``; re-read on every call."""
-        return self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization") or None
+    authorization: Callable[[], str | None]  # the Authorization header's value, re-read on every call
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         """TLS settings for aiohttp; False for a plain-HTTP server (a local emulator or proxy)."""
@@ -40,18 +44,40 @@ class Credentials:
         return context
 
 
-def load() -> Credentials:
+def load(service_account: Path = SERVICE_ACCOUNT) -> Credentials:
     """In-cluster service account, else KUBECONFIG (read at call time, not at import: tests set it late).
 
     Blocking (it reads files and may run an exec plugin): call it through ``asyncio.to_thread``.
     """
-    from kubernetes import client, config  # heavy; only routers with discovery (and the operator) pay for it
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    token = service_account / "token"
+    if host and port and token.is_file():
+        return in_cluster(host, port, service_account)
+    return from_kubeconfig(os.environ.get("KUBECONFIG"))
 
+
+def in_cluster(host: str, port: str, service_account: Path) -> Credentials:
+    """The pod's own service account, as the kubelet mounts it."""
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    token = service_account / "token"
+    return Credentials(server=server, ca_path=str(service_account / "ca.crt"), insecure=False,
+                       certificate_path=None, private_key_path=None,
+                       authorization=lambda: f"Bearer {token.read_text().strip()}")
+
+
+def from_kubeconfig(path: str | None) -> Credentials:
+    try:
+        from kubernetes import client, config  # only out of a cluster: kubeconfig has many forms
+    except ImportError:
+        raise CredentialsError("not in a pod (no service account token), and reading a kubeconfig needs the "
+                               "kubernetes package: pip install 'rollout-router[kubeconfig]'") from None
     configuration = client.Configuration()
     try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+    except (config.ConfigException, OSError) as error:
+        raise CredentialsError(f"not in a pod, and no usable kubeconfig ({path or '~/.kube/config'}): {error}") from None
     return Credentials(server=configuration.host.rstrip("/"), ca_path=configuration.ssl_ca_cert,
                        insecure=not configuration.verify_ssl, certificate_path=configuration.cert_file,
-                       private_key_path=configuration.key_file, configuration=configuration)
+                       private_key_path=configuration.key_file,
+                       authorization=lambda: configuration.get_api_key_with_prefix(
+                           "BearerToken", alias="authorization") or None)
