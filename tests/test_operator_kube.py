@@ -86,3 +86,17 @@ async def test_paths_for_every_child_kind(cluster, monkeypatch):  # noqa: F811
             "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/p"
     finally:
         await kube.close()
+
+
+def test_kopf_retries_its_own_api_calls_for_ever():
+    """kopf gives up after len(error_backoffs) retries and the operator stops; ours has no length, so an
+    outage of any length is waited out (30 s apart), and each call starts again from the short delays."""
+    import collections.abc
+    import itertools
+
+    from rollout_router_operator.cli import ApiBackoffs
+    backoffs = ApiBackoffs()
+    assert not isinstance(backoffs, collections.abc.Sized)
+    first = list(itertools.islice(backoffs, 1000))
+    assert first[:5] == [1, 2, 5, 10, 20] and set(first[5:]) == {30}
+    assert list(itertools.islice(backoffs, 3)) == [1, 2, 5]  # a fresh schedule for the next call

@@ -100,7 +100,7 @@ def invalid(previous: dict, generation: int | None, message: str) -> dict:
 def rejected(status: dict, generation: int | None) -> bool:
     """Whether ``status`` reports this generation's spec invalid (Degraded, reason InvalidSpec): the
     status poller then leaves it alone, as there are no routers to read and the message must stay."""
-    degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    degraded: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
     return (degraded.get("reason") == "InvalidSpec" and degraded.get("status") == "True"
             and status.get("observedGeneration") == generation)
 
