@@ -275,20 +275,26 @@ def test_validation_is_not_vacuous():
                              "spec": {"selector": {}, "endpoints": [{"port": "http", "intervall": "5s"}]}}, SERVICEMONITOR_SCHEMA)
 
 
-def test_defaults_render_the_operator_cluster_wide_locked_down(chart):
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def test_defaults_render_the_operator_namespaced_locked_down(chart):
+    """Least privilege by default: the release namespace only, its writes in a Role there, nothing
+    cluster-wide but the admission policy that narrows those writes further."""
     manifests = render(chart, {})
     assert sorted(m["kind"] for m in manifests) == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap"])
+        ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "ConfigMap", "NetworkPolicy",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
     for manifest in manifests:
         assert manifest["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
-        if manifest["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if manifest["kind"] not in CLUSTER_SCOPED:
             assert manifest["metadata"]["namespace"] == NAMESPACE
     deployment = one(manifests, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert container["image"] == OPERATOR_IMAGE and container["imagePullPolicy"] == "IfNotPresent"
-    assert container["command"] == ["rollout-router", "operator", "--all-namespaces", "--status-interval=10",
+    assert container["command"] == ["rollout-router", "operator", f"--namespace={NAMESPACE}", "--status-interval=10",
                                     "--liveness=http://0.0.0.0:8081/healthz", "--metrics-port=8080",
                                     f"--router-image={DEFAULT_IMAGE}"]
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
@@ -306,9 +312,11 @@ def test_defaults_render_the_operator_cluster_wide_locked_down(chart):
     assert deployment["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     # The operator's pods are never taken for router pods (whose selector has component=router).
     assert not router_labels(RELEASE).items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    binding = one(manifests, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == one(manifests, "ClusterRole")["metadata"]["name"]
+    binding = one(manifests, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": one(manifests, "Role")["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": NAMESPACE}]
+    assert one(manifests, "Role")["metadata"]["namespace"] == NAMESPACE
 
 
 def rules_grant(rules: list[dict], group: str, resource: str, verbs: set[str]) -> bool:
@@ -332,18 +340,19 @@ def install_manifest_grants() -> dict[tuple[str, str], set[str]]:
     return grants(role["rules"])
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "namespaced"])
+@pytest.mark.parametrize("scenario", ["defaults", "namespaced", "cluster-wide"])
 def test_operator_rbac_is_the_documented_least_privilege_set(chart, scenario):
-    """The chart grants exactly what docs/examples/operator.yaml grants; namespaced, writes stay in the listed namespaces."""
+    """The chart grants exactly what docs/examples/operator.yaml grants: cluster-wide in a ClusterRole,
+    else in a Role per watched namespace and nothing cluster-wide."""
     manifests = render(chart, scenario_values(scenario))
-    cluster = grants([rule for role in of_kind(manifests, "ClusterRole") for rule in role["rules"]])
-    if scenario == "defaults":
-        assert cluster == install_manifest_grants()
+    if scenario == "cluster-wide":
         roles = of_kind(manifests, "ClusterRole")
+        assert len(roles) == 1 and grants(roles[0]["rules"]) == install_manifest_grants()
     else:
+        assert of_kind(manifests, "ClusterRole") == [] and of_kind(manifests, "ClusterRoleBinding") == []
         roles = of_kind(manifests, "Role")
         for role in roles:
-            assert {**grants(role["rules"]), **cluster} == install_manifest_grants(), role["metadata"]["namespace"]
+            assert grants(role["rules"]) == install_manifest_grants(), role["metadata"]["namespace"]
     for role in roles:
         rules = role["rules"]
         for api_version, kind, _ in child_refs("x"):  # server-side apply and cleanup of every child kind

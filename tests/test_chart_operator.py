@@ -57,7 +57,9 @@ def test_servicemonitor_selects_the_router_services_the_operator_creates(chart):
     monitor = monitor_named(manifests, "routers")
     assert monitor["metadata"]["namespace"] == "monitoring"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["infra"]}  # by default the release namespace only
+    everywhere = render(chart, {**scenario_values("servicemonitor"), "operator": {"watchAllNamespaces": True}})
+    assert monitor_named(everywhere, "routers")["spec"]["namespaceSelector"] == {"any": True}
     router_service = next(c for c in render_children(example_resource()) if c["kind"] == "Service")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= router_service["metadata"]["labels"].items()
     operator_service = one(manifests, "Service")

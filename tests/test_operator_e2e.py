@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollout_router.localfleet import free_port
 from rollout_router_operator.render import child_refs, router_labels
 from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, cluster  # noqa: F401  (fixture)
-from tests.k8s.pods import add_pod, set_status
+from tests.k8s.pods import add_pod, add_router_pod, set_status
 from tests.k8s.resources import object_path as kube_path
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
@@ -150,8 +150,8 @@ def test_children_appear_owned_labelled_and_locked_down(stack: Stack):
     uid = created["metadata"]["uid"]
     deployment = wait_for(lambda: c.apps.read_namespaced_deployment(f"{NAME}-router", c.namespace), "the Deployment")
     for api_version, kind, name in child_refs(NAME):
-        if kind == "PodDisruptionBudget":
-            assert get_object(c, api_version, kind, name) is None  # one replica: no PDB
+        if kind in ("PodDisruptionBudget", "NetworkPolicy"):
+            assert get_object(c, api_version, kind, name) is None  # one replica: no PDB; no networkPolicy asked
             continue
         meta = wait_for(lambda: get_object(c, api_version, kind, name), kind)["metadata"]
         assert meta["ownerReferences"][0]["uid"] == uid and meta["ownerReferences"][0]["controller"] is True
@@ -183,7 +183,8 @@ def test_router_discovers_the_replicas(stack: Stack):
     stack.sync_config()
     stack.router = stack.spawn("serve", "--config", str(stack.workdir / "config.yaml"), "--host", stack.router_ip,
                                "--port", "8080", log="router.log")
-    add_pod(stack.cluster, f"{NAME}-router-0", {**router_labels(NAME), "pod-template-hash": "test"}, stack.router_ip)
+    add_router_pod(stack.cluster, f"{NAME}-router", f"{NAME}-router-0", {**router_labels(NAME), "pod-template-hash": "test"},
+                   stack.router_ip)
     wanted = {f"http://{ip}:{stack.vllm_port}" for ip in VLLM_IPS}
     wait_for(lambda: {b["url"] for b in stack.status()["backends"]} == wanted, "3 discovered replicas", 30)
 
@@ -285,7 +286,7 @@ def test_image_and_replicas_roll_and_an_unreachable_router_is_reported(stack: St
     assert after.spec.replicas == 2 and after.metadata.generation > before.metadata.generation
     # A second router pod whose /status does not answer: reported, not fatal.
     silent_ip = next(ip for ip in ROUTER_IPS if ip != stack.router_ip and port_free(ip, 8080))
-    add_pod(c, f"{NAME}-router-1", {**router_labels(NAME), "pod-template-hash": "test"}, silent_ip)
+    add_router_pod(c, f"{NAME}-router", f"{NAME}-router-1", {**router_labels(NAME), "pod-template-hash": "test"}, silent_ip)
 
     def reported() -> bool:
         status = stack.rr()["status"]

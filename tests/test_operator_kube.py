@@ -11,22 +11,30 @@ from tests.k8s.cluster import cluster  # noqa: F401  (fixture)
 
 
 class FailingClient:  # stands in for rollout_router.kube.client.Client
-    def __init__(self, error: Exception):
-        self.error, self.discovered = error, {}
+    def __init__(self, error: Exception, failures: int | None = None):
+        self.error, self.discovered, self.failures, self.calls = error, {}, failures, 0
 
     async def request(self, method, path, **kwargs):
         if path in ("/api/v1", "/apis/apps/v1"):  # discovery answers; the call itself fails
             return {"resources": [{"name": "configmaps", "kind": "ConfigMap", "namespaced": True},
                                   {"name": "deployments", "kind": "Deployment", "namespaced": True}]}
-        raise self.error
+        self.calls += 1
+        if self.failures is None or self.calls <= self.failures:
+            raise self.error
+        return {}
 
 
 @pytest.fixture
 def failing(monkeypatch):
-    def install(error: Exception) -> None:
+    monkeypatch.setattr(kube, "ATTEMPT_DELAYS", (0.0,) * len(kube.ATTEMPT_DELAYS))
+
+    def install(error: Exception, failures: int | None = None) -> FailingClient:
+        client = FailingClient(error, failures)
+
         async def api_client():
-            return FailingClient(error)
+            return client
         monkeypatch.setattr(kube, "api_client", api_client)
+        return client
     return install
 
 
@@ -34,15 +42,25 @@ def failing(monkeypatch):
                                    ApiError(500, "InternalError", ""), ApiError(503, "ServiceUnavailable", ""),
                                    aiohttp.ServerDisconnectedError("connection dropped")])
 async def test_conflicts_throttles_5xx_and_drops_are_retryable(failing, error):
-    failing(error)
+    client = failing(error)
     with pytest.raises(kube.RetryableError):
         await kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n"}})
+    assert client.calls == len(kube.ATTEMPT_DELAYS) + 1  # retried at once before giving up to kopf's backoff
+
+
+async def test_a_few_failures_in_a_row_cost_no_handler_retry(failing):
+    """One write in five failing (or a short throttle) is absorbed by the call itself."""
+    client = failing(ApiError(503, "ServiceUnavailable", ""), failures=len(kube.ATTEMPT_DELAYS))
+    await kube.patch_status("n", "rr", {"observedGeneration": 1})
+    await kube.delete("apps/v1", "Deployment", "n", "a")
+    assert client.calls == len(kube.ATTEMPT_DELAYS) + 2
 
 
 async def test_other_client_errors_are_final_and_404_on_delete_is_done(failing):
-    failing(ApiError(422, "Invalid", ""))
+    client = failing(ApiError(422, "Invalid", ""))
     with pytest.raises(ApiError):
         await kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n"}})
+    assert client.calls == 1  # never retried: the same request cannot succeed
     failing(ApiError(404, "NotFound", ""))
     assert await kube.delete("apps/v1", "Deployment", "n", "a") is False
 
@@ -68,3 +86,17 @@ async def test_paths_for_every_child_kind(cluster, monkeypatch):  # noqa: F811
             "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/p"
     finally:
         await kube.close()
+
+
+def test_kopf_retries_its_own_api_calls_for_ever():
+    """kopf gives up after len(error_backoffs) retries and the operator stops; ours has no length, so an
+    outage of any length is waited out (30 s apart), and each call starts again from the short delays."""
+    import collections.abc
+    import itertools
+
+    from rollout_router_operator.cli import ApiBackoffs
+    backoffs = ApiBackoffs()
+    assert not isinstance(backoffs, collections.abc.Sized)
+    first = list(itertools.islice(backoffs, 1000))
+    assert first[:5] == [1, 2, 5, 10, 20] and set(first[5:]) == {30}
+    assert list(itertools.islice(backoffs, 3)) == [1, 2, 5]  # a fresh schedule for the next call

@@ -1,7 +1,10 @@
 """The status document: counters summed, conditions per Kubernetes conventions."""
 from __future__ import annotations
 
-from rollout_router_operator.status import Observation, conditions, invalid, summarize
+import pytest
+
+from rollout_router_operator.status import (MAX_STATUS_BYTES, BadStatus, Observation, conditions, invalid, parse_report,
+                                            rejected, summarize)
 
 
 def obs(**changes) -> Observation:
@@ -55,6 +58,14 @@ def test_invalid_spec_status_names_the_field():
     assert status["observedGeneration"] == 4
 
 
+def test_the_poller_leaves_an_invalid_generation_alone():
+    """The timer must not overwrite reconcile's InvalidSpec (an image off the allowlist, a 422) with counters."""
+    status = invalid({}, 4, "spec.router.image: x is not an allowed router image")
+    assert rejected(status, 4)
+    assert not rejected(status, 5)  # the spec changed since: reconcile runs again, the poller may too
+    assert not rejected(summarize(obs(), {}, 4), 4) and not rejected({}, None)
+
+
 def test_conditions_keep_order_and_types():
     result = conditions([], [("Ready", "True", "R", "m")], 1, "t")
     assert result == [{"type": "Ready", "status": "True", "reason": "R", "message": "m",
@@ -85,25 +96,111 @@ def test_operator_rbac_covers_exactly_what_it_does():
     assert grants[("rolloutrouter.dev", "rolloutrouters/status")] == {"patch"}
 
 
-async def test_only_ready_router_pods_are_polled(monkeypatch):
-    """A router pod still starting is not 'unreachable': polling it would flap Degraded on every rollout."""
+def owned_pod(name: str, ready: bool = True, owner_uid: str = "rs-1") -> dict:
+    return {"metadata": {"name": name, "uid": f"uid-{name}",
+                         "ownerReferences": [{"kind": "ReplicaSet", "name": "rr-router-abc", "uid": owner_uid,
+                                              "controller": True}]},
+            "status": {"phase": "Running", "podIP": "127.0.0.99",
+                       "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+OUR_REPLICASET = {"metadata": {"name": "rr-router-abc", "uid": "rs-1", "ownerReferences": [
+    {"kind": "Deployment", "name": "rr-router", "uid": "d-1", "controller": True}]}}
+
+
+@pytest.fixture
+def cluster_of(monkeypatch):
+    """Stand-in pod and ReplicaSet listings, and a /status poll that records whom it asked."""
     import rollout_router_operator.status as status_module
+    polled: list[str] = []
+
+    def install(pods: list[dict], replicasets: list[dict]) -> list[str]:
+        async def list_pods(namespace, selector):
+            return pods if "rollout-router" in selector else []
+
+        async def list_replicasets(namespace, selector):
+            return replicasets
+
+        async def fake_poll(session, pod):
+            polled.append(pod["metadata"]["name"])
+            return {"affinity_kept": 1}
+        monkeypatch.setattr(status_module.kube, "list_pods", list_pods)
+        monkeypatch.setattr(status_module.kube, "list_replicasets", list_replicasets)
+        monkeypatch.setattr(status_module, "_poll", fake_poll)
+        return polled
+    return install
+
+
+async def observe_rr():
     from rollout_router.settings import LabelSelector
+    from rollout_router_operator.status import observe
+    return await observe("ns", "rr", LabelSelector(match_labels={"app": "vllm"}), desired=2)
 
-    def pod(name: str, ready: bool) -> dict:
-        return {"metadata": {"name": name}, "status": {"phase": "Running", "podIP": "127.0.0.99",
-                                                        "conditions": [{"type": "Ready", "status": str(ready)}]}}
 
-    polled = []
-
-    async def fake_poll(session, pod):
-        polled.append(pod["metadata"]["name"])
-        return {"affinity_kept": 1}
-
-    async def list_pods(namespace, selector):
-        return [pod("ready", True), pod("starting", False)]
-
-    monkeypatch.setattr(status_module.kube, "list_pods", list_pods)
-    monkeypatch.setattr(status_module, "_poll", fake_poll)
-    seen = await status_module.observe("ns", "rr", LabelSelector(match_labels={"app": "vllm"}), desired=2)
+async def test_only_ready_router_pods_are_polled(cluster_of):
+    """A router pod still starting is not 'unreachable': polling it would flap Degraded on every rollout."""
+    polled = cluster_of([owned_pod("ready"), owned_pod("starting", ready=False)], [OUR_REPLICASET])
+    seen = await observe_rr()
     assert polled == ["ready"] and seen.unreachable == [] and seen.routers_ready == 1
+
+
+async def test_pods_not_owned_by_our_deployment_are_ignored_and_logged(cluster_of, caplog):
+    """A Ready pod with the router's labels counts only when its ReplicaSet belongs to our Deployment."""
+    stranger = {**owned_pod("stranger"), "metadata": {"name": "stranger", "uid": "uid-s"}}  # labels, no owner
+    forged = owned_pod("forged", owner_uid="rs-other")  # owned by a ReplicaSet of another Deployment
+    other_rs = {"metadata": {"name": "x", "uid": "rs-other", "ownerReferences": [
+        {"kind": "Deployment", "name": "someone-else", "uid": "d-2", "controller": True}]}}
+    polled = cluster_of([owned_pod("ours"), stranger, forged], [OUR_REPLICASET, other_rs])
+    seen = await observe_rr()
+    assert polled == ["ours"] and seen.routers_ready == 1 and set(seen.reports) == {"ours"}
+    assert "stranger" in caplog.text and "forged" in caplog.text and "not owned by Deployment rr-router" in caplog.text
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (b"x" * (MAX_STATUS_BYTES + 1), "larger than"),
+    (b"not json", "not JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (b'{"affinity_kept": "12"}', "not a count"),
+    (b'{"affinity_broken": -1}', "not a count"),
+    (b'{"new_sessions": 1e309}', "not a count"),
+])
+def test_a_status_that_is_not_a_routers_is_refused(body, problem):
+    with pytest.raises(BadStatus, match=problem):
+        parse_report(body)
+
+
+def test_a_routers_status_gives_its_counters():
+    assert parse_report(b'{"affinity_kept": 3, "affinity_broken": 1, "sessions": 9, "backends": []}') == \
+        {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0}
+
+
+async def test_an_oversized_status_is_read_no_further_than_the_limit(monkeypatch):
+    """Over real HTTP: a pod that answers megabytes is read no further than the limit and reported."""
+    import aiohttp
+    from aiohttp import web
+
+    from rollout_router.localfleet import free_port
+    from rollout_router_operator import status as status_module
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()  # chunked: no Content-Length to refuse it early
+        await response.prepare(request)
+        try:
+            for _ in range(64):
+                await response.write(b" " * 65536)
+        except ConnectionError:  # the poller stopped reading at the limit and hung up
+            pass
+        return response
+    app = web.Application()
+    app.router.add_get("/status", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port("127.0.0.1")
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    monkeypatch.setattr(status_module, "ROUTER_PORT", port)
+    try:
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(BadStatus, match="larger than"):
+                await status_module._poll(session, {"status": {"podIP": "127.0.0.1"}})
+    finally:
+        await runner.cleanup()

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
+import sys
+from collections.abc import Iterator
 
 import kopf
 
@@ -15,6 +18,8 @@ from .handlers import register
 from .spec import DEFAULT_IMAGE
 
 IMAGE_ENV = "ROLLOUT_ROUTER_IMAGE"
+ALLOWED_IMAGES_ENV = "ROLLOUT_ROUTER_ALLOWED_IMAGES"
+LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 METRICS_PORT = 8080  # as controller-runtime operators: metrics on 8080, health on 8081
 
 
@@ -35,7 +40,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-image", default=os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE, metavar="IMAGE",
                         help=f"Image of router pods whose spec.router.image is unset (default: ${IMAGE_ENV}, "
                              f"else {DEFAULT_IMAGE}).")
-    parser.add_argument("--verbose", "-v", action="store_true", help="Debug logging.")
+    parser.add_argument("--allowed-image", action="append", dest="allowed_images", metavar="PATTERN",
+                        default=_env_list(ALLOWED_IMAGES_ENV),
+                        help="Router images RolloutRouters may name in spec.router.image, as shell patterns "
+                             "(e.g. 'registry.example.com/rollout-router:*'; repeatable; default: "
+                             f"${ALLOWED_IMAGES_ENV}, comma-separated; unset: any image).")
+    parser.add_argument("--verbose", "-v", action="store_true", help="Debug logging (the same as --log-level debug).")
+    parser.add_argument("--log-level", type=str.lower, default="info", choices=LOG_LEVELS,
+                        help="Log level (default info).")
+
+
+
+
+
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+class ApiBackoffs:
+    """kopf's delays between retries of its own API calls: growing to 30 s, then 30 s for ever.
+
+    Without a length, kopf never gives up (a tuple's length is its number of retries, after which
+    the error escalates and the operator stops), so an API server that is down for minutes is
+    waited out and the watches, handlers and timers carry on when it is back.
+    """
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain((1, 2, 5, 10, 20), itertools.repeat(30))
 
 
 def connection_info(creds: credentials.Credentials) -> kopf.ConnectionInfo:
@@ -46,13 +77,32 @@ def connection_info(creds: credentials.Credentials) -> kopf.ConnectionInfo:
                                private_key_path=creds.private_key_path)
 
 
+def _check_credentials() -> str | None:
+    """Why the API cannot be reached with this environment's credentials, in one line; None if it can."""
+    try:
+        credentials.load()
+    except Exception as error:  # noqa: BLE001  (the kubernetes package raises several kinds for a bad config)
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return (f"no Kubernetes credentials: not in a pod with a service account, and {where}: "
+                f"{str(error).strip() or type(error).__name__}")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    problem = _check_credentials()
+    if problem:
+        print(f"rollout-router operator: {problem}", file=sys.stderr)
+        return 2
+    level = "debug" if args.verbose else args.log_level
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
-    register(registry, args.status_interval, args.router_image)
+    register(registry, args.status_interval, args.router_image, args.allowed_images)
     if args.metrics_port:
-        metrics.serve(args.metrics_host, args.metrics_port)
+        try:
+            metrics.serve(args.metrics_host, args.metrics_port)
+        except OSError as error:
+            print(f"rollout-router operator: --metrics-port {args.metrics_port}: {error.strerror}", file=sys.stderr)
+            return 2
 
     @kopf.on.login(registry=registry)
     async def login(**_: object) -> kopf.ConnectionInfo:
@@ -66,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: object) -> None:
         settings.posting.level = logging.WARNING  # Kubernetes events for warnings and errors only
-        settings.networking.error_backoffs = [1, 2, 5, 10, 20, 30]  # dropped watches, API 5xx
+        settings.networking.error_backoffs = ApiBackoffs()  # dropped watches, 5xx, 429: retried for ever
         settings.watching.server_timeout = 270
+        # No namespace listing nor CRD watching: exact --namespace names need neither, and the RBAC grants neither.
+        settings.scanning.disabled = True
         settings.persistence.finalizer = "rolloutrouter.dev/children"
 
     kopf.run(registry=registry, standalone=True, namespaces=args.namespace,

@@ -7,6 +7,7 @@ default factories) written in, so the API server fills them as the router would.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -78,9 +79,9 @@ def _structural(node: Any, defs: dict) -> Any:
         elif key == "default" and value is None:
             continue  # absent means null; Kubernetes will not default to null
         elif key == "default":
-            out[key] = _without_nulls(value)
+            out[key] = copy.deepcopy(_without_nulls(value))
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)  # a model used twice must not share lists (YAML would alias them)
     if out.get("type") == "object" and "properties" not in out:
         extra = node.get("additionalProperties")
         if isinstance(extra, dict) and extra:

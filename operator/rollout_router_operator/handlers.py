@@ -3,11 +3,17 @@
 Handlers are registered by ``register`` into a given registry, so the status
 interval and the default router image come from the command line and tests can
 build their own operator. Counting happens in ``metrics``.
+
+The status is written by ``kube.patch_status``, not through kopf's ``patch``:
+kopf does not retry a 409 on its own patch, and a timer whose patch fails once
+never runs again. A handler that cannot write raises ``TemporaryError`` (kopf
+retries it); the timer logs and tries again at its next tick.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -16,7 +22,7 @@ from rollout_router.kube.client import ApiError
 from . import kube, metrics
 from .render import InvalidSpec, child_refs, render
 from .spec import GROUP, PLURAL
-from .status import collect, invalid
+from .status import collect, invalid, rejected
 
 
 def _retry(error: Exception, retry: int) -> kopf.TemporaryError:
@@ -46,52 +52,91 @@ async def _apply_or_reject(body: kopf.Body, manifests: list[dict], retry: int) -
     return None
 
 
-def _write_status(patch: kopf.Patch, meta: Mapping[str, Any], document: dict) -> None:
+def _status_lock(memo: kopf.Memo) -> asyncio.Lock:
+    """One resource's status writers (reconcile, the timer) take turns, so an older document never
+    lands after a newer one (observedGeneration going back, the timer hiding an InvalidSpec)."""
+    lock: asyncio.Lock = memo.setdefault("status_lock", asyncio.Lock())
+    return lock
+
+
+def _status(body: kopf.Body) -> dict:
+    """The resource's status as a plain dict; ``{}`` when it is null or missing (a new resource)."""
+    return dict(body.get("status") or {})
+
+
+async def _write_status(meta: Mapping[str, Any], document: dict) -> None:
     """Patch the status and let the metrics see what was written."""
-    patch.status.update(document)
+    await kube.patch_status(meta["namespace"], meta["name"], document)
     metrics.status_written(meta["namespace"], meta["name"], document)
 
 
-def register(registry: kopf.OperatorRegistry, status_interval: float, router_image: str) -> None:
-    """Handlers into ``registry``; ``router_image`` is the image of routers whose spec names none."""
+def register(registry: kopf.OperatorRegistry, status_interval: float, router_image: str,
+             allowed_images: Sequence[str] = ()) -> None:
+    """Handlers into ``registry``; ``router_image`` is the image of routers whose spec names none,
+    ``allowed_images`` the patterns a spec's image must match (empty: any)."""
     @kopf.on.resume(GROUP, PLURAL, registry=registry)
     @kopf.on.create(GROUP, PLURAL, registry=registry)
     @kopf.on.update(GROUP, PLURAL, field="spec", registry=registry)
-    async def reconcile(body: kopf.Body, patch: kopf.Patch, retry: int, reason: str,
+    async def reconcile(body: kopf.Body, retry: int, reason: str, memo: kopf.Memo,
                         logger: logging.Logger | logging.LoggerAdapter[Any], **_: object) -> None:
+        async with _status_lock(memo):
+            memo["observed"] = await _reconcile(body, retry, reason, logger)
+
+    async def _reconcile(body: kopf.Body, retry: int, reason: str,
+                         logger: logging.Logger | logging.LoggerAdapter[Any]) -> tuple[int | None, bool]:
+        """Apply the children and write the status; (the generation observed, whether it was valid)."""
         generation = body["metadata"].get("generation")
         with metrics.reconcile(kopf.Reason(reason).value) as run:
             try:
-                problem = await _apply_or_reject(body, render(dict(body), default_image=router_image), retry)
+                problem = await _apply_or_reject(body, render(dict(body), router_image, allowed_images), retry)
             except InvalidSpec as error:
                 problem = str(error)
             if problem:  # reported, not retried: nothing changes until the spec does
                 logger.warning("invalid spec: %s", problem)
                 run.outcome = metrics.INVALID_SPEC
-                document = invalid(dict(body.status), generation, problem)
+                document = invalid(_status(body), generation, problem)
             else:
                 document = await collect(dict(body), generation)
-            _write_status(patch, body["metadata"], document)
+        try:  # after the run is counted: a failed write retries the handler, which counts again
+            await _write_status(body["metadata"], document)
+        except kube.RetryableError as error:
+            raise _retry(error, retry) from error
+        return generation, not problem
 
     @kopf.on.delete(GROUP, PLURAL, registry=registry)
-    async def remove(body: kopf.Body, retry: int, **_: object) -> None:
-        """Owner references let the garbage collector do this too; deleting here makes it immediate."""
+    async def remove(body: kopf.Body, retry: int, memo: kopf.Memo, **_: object) -> None:
+        """Owner references let the garbage collector do this too; deleting here makes it immediate.
+
+        A child that fails is passed over and retried later; the ones already gone are remembered
+        in ``memo``, so a retry deletes only what is left instead of starting the list again.
+        """
         meta = body["metadata"]
+        gone: set[tuple[str, str, str]] = memo.setdefault("deleted_children", set())
         with metrics.reconcile("delete"):
-            try:
-                for api_version, kind, name in child_refs(meta["name"]):
-                    await kube.delete(api_version, kind, meta["namespace"], name)
-            except kube.RetryableError as error:
-                raise _retry(error, retry) from error
+            failed: list[kube.RetryableError] = []
+            for ref in child_refs(meta["name"]):
+                if ref not in gone:
+                    try:
+                        await kube.delete(ref[0], ref[1], meta["namespace"], ref[2])
+                        gone.add(ref)
+                    except kube.RetryableError as error:
+                        failed.append(error)
+            if failed:
+                raise _retry(failed[0], retry)
         metrics.forget(meta["namespace"], meta["name"])
 
     @kopf.timer(GROUP, PLURAL, interval=status_interval, registry=registry)
-    async def refresh(body: kopf.Body, patch: kopf.Patch, **_: object) -> None:
-        """Poll the routers; observedGeneration stays what reconcile last applied."""
-        try:
-            document = await collect(dict(body), body.status.get("observedGeneration"))
-        except (kube.RetryableError, ApiError) as error:
-            metrics.status_poll_failed()
-            logging.getLogger(__name__).warning("status poll failed, next in %ss: %s", status_interval, error)
-            return
-        _write_status(patch, body["metadata"], document)
+    async def refresh(body: kopf.Body, memo: kopf.Memo, **_: object) -> None:
+        """Poll the routers; observedGeneration stays what reconcile last applied. Never raises on
+        an API error: the next tick tries again, whatever the API answered this time."""
+        async with _status_lock(memo):  # never a document computed before a reconcile written after it
+            status = _status(body)  # after a restart, before the resume handler ran: as last written
+            generation, valid = memo.get("observed") or (status.get("observedGeneration"),
+                                                         not rejected(status, body["metadata"].get("generation")))
+            if not valid:
+                return  # reconcile found this generation invalid: nothing runs, and its message stays
+            try:
+                await _write_status(body["metadata"], await collect(dict(body), generation))
+            except (kube.RetryableError, ApiError) as error:
+                metrics.status_poll_failed()
+                logging.getLogger(__name__).warning("status poll failed, next in %ss: %s", status_interval, error)

@@ -40,7 +40,7 @@ STATUS_POLLS = Counter(f"{PREFIX}_status_polls", "Reads of one router pod's /sta
 for _result in ("ok", "unreachable"):
     STATUS_POLLS.labels(_result)  # both series exist from the start, so rate() and alerts see zeros
 STATUS_POLL_ERRORS = Counter(f"{PREFIX}_status_poll_errors", "Status polls of a RolloutRouter that failed on an "
-                             "API error before reaching its router pods.", registry=REGISTRY)
+                             "API error (listing its pods, or writing its status); the next tick tries again.", registry=REGISTRY)
 LAST_POLL = Gauge(f"{PREFIX}_last_status_poll_timestamp_seconds",
                   "Unix time the last status poll completed (router pods read, status written).", registry=REGISTRY)
 

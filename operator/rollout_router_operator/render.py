@@ -9,6 +9,8 @@ and annotations, and only then does the Deployment roll.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 import yaml
@@ -51,7 +53,8 @@ def child_refs(name: str) -> list[tuple[str, str, str]]:
     full = child_name(name)
     return [("v1", "ServiceAccount", full), ("rbac.authorization.k8s.io/v1", "Role", full),
             ("rbac.authorization.k8s.io/v1", "RoleBinding", full), ("v1", "ConfigMap", f"{full}-config"),
-            ("apps/v1", "Deployment", full), ("v1", "Service", full), ("policy/v1", "PodDisruptionBudget", full)]
+            ("apps/v1", "Deployment", full), ("v1", "Service", full), ("policy/v1", "PodDisruptionBudget", full),
+            ("networking.k8s.io/v1", "NetworkPolicy", full)]
 
 
 def describe_spec_error(error: ValidationError) -> str:
@@ -83,6 +86,16 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
     return spec
 
 
+def check_image(spec: RolloutRouterSpec, allowed_images: Sequence[str]) -> None:
+    """InvalidSpec when ``spec.router.image`` matches none of the operator's ``--allowed-image`` patterns.
+
+    The operator's own ``--router-image`` (used when the spec names none) is always allowed."""
+    image = spec.router.image
+    if image is not None and allowed_images and not any(fnmatchcase(image, pattern) for pattern in allowed_images):
+        raise InvalidSpec(f"spec.router.image: {image} is not an allowed router image "
+                          f"(the operator allows {', '.join(allowed_images)})")
+
+
 def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
     """What the router reads from --config: the policy knobs plus pod discovery."""
     policy = {field: getattr(spec, field) for field in ("policy", "affinity_break_margin", "full_determinism", "session")}
@@ -91,15 +104,17 @@ def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
     return RouterSettings(**policy, discovery=discovery)
 
 
-def render(resource: dict, default_image: str = DEFAULT_IMAGE) -> list[dict]:
+def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: Sequence[str] = ()) -> list[dict]:
     """Every child of ``resource``, in apply order (RBAC and config before the Deployment).
 
     ``default_image`` runs the routers when ``spec.router.image`` is unset: the operator's
     ``--router-image``, so a chart's image override reaches router pods without touching render's purity.
+    ``allowed_images`` (the operator's ``--allowed-image`` patterns; empty: any) bounds ``spec.router.image``.
     """
     meta = resource["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     spec = parse_spec(resource)
+    check_image(spec, allowed_images)
     labels = pod_labels(name)
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": meta["uid"],
              "controller": True, "blockOwnerDeletion": True}
@@ -130,7 +145,35 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE) -> list[dict]:
     if spec.router.replicas > 1:
         children.append(child("policy/v1", "PodDisruptionBudget", full, spec={
             "maxUnavailable": 1, "selector": {"matchLabels": router_labels(name)}}))
+    if spec.network_policy.enabled:
+        children.append(child("networking.k8s.io/v1", "NetworkPolicy", full, spec=_network_policy_spec(name, spec)))
     return children
+
+
+def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
+    """Ingress to the router pods from the declared clients (traffic ports) and Prometheus (metrics) only.
+
+    Egress is left open: the routers reach the vLLM pods, named by a selector that may change, and the API server.
+    """
+    policy = spec.network_policy
+
+    def peers(items: list) -> list[dict]:
+        return [_without_nulls(peer.dump()) for peer in items]
+    http = {"protocol": "TCP", "port": ROUTER_PORT}
+    traffic = [http, *([{"protocol": "TCP", "port": ROUTER_GRPC_PORT}] if spec.grpc_port is not None else [])]
+    rules = []
+    if policy.clients:
+        rules.append({"from": peers(policy.clients), "ports": traffic})
+    if policy.prometheus is not None:
+        rules.append({"from": peers([policy.prometheus]), "ports": [http]})
+    return {"podSelector": {"matchLabels": router_labels(name)}, "policyTypes": ["Ingress"], "ingress": rules}
+
+
+def _without_nulls(value: Any) -> Any:
+    """A dumped model without its unset (null) fields and empty lists, as a manifest writes it."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None and v != []}
+    return value
 
 
 def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str) -> dict:

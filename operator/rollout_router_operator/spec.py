@@ -101,6 +101,47 @@ class RouterDeploymentSpec(Model):
     pod_annotations: dict[str, str] = Field(default_factory=dict)
 
 
+class IPBlock(Model):
+    cidr: str = Field(description="A CIDR, e.g. 10.0.0.0/16.")
+    # `except` is a Python keyword: the field is named for its alias.
+    except_: list[str] = Field(default_factory=list, alias="except", description="CIDRs inside cidr to leave out.")
+
+
+PEER_RULE = cel("has(self.ipBlock) ? !has(self.podSelector) && !has(self.namespaceSelector) : "
+                "has(self.podSelector) || has(self.namespaceSelector)",
+                "a peer sets podSelector and/or namespaceSelector, or ipBlock alone")
+
+
+class NetworkPolicyPeer(Model):
+    """As in a NetworkPolicy's ingress[].from[]: pods (in this namespace, or in the namespaces
+    namespaceSelector picks), or an IP range."""
+
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [PEER_RULE]}}
+
+    pod_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = Field(None, description="{} selects every namespace.")
+    ip_block: IPBlock | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> NetworkPolicyPeer:
+        selectors = self.pod_selector is not None or self.namespace_selector is not None
+        if selectors == (self.ip_block is not None):
+            raise ValueError(PEER_RULE["message"])
+        return self
+
+
+class NetworkPolicySpec(Model):
+    """A NetworkPolicy for the router pods: only the clients and Prometheus reach them."""
+
+    enabled: bool = Field(False, description="Render a NetworkPolicy <name>-router admitting only clients and "
+                          "prometheus to the router pods; everything else is refused.")
+    clients: list[NetworkPolicyPeer] = Field(default_factory=list, description=(
+        "Who may send inference traffic (the router's http and grpc ports). Empty: no one but prometheus."))
+    prometheus: NetworkPolicyPeer | None = Field(None, description=(
+        "Who scrapes the routers' /metrics (the http port), e.g. "
+        "{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}."))
+
+
 SELECTOR_RULE = cel(
     "(has(self.matchLabels) && size(self.matchLabels) > 0) || "
     "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
@@ -119,6 +160,7 @@ class RolloutRouterSpec(PolicySettings):
     backend_port: Port = Field(8000, description="vLLM HTTP port: a number or a container port name.")
     grpc_port: Port | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
     router: RouterDeploymentSpec = Field(default_factory=RouterDeploymentSpec)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
     @model_validator(mode="after")
     def _selector(self) -> RolloutRouterSpec:

@@ -1,14 +1,17 @@
 """The resource's status: router /status counters summed, pods counted, conditions set.
 
-``summarize`` and ``conditions`` are pure; ``collect`` does the I/O (two pod
-listings and one GET per router pod, concurrently). A router pod that does not
-answer is listed in ``affinity.unreachable`` and marks the resource Degraded;
-it never fails the poll.
+``summarize`` and ``conditions`` are pure; ``collect`` does the I/O (pod and
+ReplicaSet listings, and one GET per router pod, concurrently). A router pod that
+does not answer, or answers too much or not the counters, is listed in
+``affinity.unreachable`` and marks the resource Degraded; it never fails the poll.
+Only pods of our own Deployment count: a pod that merely carries the router's
+labels (anyone who may create pods can set them) is ignored and logged.
 """
 from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -19,11 +22,13 @@ from rollout_router.kube.selectors import labels_query, to_query
 from rollout_router.settings import LabelSelector
 
 from . import kube
-from .render import ROUTER_PORT, InvalidSpec, parse_spec, router_labels
+from .render import ROUTER_PORT, InvalidSpec, child_name, parse_spec, router_labels
 from .spec import Affinity, Condition, Counts, RolloutRouterStatus
 
 log = logging.getLogger(__name__)
 POLL_TIMEOUT = 3.0
+MAX_STATUS_BYTES = 1 << 20  # a router's /status is a few KiB; more is not a router
+_reported: set[str] = set()  # uids of stranger pods already logged, so each is logged once
 COUNTERS = {"kept": "affinity_kept", "broken": "affinity_broken", "new_sessions": "new_sessions"}
 
 
@@ -92,17 +97,75 @@ def invalid(previous: dict, generation: int | None, message: str) -> dict:
         ("Degraded", "True", "InvalidSpec", message)], generation, now())}
 
 
+def rejected(status: dict, generation: int | None) -> bool:
+    """Whether ``status`` reports this generation's spec invalid (Degraded, reason InvalidSpec): the
+    status poller then leaves it alone, as there are no routers to read and the message must stay."""
+    degraded: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    return (degraded.get("reason") == "InvalidSpec" and degraded.get("status") == "True"
+            and status.get("observedGeneration") == generation)
+
+
+class BadStatus(ValueError):
+    """A /status answer that is not a router's: too large, not JSON, or counters that are not counts."""
+
+
+def parse_report(raw: bytes) -> dict:
+    """The counters of one router's /status body, checked (``summarize`` sums them)."""
+    if len(raw) > MAX_STATUS_BYTES:
+        raise BadStatus(f"/status is larger than {MAX_STATUS_BYTES} bytes")
+    try:
+        report = json.loads(raw)
+    except ValueError as error:
+        raise BadStatus(f"/status is not JSON: {error}") from None
+    if not isinstance(report, dict):
+        raise BadStatus("/status is not a JSON object")
+    for key in COUNTERS.values():
+        value = report.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadStatus(f"/status {key} is not a count: {str(value)[:40]!r}")
+    return {key: report.get(key, 0) for key in COUNTERS.values()}
+
+
 async def _poll(session: aiohttp.ClientSession, pod: dict) -> dict:
     url = f"http://{pod['status']['podIP']}:{ROUTER_PORT}/status"
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as response:
         response.raise_for_status()
-        return await response.json()
+        if (response.content_length or 0) > MAX_STATUS_BYTES:
+            raise BadStatus(f"/status is larger than {MAX_STATUS_BYTES} bytes")
+        raw = b""  # read until one byte past the limit or the end, never more
+        while len(raw) <= MAX_STATUS_BYTES and (chunk := await response.content.read(MAX_STATUS_BYTES + 1 - len(raw))):
+            raw += chunk
+        return parse_report(raw)
+
+
+def _controller(obj: dict) -> dict:
+    return next((ref for ref in obj["metadata"].get("ownerReferences") or [] if ref.get("controller")), {})
+
+
+def owned_pods(name: str, pods: list[dict], replicasets: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(ours, strangers): pods whose controller is a ReplicaSet that our Deployment controls, and the rest.
+
+    A forged owner reference to a uid that does not exist is removed by the garbage collector
+    (with the object), so a stranger cannot stay in the chain for long."""
+    ours = {rs["metadata"]["uid"] for rs in replicasets
+            if (_controller(rs).get("kind"), _controller(rs).get("name")) == ("Deployment", child_name(name))}
+    owned = [pod for pod in pods if _controller(pod).get("kind") == "ReplicaSet" and _controller(pod).get("uid") in ours]
+    return owned, [pod for pod in pods if pod not in owned]
 
 
 async def observe(namespace: str, name: str, selector: LabelSelector, desired: int) -> Observation:
     """List router and backend pods, and read every Ready router pod's /status."""
-    routers, backends = await asyncio.gather(kube.list_pods(namespace, labels_query(router_labels(name))),
-                                             kube.list_pods(namespace, to_query(selector)))
+    query = labels_query(router_labels(name))
+    labelled, replicasets, backends = await asyncio.gather(
+        kube.list_pods(namespace, query), kube.list_replicasets(namespace, query),
+        kube.list_pods(namespace, to_query(selector)))
+    routers, strangers = owned_pods(name, labelled, replicasets)
+    for pod in strangers:
+        if pod["metadata"].get("uid") in _reported:
+            continue
+        _reported.add(pod["metadata"].get("uid"))
+        log.warning("pod %s/%s carries the router labels of %s but is not owned by Deployment %s: ignored",
+                    namespace, pod["metadata"]["name"], name, child_name(name))
     backends = [pod for pod in backends if not pod["metadata"].get("deletionTimestamp")]
     # Only Ready pods: one still starting (or shutting down) is not "unreachable", and would flap Degraded.
     live = [pod for pod in routers if is_ready(pod) and (pod.get("status") or {}).get("podIP")]

@@ -51,7 +51,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON body field holding the session key, tried after headers (repeat).")
     parser.add_argument("--max-sessions", type=int)
     parser.add_argument("--idle-timeout", type=float, help="Seconds before an idle pin is dropped.")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", type=str.lower,
+                        choices=["debug", "info", "warning", "error", "critical"])
+
+
+# flag dest -> the settings field it overrides (reported at startup: a live reload cannot change it)
+OVERRIDING_FLAGS = {"backends": "backends", "policy": "policy", "affinity_break_margin": "affinityBreakMargin",
+                    "full_determinism": "fullDeterminism", "session_headers": "session.headers",
+                    "session_body_fields": "session.bodyFields", "max_sessions": "session.maxSessions",
+                    "idle_timeout": "session.idleTimeoutSeconds"}
+
+
+def overridden(args: argparse.Namespace) -> list[str]:
+    """The settings fields a command-line flag pins, whatever the config file says now or later."""
+    return [field for dest, field in OVERRIDING_FLAGS.items() if getattr(args, dest, None) is not None
+            or (dest == "affinity_break_margin" and hasattr(args, dest))]
 
 
 def overrides_from(args: argparse.Namespace):
@@ -80,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:
         print(f"rollout-router serve: invalid settings: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"rollout-router serve: --config {args.config}: {error.strerror}", file=sys.stderr)
+        return 2
+    if args.config and overridden(args):
+        logging.getLogger(__name__).warning(
+            "command-line flags override %s of %s: edits to these fields in the file are not applied on reload",
+            ", ".join(overridden(args)), args.config)
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
     runtime = Runtime(settings, args.config, overrides, grpc_address)

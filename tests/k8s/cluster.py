@@ -64,11 +64,12 @@ def emulated_resources(emulator: Emulator) -> None:
         verbs={"create", "delete", "get", "list", "patch", "update", "watch"})
 
 
-def _write_kubeconfig(path: Path, server: str) -> None:
+def write_kubeconfig(path: Path, server: str, token: str = "emulator") -> None:
+    """A kubeconfig for the emulator at ``server``; the token tells the emulator's fault hook who is asking."""
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
         "clusters": [{"name": "emulator", "cluster": {"server": server}}],
-        "users": [{"name": "emulator", "user": {"token": "emulator"}}],
+        "users": [{"name": "emulator", "user": {"token": token}}],
         "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}],
     }))
 
@@ -94,7 +95,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     emulated_resources(emulator)
     server = EmulatorServer(emulator).start()
     kubeconfig = tmp_path_factory.mktemp("kube") / "config"
-    _write_kubeconfig(kubeconfig, server.url)
+    write_kubeconfig(kubeconfig, server.url)
     api = kubernetes.config.new_client_from_config(str(kubeconfig))
     try:
         yield Cluster(kubeconfig, namespace, api, emulated=True, emulator=emulator)

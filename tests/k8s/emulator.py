@@ -13,6 +13,10 @@ and 410 Gone for a watch from a resourceVersion older than the last ``compact()`
 lists (lists are replaced whole), replay of missed events on a watch from a
 resourceVersion (every watch starts with ADDED for all objects), admission,
 schema validation.
+
+Faults: ``fault`` (a function of the raw request) may answer any request in the
+emulator's place, e.g. a 503 or a 409 (``tests/k8s/faults.py``), and
+``drop_watches()`` cuts every open watch connection, as an API server restart does.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import json
 import re
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp.web
@@ -75,6 +80,15 @@ class Emulator(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
     namespaces: set[str] = attrs.field(factory=lambda: {"default", "kube-system"})
     _compacted: int = attrs.field(default=0, init=False)  # resourceVersions below this are gone
+    # Answers a request in the emulator's place when it returns a response (fault injection); None: no fault.
+    fault: Callable[[aiohttp.web.BaseRequest], aiohttp.web.StreamResponse | None] | None = None
+    _watching: dict[int, aiohttp.web.BaseRequest] = attrs.field(factory=dict, init=False)  # by id: unhashable
+
+    def drop_watches(self) -> None:
+        """Cut every open watch connection (call it on the emulator's loop: ``EmulatorServer.drop_watches``)."""
+        for request in list(self._watching.values()):
+            if request.transport is not None:
+                request.transport.close()
 
     def _has_status(self, resource: Any) -> bool:
         return resource in self.resources and "status" in self.resources[resource].subresources
@@ -89,6 +103,18 @@ class Emulator(kmock.KubernetesEmulator):
         return copy.deepcopy(self.objects[key].raw)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        injected = self.fault(raw_request) if self.fault is not None else None
+        if injected is not None:
+            return injected
+        if raw_request.query.get("watch") not in ("true", "1"):
+            return await self._answer(raw_request)
+        self._watching[id(raw_request)] = raw_request
+        try:
+            return await self._answer(raw_request)
+        finally:
+            self._watching.pop(id(raw_request), None)
+
+    async def _answer(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # kmock's path parser fails on the namespaces collection itself.
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             if raw_request.method == "POST":
@@ -232,6 +258,10 @@ class EmulatorServer:
         if not self._started.wait(10):
             raise RuntimeError("the Kubernetes emulator did not start")
         return self
+
+    def drop_watches(self) -> None:
+        """Cut every open watch connection, from any thread."""
+        self._loop.call_soon_threadsafe(self.emulator.drop_watches)
 
     def stop(self) -> None:
         if self._stop is not None:

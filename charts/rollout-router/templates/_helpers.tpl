@@ -74,7 +74,8 @@ annotations:
 the same as docs/examples/operator.yaml (tests/test_chart.py keeps them equal; docs/operator.md says why
 each verb is there). Server-side apply creates and patches children, delete removes the ones no longer
 rendered, rolloutrouters/finalizers lets children carry blockOwnerDeletion, and the operator holds pod
-read access because a Role can only grant what its creator holds. */}}
+read access because a Role can only grant what its creator holds; replicasets: list, so the status poller
+counts only pods of its own Deployment. */}}
 {{- define "rollout-router.operatorRules" -}}
 - apiGroups: [rolloutrouter.dev]
   resources: [rolloutrouters]
@@ -88,6 +89,9 @@ read access because a Role can only grant what its creator holds. */}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [list]
 - apiGroups: [""]
   resources: [configmaps, services, serviceaccounts]
   verbs: [create, patch, delete]
@@ -100,7 +104,23 @@ read access because a Role can only grant what its creator holds. */}}
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- end }}
+
+{{/* The namespaces the operator watches: operator.watchNamespaces, else the release namespace; none with
+operator.watchAllNamespaces (then it watches every namespace). */}}
+{{- define "rollout-router.watchNamespaces" -}}
+{{- if .Values.operator.watchAllNamespaces }}
+{{- if .Values.operator.watchNamespaces }}
+{{- fail "operator.watchAllNamespaces and operator.watchNamespaces exclude each other: set one" }}
+{{- end }}
+{{- list | toJson }}
+{{- else }}
+{{- default (list .Release.Namespace) .Values.operator.watchNamespaces | uniq | toJson }}
+{{- end }}
 {{- end }}

@@ -1,0 +1,110 @@
+"""What a RolloutRouter may not do and what shields its routers: the image allowlist, spec.networkPolicy,
+and a resource whose status is null reaching the handlers."""
+from __future__ import annotations
+
+import kopf
+import kubernetes_validate
+import pytest
+
+from rollout_router_operator import handlers
+from rollout_router_operator.render import InvalidSpec, render, router_labels
+from tests.test_chart import KUBE_VERSIONS, validate_rolloutrouter
+
+CLIENTS = [{"podSelector": {"matchLabels": {"app": "rollout-worker"}}},
+           {"namespaceSelector": {"matchLabels": {"team": "rl"}}, "podSelector": {"matchLabels": {"role": "trainer"}}},
+           {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.1.0/24"]}}]
+PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+def resource(spec: dict | None = None) -> dict:
+    return {"apiVersion": "rolloutrouter.dev/v1alpha1", "kind": "RolloutRouter",
+            "metadata": {"name": "rr1", "namespace": "ns", "uid": "3f1c2d8e-0000-4000-8000-000000000001"},
+            "spec": {"selector": {"matchLabels": {"app": "vllm"}}, **(spec or {})}}
+
+
+def policy_of(manifests: list[dict]) -> dict | None:
+    return next((m for m in manifests if m["kind"] == "NetworkPolicy"), None)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_network_policy_admits_the_clients_to_traffic_and_prometheus_to_metrics(kube_version):
+    body = resource({"grpcPort": 9000, "networkPolicy": {"enabled": True, "clients": CLIENTS, "prometheus": PROMETHEUS}})
+    validate_rolloutrouter(body)
+    policy = policy_of(render(body))
+    kubernetes_validate.validate(policy, kube_version, strict=True)
+    assert policy["metadata"]["name"] == "rr1-router"
+    assert policy["spec"]["podSelector"] == {"matchLabels": router_labels("rr1")}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    traffic, metrics = policy["spec"]["ingress"]
+    assert traffic["from"] == CLIENTS
+    assert traffic["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 50051}]
+    assert metrics == {"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8080}]}
+    deployment = next(m for m in render(body) if m["kind"] == "Deployment")
+    ports = {p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {8080, 50051}  # the policy names every port the router listens on
+
+
+def test_network_policy_without_clients_lets_only_prometheus_in_and_is_off_by_default():
+    only_prometheus = policy_of(render(resource({"networkPolicy": {"enabled": True, "prometheus": PROMETHEUS}})))
+    assert only_prometheus["spec"]["ingress"] == [{"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8080}]}]
+    closed = policy_of(render(resource({"networkPolicy": {"enabled": True}})))
+    assert closed["spec"]["ingress"] == []  # enabled with no peers: nothing reaches the routers
+    assert policy_of(render(resource())) is None
+    assert policy_of(render(resource({"networkPolicy": {"enabled": False, "clients": CLIENTS}}))) is None
+
+
+@pytest.mark.parametrize("peer", [{}, {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}, {"podName": "x"}])
+def test_a_peer_must_be_selectors_or_an_ip_block(peer):
+    with pytest.raises(InvalidSpec, match=r"spec\.networkPolicy\.clients\[0\]"):
+        render(resource({"networkPolicy": {"enabled": True, "clients": [peer]}}))
+
+
+def test_an_image_off_the_allowlist_is_an_invalid_spec_and_renders_nothing():
+    allowed = ["registry.example.com/rollout-router:*", "ghcr.io/rolloutrouter/rollout-router@sha256:*"]
+    assert render(resource({"router": {"image": "registry.example.com/rollout-router:1.2"}}), allowed_images=allowed)
+    assert render(resource({"router": {"image": "ghcr.io/rolloutrouter/rollout-router@sha256:ab"}}), allowed_images=allowed)
+    for image in ("registry.example.com/other:1", "evil.example/rollout-router:1",
+                  "registry.example.com/rollout-router"):  # no tag: not "...:*"
+        with pytest.raises(InvalidSpec, match=r"^spec\.router\.image: .* is not an allowed router image"):
+            render(resource({"router": {"image": image}}), allowed_images=allowed)
+    assert render(resource({"router": {"image": "anything.example/x:1"}}))  # no allowlist: any image
+
+
+def _handler(registry: kopf.OperatorRegistry, name: str):
+    """One registered handler's function (kopf keeps them in per-kind registries)."""
+    found = [h.fn for reg in (registry._changing, registry._spawning) for h in reg.get_all_handlers()
+             if h.fn.__name__ == name]
+    return found[0]
+
+
+async def test_a_null_status_reaches_reconcile_and_the_timer_without_error(monkeypatch):
+    """Seen: ``dict(body.status)`` failed with 'NoneType' object is not iterable on ``status: null``."""
+    written: list[dict] = []
+
+    async def patch_status(namespace, name, status):
+        written.append(status)
+
+    async def apply(manifest):
+        pass
+
+    async def list_nothing(namespace, selector):
+        return []
+    monkeypatch.setattr(handlers.kube, "patch_status", patch_status)
+    monkeypatch.setattr(handlers.kube, "apply", apply)
+    monkeypatch.setattr(handlers.kube, "delete", lambda *args: apply(None))
+    monkeypatch.setattr("rollout_router_operator.status.kube.list_pods", list_nothing)
+    monkeypatch.setattr("rollout_router_operator.status.kube.list_replicasets", list_nothing)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, 1.0, "example.com/rr:1", ["example.com/*"])
+    body = resource({"router": {"image": "elsewhere.example/rr:1"}})  # off the allowlist: the invalid branch
+    body["metadata"]["generation"] = 1
+    memo = kopf.Memo()
+    logger = kopf.LocalObjectLogger(body=kopf.Body(body), settings=kopf.OperatorSettings())
+    await _handler(registry, "reconcile")(body=kopf.Body({**body, "status": None}), retry=0, reason="create",
+                                          memo=memo, logger=logger)
+    assert written[-1]["conditions"][2]["reason"] == "InvalidSpec"
+    body["spec"]["router"] = {}
+    await _handler(registry, "reconcile")(body=kopf.Body({**body, "status": None}), retry=0, reason="update",
+                                          memo=memo, logger=logger)
+    await _handler(registry, "refresh")(body=kopf.Body({**body, "status": None}), memo=kopf.Memo())
+    assert written[-1]["observedGeneration"] is None and written[-1]["routers"]["summary"] == "0/1"
