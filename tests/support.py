@@ -1,15 +1,16 @@
-"""Test helpers: free ports, a scripted replica, and an in-process router on real sockets."""
+"""Test helpers: a scripted replica and an in-process router on real sockets (port 0), and waiting for a condition."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from rollout_router.app import Runtime, create_app
-from rollout_router.localfleet import free_port
 from rollout_router.settings import RouterSettings
 
 
@@ -43,8 +44,8 @@ class ScriptedReplica:
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handler_cancellation=True)
         await self._runner.setup()
-        self.port = self.port or free_port(self.host)
         await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]  # the kernel's pick when port is 0
         return self
 
     async def stop(self) -> None:
@@ -105,15 +106,14 @@ class ScriptedReplica:
 async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc: bool = False):
     """An in-process router on a real socket; yields (base_url, runtime).
 
-    With ``grpc`` it also listens for gRPC on a free port (``runtime.grpc_port``).
+    Both listen on port 0: the kernel picks free ports (``runtime.grpc_port`` with ``grpc``).
     """
     runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None)
     runner = web.AppRunner(create_app(runtime), handler_cancellation=True)
     await runner.setup()
-    port = free_port(host)
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, 0).start()
     try:
-        yield f"http://{host}:{port}", runtime
+        yield f"http://{host}:{runner.addresses[0][1]}", runtime
     finally:
         await runner.cleanup()
 
@@ -126,3 +126,21 @@ async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01) -> N
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0) -> object:
+    """Poll ``check`` until it returns something truthy, and return that (exceptions count as not yet).
+
+    The blocking twin of ``wait_for``, for tests that drive processes.
+    """
+    last: object = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as error:  # noqa: BLE001  (not there yet)
+            last = error
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
