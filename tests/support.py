@@ -1,17 +1,22 @@
-"""Test helpers: a scripted replica and an in-process router on real sockets (port 0), and waiting for a condition."""
+"""Test helpers: a scripted replica and an in-process router on real sockets (port 0), waiting for a
+condition, and an event loop on a simulated clock."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import selectors
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from rollout_router.app import Runtime, create_app
 from rollout_router.settings import RouterSettings
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -144,3 +149,42 @@ def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0) ->
             last = error
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """Never sleeps for a timer: when nothing is ready, it moves the loop's clock to the timer instead."""
+
+    def __init__(self, loop: "VirtualClockLoop"):
+        super().__init__()
+        self.loop = loop
+
+    def select(self, timeout: float | None = None):
+        ready = super().select(0 if timeout is not None else None)
+        if not ready and timeout:
+            self.loop.now += timeout
+        return ready
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop on a simulated clock: whenever every task waits on a timer, time jumps to it.
+
+    Code under test keeps calling ``loop.time()`` and ``asyncio.sleep``; durations
+    it measures are then exactly the ones it simulated, however loaded the machine
+    (for in-process engines only: real sockets would see time jump).
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(_JumpingSelector(self))
+
+    def time(self) -> float:
+        return self.now
+
+
+def run_in_virtual_time(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to completion on a fresh ``VirtualClockLoop``."""
+    loop = VirtualClockLoop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()
