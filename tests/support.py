@@ -1,16 +1,22 @@
-"""Test helpers: free ports, a scripted replica, and an in-process router on real sockets."""
+"""Test helpers: a scripted replica and an in-process router on real sockets (port 0), waiting for a
+condition, and an event loop on a simulated clock."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import selectors
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from rollout_router.app import Runtime, create_app
-from rollout_router.localfleet import free_port
 from rollout_router.settings import RouterSettings
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -43,8 +49,8 @@ class ScriptedReplica:
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handler_cancellation=True)
         await self._runner.setup()
-        self.port = self.port or free_port(self.host)
         await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]  # the kernel's pick when port is 0
         return self
 
     async def stop(self) -> None:
@@ -105,15 +111,14 @@ class ScriptedReplica:
 async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc: bool = False):
     """An in-process router on a real socket; yields (base_url, runtime).
 
-    With ``grpc`` it also listens for gRPC on a free port (``runtime.grpc_port``).
+    Both listen on port 0: the kernel picks free ports (``runtime.grpc_port`` with ``grpc``).
     """
     runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None)
     runner = web.AppRunner(create_app(runtime), handler_cancellation=True)
     await runner.setup()
-    port = free_port(host)
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, 0).start()
     try:
-        yield f"http://{host}:{port}", runtime
+        yield f"http://{host}:{runner.addresses[0][1]}", runtime
     finally:
         await runner.cleanup()
 
@@ -126,3 +131,60 @@ async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01) -> N
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0) -> object:
+    """Poll ``check`` until it returns something truthy, and return that (exceptions count as not yet).
+
+    The blocking twin of ``wait_for``, for tests that drive processes.
+    """
+    last: object = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as error:  # noqa: BLE001  (not there yet)
+            last = error
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """Never sleeps for a timer: when nothing is ready, it moves the loop's clock to the timer instead."""
+
+    def __init__(self, loop: "VirtualClockLoop"):
+        super().__init__()
+        self.loop = loop
+
+    def select(self, timeout: float | None = None):
+        ready = super().select(0 if timeout is not None else None)
+        if not ready and timeout:
+            self.loop.now += timeout
+        return ready
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop on a simulated clock: whenever every task waits on a timer, time jumps to it.
+
+    Code under test keeps calling ``loop.time()`` and ``asyncio.sleep``; durations
+    it measures are then exactly the ones it simulated, however loaded the machine
+    (for in-process engines only: real sockets would see time jump).
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(_JumpingSelector(self))
+
+    def time(self) -> float:
+        return self.now
+
+
+def run_in_virtual_time(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to completion on a fresh ``VirtualClockLoop``."""
+    loop = VirtualClockLoop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()

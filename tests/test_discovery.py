@@ -95,13 +95,16 @@ def test_a_new_watch_takes_over_the_set_and_drops_what_no_longer_matches():
     assert [r.id for r in replicas.replicas()] == ["http://10.0.0.1:9000"]
 
 
-async def test_discovery_that_cannot_start_keeps_retrying(monkeypatch):
+async def test_discovery_that_cannot_start_keeps_retrying(monkeypatch, caplog):
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     monkeypatch.setattr(discovery, "SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent/namespace"))
     monkeypatch.setattr(discovery, "BACKOFF_MIN", 0.01)
     task = asyncio.create_task(discovery.run(SETTINGS, ReplicaSet(), api=object()))
-    await asyncio.sleep(0.2)
-    assert not task.done()  # no namespace yet: still trying, not dead
+
+    def attempts() -> int:
+        return sum("pod discovery cannot start" in record.getMessage() for record in caplog.records)
+    await wait_for(lambda: attempts() >= 3 or task.done())
+    assert not task.done() and attempts() >= 3  # no namespace yet: tried again and again, not dead
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

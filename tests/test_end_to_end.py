@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import urllib.request
 
 import openai
 import pytest
 
-from rollout_router.localfleet import free_port, local_fleet, spawn, spawn_replica, wait_healthy
+from rollout_router.localfleet import local_fleet, spawn, spawn_replica, wait_healthy
+from tests.support import wait_until
 
 
 def get_json(url: str) -> dict:
@@ -69,14 +69,12 @@ def test_openai_client_sees_router_errors_as_api_errors(fleet):
 
 
 def test_serve_reloads_config_on_sighup_keeping_pins(tmp_path):
-    replica = spawn_replica(0)
+    replica = spawn_replica(0).bound()
     config = tmp_path / "router.yaml"
     try:
         wait_healthy(replica, "/health")
         config.write_text(f"backends: [{replica.url}]\naffinityBreakMargin: null\n")
-        port = free_port()
-        router = spawn(["serve", "--host", "127.0.0.1", "--port", str(port), "--config", str(config)],
-                       f"http://127.0.0.1:{port}")
+        router = spawn(["serve", "--config", str(config)], "127.0.0.1").bound()
         try:
             wait_healthy(router, "/readyz")
             client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0)
@@ -84,17 +82,13 @@ def test_serve_reloads_config_on_sighup_keeping_pins(tmp_path):
                                            extra_headers={"X-Session-ID": "keep-me"})
             config.write_text(f"backends: [{replica.url}]\naffinityBreakMargin: 3\n")
             router.process.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 10
-            while get_json(f"{router.url}/status")["affinity_break_margin"] != 3:
-                assert time.monotonic() < deadline, "SIGHUP did not apply the new margin"
-                time.sleep(0.05)
+            wait_until(lambda: get_json(f"{router.url}/status")["affinity_break_margin"] == 3, "SIGHUP to apply the margin")
             status = get_json(f"{router.url}/status")
             assert status["sessions"] == 1 and status["new_sessions"] == 1
             config.write_text("affinityBreakMargin: -1\n")  # invalid: logged, not applied, no crash
             router.process.send_signal(signal.SIGHUP)
-            while get_json(f"{router.url}/status")["config_reloads"]["rejected"] < 1:
-                assert time.monotonic() < deadline + 10, "SIGHUP did not re-read the config"
-                time.sleep(0.05)
+            wait_until(lambda: get_json(f"{router.url}/status")["config_reloads"]["rejected"] >= 1,
+                       "SIGHUP to re-read (and reject) the config")
             assert router.process.poll() is None
             status = get_json(f"{router.url}/status")
             assert status["affinity_break_margin"] == 3 and status["sessions"] == 1

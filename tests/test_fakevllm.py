@@ -9,7 +9,6 @@ import logging
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -22,11 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_router.fakevllm import FakeVllmConfig, add_arguments, create_app
 from rollout_router.fakevllm.api import ENGINE
+from rollout_router.fakevllm.engine import Engine
+from rollout_router.fakevllm.metrics import Metrics
 from rollout_router.fakevllm.cli import config_from_args
 from rollout_router.fakevllm.prefix_cache import BlockPool, extend_hashes
 from rollout_router.fakevllm.scheduler import Request, Scheduler, Status
 from rollout_router.fakevllm.tokens import output_word, tokenize, word_id
-from tests.support import wait_for
+from tests.support import run_in_virtual_time, wait_for
 
 # --------------------------------------------------------------------------- helpers
 
@@ -50,24 +51,36 @@ def words(n: int, tag: str = "w") -> str:
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[tuple[str, str], float]:
     """Sample values by (name, finished_reason or "")."""
     async with session.get(f"{url}/metrics") as response:
-        text = await response.text()
+        return samples(await response.text())
+
+
+def samples(text: str) -> dict[tuple[str, str], float]:
+    """Sample values of a metrics page by (name, finished_reason or "")."""
     return {(s.name, s.labels.get("finished_reason", "")): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-async def token_times(session: aiohttp.ClientSession, url: str, payload: dict) -> list[float]:
-    """Arrival time of every streamed token chunk, from the request's start."""
-    start = time.perf_counter()
-    times = []
-    async with session.post(f"{url}/v1/completions", json={**payload, "stream": True}) as response:
-        async for line in response.content:
-            if line.startswith(b"data: {"):
-                times.append(time.perf_counter() - start)
-    return times
+@contextlib.asynccontextmanager
+async def running_engine(**knobs: object) -> AsyncIterator[Engine]:
+    """A bare engine loop (no HTTP), for tests on a ``VirtualClockLoop``."""
+    config = FakeVllmConfig(**knobs)
+    engine = Engine(config, Metrics(config.served_model_name))
+    task = asyncio.create_task(engine.run())
+    try:
+        yield engine
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
-def assert_idle(app: web.Application) -> None:
-    engine = app[ENGINE]
+async def token_times(engine: Engine, prompt: str, max_tokens: int) -> list[float]:
+    """When each token of one request arrives, from its submission, on the loop's clock."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    return [loop.time() - start async for _ in engine.submit(tokenize(prompt), max_tokens)]
+
+
+def assert_idle(engine: Engine) -> None:
     assert not engine.scheduler.running and not engine.scheduler.waiting
     assert engine.pool.num_used == 0 and not engine._streams
     engine.pool.check()
@@ -215,29 +228,42 @@ def test_scheduler_keeps_pool_invariants(block_size, num_blocks, max_num_seqs, b
 # --------------------------------------------------------------------------- timing
 
 
-async def test_cached_prefix_gives_lower_time_to_first_token():
-    async with serving() as (url, app), aiohttp.ClientSession() as session:
-        payload = {"prompt": words(2000), "max_tokens": 2}
-        uncached = (await token_times(session, url, payload))[0]
-        cached = (await token_times(session, url, payload))[0]
-        assert cached < uncached
-        metrics = await scrape(session, url)
-        assert metrics[("vllm:prefix_cache_queries_total", "")] == 4000
-        assert metrics[("vllm:prefix_cache_hits_total", "")] == 1984  # full blocks of 1999 tokens
-        assert metrics[("vllm:time_to_first_token_seconds_count", "")] == 2
+# Simulated time (VirtualClockLoop): each duration is exactly the sum of the engine's step costs,
+# however loaded the machine running the test.
 
 
-async def test_bigger_batch_decodes_slower():
-    async with serving(decode_ms_per_seq=0.5) as (url, app), aiohttp.ClientSession() as session:
-        payload = {"prompt": words(8, "probe"), "max_tokens": 20}
-        alone = await token_times(session, url, payload)
-        crowd = [asyncio.create_task(token_times(session, url, {"prompt": words(8, f"c{i}"), "max_tokens": 40}))
-                 for i in range(32)]
-        await wait_for(lambda: len(app[ENGINE].scheduler.running) == 32)
-        batched = await token_times(session, url, payload)
-        await asyncio.gather(*crowd)
-        assert batched[-1] - batched[0] > alone[-1] - alone[0]
-        assert_idle(app)
+def test_cached_prefix_gives_lower_time_to_first_token():
+    async def first_tokens() -> tuple[Engine, float, float]:
+        async with running_engine() as engine:
+            uncached = (await token_times(engine, words(2000), 2))[0]
+            cached = (await token_times(engine, words(2000), 2))[0]
+            return engine, uncached, cached
+
+    engine, uncached, cached = run_in_virtual_time(first_tokens())
+    assert uncached == pytest.approx(engine.config.step_seconds(1, 2000))  # one step prefills all 2000 tokens
+    assert cached == pytest.approx(engine.config.step_seconds(1, 2000 - 1984)) and cached < uncached
+    metrics = samples(engine.metrics.render().decode())
+    assert metrics[("vllm:prefix_cache_queries_total", "")] == 4000
+    assert metrics[("vllm:prefix_cache_hits_total", "")] == 1984  # full blocks of 1999 tokens
+    assert metrics[("vllm:time_to_first_token_seconds_count", "")] == 2
+    assert metrics[("vllm:time_to_first_token_seconds_sum", "")] == pytest.approx(uncached + cached)
+
+
+def test_bigger_batch_decodes_slower():
+    async def decode_spans() -> tuple[Engine, float, float]:
+        async with running_engine(decode_ms_per_seq=0.5) as engine:
+            alone = await token_times(engine, words(8, "probe"), 20)
+            crowd = [asyncio.create_task(token_times(engine, words(8, f"c{i}"), 40)) for i in range(32)]
+            await wait_for(lambda: len(engine.scheduler.running) == 32)
+            batched = await token_times(engine, words(8, "probe"), 20)
+            await asyncio.gather(*crowd)
+            assert_idle(engine)
+            return engine, alone[-1] - alone[0], batched[-1] - batched[0]
+
+    engine, alone, batched = run_in_virtual_time(decode_spans())
+    assert alone == pytest.approx(19 * engine.config.step_seconds(1, 0))
+    assert batched == pytest.approx(19 * engine.config.step_seconds(33, 0))  # the crowd outlasts the probe
+    assert batched > alone
 
 
 async def test_preemption_and_waiting_keep_outputs_right():
@@ -259,7 +285,7 @@ async def test_preemption_and_waiting_keep_outputs_right():
         expected = " ".join(output_word(10, i) for i in range(30))
         assert all(r["choices"][0]["text"] == expected for r in results)
         assert all(r["usage"]["completion_tokens"] == 30 for r in results)
-        assert_idle(app)
+        assert_idle(app[ENGINE])
 
 
 # --------------------------------------------------------------------------- OpenAI surface
@@ -295,7 +321,7 @@ async def test_openai_client_streams_and_completes():
             assert done.choices[0].finish_reason == "stop" and done.usage.completion_tokens == 16
         finally:
             await client.close()
-        assert_idle(app)
+        assert_idle(app[ENGINE])
 
 
 async def test_next_turn_hits_the_cache_over_the_previous_reply():
@@ -334,7 +360,7 @@ async def test_errors_look_like_vllm():
                 assert set(error) == {"message", "type", "param", "code"}
                 assert error["code"] == status and error["param"] == param and error["message"]
                 assert error["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
-        assert_idle(app)
+        assert_idle(app[ENGINE])
 
 
 async def test_tokenize_health_and_models():
@@ -397,13 +423,13 @@ async def test_client_disconnect_aborts_streaming_and_plain_requests(caplog):
         assert len(engine.scheduler.running) == 1 and engine.pool.num_used > 0
         response.close()
         await wait_for(lambda: not engine.scheduler.running)
-        assert_idle(app)
+        assert_idle(app[ENGINE])
 
         plain = asyncio.create_task(session.post(f"{url}/v1/completions", json={**body, "stream": False}))
         await wait_for(lambda: engine.scheduler.running)
         plain.cancel()
         await wait_for(lambda: not engine.scheduler.running)
-        assert_idle(app)
+        assert_idle(app[ENGINE])
 
         metrics = await scrape(session, url)
         assert metrics[("vllm:num_requests_running", "")] == 0

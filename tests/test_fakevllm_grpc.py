@@ -19,7 +19,8 @@ from rollout_router.fakevllm.api import ENGINE
 from rollout_router.fakevllm.engine import Engine
 from rollout_router.fakevllm.tokens import output_word, tokenize
 from tests.support import wait_for
-from tests.test_fakevllm import assert_stops_cleanly_on_sigterm, fake_vllm_process, printed_line, scrape, words
+from tests.test_fakevllm import (assert_idle, assert_stops_cleanly_on_sigterm, fake_vllm_process, printed_line, scrape,
+                                 words)
 
 
 @dataclasses.dataclass
@@ -65,12 +66,6 @@ def generate(ids: list[int] | None = None, max_tokens: int | None = None, stream
 
 def expected_ids(num_prompt: int, count: int) -> list[int]:
     return tokenize(" ".join(output_word(num_prompt, i) for i in range(count)))
-
-
-def assert_idle(engine: Engine) -> None:
-    assert not engine.scheduler.running and not engine.scheduler.waiting
-    assert engine.pool.num_used == 0 and not engine._streams
-    engine.pool.check()
 
 
 # --------------------------------------------------------------------------- Generate

@@ -9,10 +9,11 @@ Tests run in order and share one stack; each step waits with a bounded loop.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollout_router.localfleet import free_port
+from rollout_router.localfleet import Starting, free_port
 from rollout_router_operator.render import child_refs, router_labels
 from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, cluster  # noqa: F401  (fixture)
 from tests.k8s.pods import add_pod, add_router_pod, set_status
@@ -35,7 +36,6 @@ from tests.k8s.resources import object_path as kube_path
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
 NAME, LABELS = "e2e", {"app": "vllm-e2e"}
 VLLM_IPS = ["127.0.0.31", "127.0.0.32", "127.0.0.33"]
-ROUTER_IPS = [f"127.0.0.{n}" for n in range(40, 50)]
 UNSCHEDULABLE = {"rolloutrouter.dev/test": "no-such-node"}  # on a real cluster the Deployment's pods stay Pending
 ROUTER_IMAGE = "registry.example.com/mirror/rollout-router:e2e"  # the operator's ROLLOUT_ROUTER_IMAGE
 
@@ -54,13 +54,10 @@ def wait_for(check: Callable[[], object], what: str, timeout: float = 20.0) -> o
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-def port_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+def loopback_address() -> str:
+    """A random 127.x.y.z for a server that must listen on a fixed port (the router's 8080, which the
+    operator polls): concurrent runs do not meet on it, and one taken anyway is retried on another."""
+    return f"127.{random.randint(64, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
 
 
 def get_json(url: str) -> dict:
@@ -73,8 +70,8 @@ class Stack:
     cluster: Cluster
     workdir: Path
     vllm_port: int
-    router_ip: str
     metrics_port: int
+    router_ip: str = ""
     procs: list[subprocess.Popen] = field(default_factory=list)
     router: subprocess.Popen | None = None
 
@@ -119,11 +116,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:  # noqa: F811
-    router_ip = next((ip for ip in ROUTER_IPS if port_free(ip, 8080)), None)
-    if router_ip is None:
-        pytest.skip("no 127.0.0.x address with port 8080 free for the router")
     vllm_port = free_port(VLLM_IPS[0])
-    s = Stack(cluster, tmp_path_factory.mktemp("e2e"), vllm_port, router_ip, free_port("127.0.0.1"))
+    s = Stack(cluster, tmp_path_factory.mktemp("e2e"), vllm_port, free_port("127.0.0.1"))
     try:
         for index, ip in enumerate(VLLM_IPS):
             s.spawn("fake-vllm", "--host", ip, "--port", str(vllm_port), "--speed", "10", log=f"vllm-{index}.log")
@@ -181,8 +175,16 @@ def get_object(c: Cluster, api_version: str, kind: str, name: str) -> dict | Non
 
 def test_router_discovers_the_replicas(stack: Stack):
     stack.sync_config()
-    stack.router = stack.spawn("serve", "--config", str(stack.workdir / "config.yaml"), "--host", stack.router_ip,
-                               "--port", "8080", log="router.log")
+    for attempt in range(5):  # an address already taken fails the router's start: another one
+        ip, port_file = loopback_address(), stack.workdir / f"router-{attempt}" / "ports.json"
+        port_file.parent.mkdir()
+        router = stack.spawn("serve", "--config", str(stack.workdir / "config.yaml"), "--host", ip, "--port", "8080",
+                             "--port-file", str(port_file), log=f"router-{attempt}.log")
+        with contextlib.suppress(RuntimeError):
+            Starting(router, ip, port_file).bound()
+            stack.router, stack.router_ip = router, ip
+            break
+    assert stack.router is not None, f"no router started; logs in {stack.workdir}"
     add_router_pod(stack.cluster, f"{NAME}-router", f"{NAME}-router-0", {**router_labels(NAME), "pod-template-hash": "test"},
                    stack.router_ip)
     wanted = {f"http://{ip}:{stack.vllm_port}" for ip in VLLM_IPS}
@@ -285,7 +287,7 @@ def test_image_and_replicas_roll_and_an_unreachable_router_is_reported(stack: St
     assert after.spec.template.spec.containers[0].image == "example.com/rollout-router:next"
     assert after.spec.replicas == 2 and after.metadata.generation > before.metadata.generation
     # A second router pod whose /status does not answer: reported, not fatal.
-    silent_ip = next(ip for ip in ROUTER_IPS if ip != stack.router_ip and port_free(ip, 8080))
+    silent_ip = loopback_address()  # nothing listens there
     add_router_pod(c, f"{NAME}-router", f"{NAME}-router-1", {**router_labels(NAME), "pod-template-hash": "test"}, silent_ip)
 
     def reported() -> bool:

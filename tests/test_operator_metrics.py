@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollout_router.kube.client import ApiError
 from rollout_router_operator import cli, kube, metrics
 from rollout_router_operator.spec import DEFAULT_IMAGE
-from tests.support import free_port
 
 POLLED = {"conditions": [{"type": "Ready", "status": "True"}, {"type": "Degraded", "status": "True"}],
           "affinity": {"routersRead": 2, "unreachable": ["r2"]}}
@@ -63,8 +62,7 @@ def test_status_documents_count_router_reads_and_conditions():
 
 
 def test_metrics_are_served_over_http():
-    port = free_port()
-    metrics.serve("127.0.0.1", port)
+    port = metrics.serve("127.0.0.1", 0)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as response:
         names = {family.name for family in text_string_to_metric_families(response.read().decode())}
     assert {"rolloutrouter_operator_reconciles", "rolloutrouter_operator_status_polls", "rolloutrouter_operator_resources",

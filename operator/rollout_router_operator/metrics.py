@@ -110,6 +110,10 @@ def forget(namespace: str, name: str) -> None:
     RESOURCES.seen.pop((namespace, name), None)
 
 
-def serve(host: str, port: int) -> None:
-    """Serve /metrics in a background thread; a port already taken fails the start, loudly."""
-    start_http_server(port, addr=host, registry=REGISTRY)
+def serve(host: str, port: int) -> int:
+    """Serve /metrics in a background thread; a port already taken fails the start, loudly.
+
+    Returns the bound port (the kernel's pick for port 0).
+    """
+    server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+    return server.server_port

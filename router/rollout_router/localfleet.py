@@ -1,23 +1,35 @@
 """Simulated replicas and a router as real local processes (demo, tests, benchmarks).
 
 Each replica is ``rollout-router fake-vllm`` on its own loopback address
-(127.0.0.x), each router ``rollout-router serve``; both are polled over HTTP
-until they answer, and stopped with SIGTERM.
+(127.0.0.x), each router ``rollout-router serve``; both bind port 0 and report
+the ports they got through ``--port-file`` (no port is chosen ahead and raced
+for), are then polled over HTTP until they answer, and stopped with SIGTERM.
 """
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from .listening import address, read_port_file
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for third-party servers that cannot report a port-0 bind (real vLLM, vllm-router).
+
+    Racy (another process may take it before the server binds): our own
+    servers bind port 0 and report through ``--port-file`` instead (``spawn``).
+    """
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -35,13 +47,18 @@ class Service:
         return f"{self.url},grpc={self.grpc_target}" if self.grpc_target else self.url
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def command(*args: str) -> list[str]:
@@ -49,8 +66,46 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rollout_router.cli", *args]
 
 
-def spawn(args: Sequence[str], url: str) -> Service:
-    return Service(url, subprocess.Popen(command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+@dataclass
+class Starting:
+    """A ``rollout-router`` server started on ``--port 0``; ``bound()`` waits for its port file."""
+
+    process: subprocess.Popen
+    host: str
+    port_file: Path
+
+    def bound(self, timeout: float = 30.0) -> Service:
+        """The service at the ports it reported; fail with its stderr if it died first."""
+        try:
+            ports = self._wait_ports(timeout)
+        finally:
+            shutil.rmtree(self.port_file.parent, ignore_errors=True)
+        grpc = address(self.host, ports["grpc"]) if ports["grpc"] is not None else None
+        return Service(f"http://{address(self.host, ports['http'])}", self.process, grpc)
+
+    def _wait_ports(self, timeout: float) -> dict[str, int | None]:
+        deadline = time.monotonic() + timeout
+        while (ports := read_port_file(self.port_file)) is None:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"rollout-router on {self.host} exited with {self.process.returncode}: "
+                                   f"{_stderr(self.process)}")
+            if time.monotonic() > deadline:
+                stop(self.process)
+                raise TimeoutError(f"rollout-router on {self.host} did not bind within {timeout}s")
+            time.sleep(0.02)
+        return ports
+
+
+def spawn(args: Sequence[str], host: str, log: IO[str] | None = None) -> Starting:
+    """``rollout-router ARGS --host HOST --port 0 --port-file ...``; ARGS may add ``--grpc-port 0``.
+
+    Output goes to ``log`` when given, else stderr is kept for the error of a server that dies.
+    """
+    port_file = Path(tempfile.mkdtemp(prefix="rollout-router-")) / "ports.json"
+    process = subprocess.Popen(command(*args, "--host", host, "--port", "0", "--port-file", str(port_file)),
+                               stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT if log else subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True)
+    return Starting(process, host, port_file)
 
 
 def wait_healthy(service: Service, health: str, timeout: float = 30.0) -> Service:
@@ -58,8 +113,7 @@ def wait_healthy(service: Service, health: str, timeout: float = 30.0) -> Servic
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
-            raise RuntimeError(f"{service.url} exited with {service.process.returncode}: "
-                               f"{service.process.stderr.read()[-2000:]}")
+            raise RuntimeError(f"{service.url} exited with {service.process.returncode}: {_stderr(service.process)}")
         try:
             with urllib.request.urlopen(service.url + health, timeout=1) as response:
                 if response.status == 200:
@@ -70,23 +124,19 @@ def wait_healthy(service: Service, health: str, timeout: float = 30.0) -> Servic
     raise TimeoutError(f"{service.url} did not become healthy within {timeout}s")
 
 
-def spawn_replica(index: int, fake_args: Sequence[str] = (), grpc: bool = False) -> Service:
-    host = f"127.0.0.{10 + index}"
-    port, grpc_port = free_port(host), free_port(host) if grpc else None
-    extra = ["--grpc-port", str(grpc_port)] if grpc else []
-    service = spawn(["fake-vllm", "--host", host, "--port", str(port), *extra, *fake_args], f"http://{host}:{port}")
-    service.grpc_target = f"{host}:{grpc_port}" if grpc else None
-    return service
+def _stderr(process: subprocess.Popen) -> str:
+    return process.stderr.read()[-2000:] if process.stderr else "(output in its log)"
 
 
-def spawn_router(backends: Sequence[str], router_args: Sequence[str] = (), grpc: bool = False) -> Service:
-    port, grpc_port = free_port(), free_port() if grpc else None
+def spawn_replica(index: int, fake_args: Sequence[str] = (), grpc: bool = False) -> Starting:
+    """A simulated replica on its own loopback address, 127.0.0.(10 + index)."""
+    return spawn(["fake-vllm", *(["--grpc-port", "0"] if grpc else []), *fake_args], f"127.0.0.{10 + index}")
+
+
+def spawn_router(backends: Sequence[str], router_args: Sequence[str] = (), grpc: bool = False) -> Starting:
     flags = [arg for backend in backends for arg in ("--backend", backend)]
-    extra = ["--grpc-port", str(grpc_port)] if grpc else []
-    service = spawn(["serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags, *extra,
-                     *router_args], f"http://127.0.0.1:{port}")
-    service.grpc_target = f"127.0.0.1:{grpc_port}" if grpc else None
-    return service
+    return spawn(["serve", "--log-level", "warning", *flags, *(["--grpc-port", "0"] if grpc else []), *router_args],
+                 "127.0.0.1")
 
 
 @contextlib.contextmanager
@@ -96,15 +146,17 @@ def local_fleet(replicas: int, router_args: Sequence[str] = (), fake_args: Seque
 
     With ``grpc`` the replicas and the router also serve gRPC (``Service.grpc_target``).
     """
-    started: list[Service] = []
+    processes: list[subprocess.Popen] = []  # stopped on exit, even those that never bound
     try:
-        started.extend(spawn_replica(index, fake_args, grpc) for index in range(replicas))
-        router = spawn_router([s.backend for s in started], router_args, grpc)
-        started.append(router)
-        for service in started[:-1]:
+        starting = [spawn_replica(index, fake_args, grpc) for index in range(replicas)]
+        processes.extend(s.process for s in starting)
+        fleet = [s.bound() for s in starting]
+        starting_router = spawn_router([s.backend for s in fleet], router_args, grpc)
+        processes.append(starting_router.process)
+        router = starting_router.bound()
+        for service in fleet:
             wait_healthy(service, "/health")
-        wait_healthy(router, "/readyz")
-        yield router, started[:-1]
+        yield wait_healthy(router, "/readyz"), fleet
     finally:
-        for service in reversed(started):
-            service.stop()
+        for process in reversed(processes):
+            stop(process)

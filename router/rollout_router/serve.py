@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from . import listening
 from .app import Runtime, create_app
 from .settings import RouterSettings, SettingsError, load_settings, parse_settings
 
@@ -32,9 +33,10 @@ def _backend(text: str) -> dict:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port", type=int, default=8080, help="HTTP port (0 picks a free one).")
     parser.add_argument("--grpc-port", type=int, help="Also serve gRPC (vLLM's VllmEngine and any other "
-                        "service, passed through) on this port; replicas need a gRPC target.")
+                        "service, passed through) on this port (0 picks a free one); replicas need a gRPC target.")
+    listening.add_arguments(parser)
     parser.add_argument("--config", type=Path, help="YAML/JSON RouterSettings; reloaded on change and on SIGHUP.")
     parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]",
                         type=_backend, help="A vLLM replica base URL, with its gRPC server if any (repeat). "
@@ -104,22 +106,29 @@ def run(args: argparse.Namespace) -> int:
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
     runtime = Runtime(settings, args.config, overrides, grpc_address)
-    app = create_app(runtime)
-
-    async def on_startup(app: web.Application) -> None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, runtime.reload)
-
-    async def announce(app: web.Application):
-        print(f"rollout-router listening on http://{args.host}:{args.port}", flush=True)
-        if runtime.grpc_port is not None:
-            print(f"rollout-router grpc listening on {args.host}:{runtime.grpc_port}", flush=True)
-        yield
-
-    app.on_startup.append(on_startup)
-    app.cleanup_ctx.append(announce)
-    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None,
-                access_log=None, shutdown_timeout=5)
+    asyncio.run(_serve(runtime, args.host, args.port, args.port_file))
     return 0
+
+
+async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None) -> None:
+    """Bind, announce the bound ports, serve until SIGINT/SIGTERM; SIGHUP reloads the settings.
+
+    Our own runner rather than ``web.run_app``, which cannot tell which port
+    ``--port 0`` got.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, runtime.reload)
+    runner = web.AppRunner(create_app(runtime), handler_cancellation=True, access_log=None, shutdown_timeout=5)
+    await runner.setup()  # starts the gRPC listener, if any (Runtime.lifecycle)
+    try:
+        await web.TCPSite(runner, host, port).start()
+        listening.announce("rollout-router", host, runner.addresses[0][1], runtime.grpc_port, port_file)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def _use_uvloop() -> None:

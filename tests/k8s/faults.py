@@ -26,7 +26,11 @@ def _ours(request: web.BaseRequest) -> bool:
 
 class Faults:
     """Set ``rate`` (a share of requests answered with an error), ``outage`` (every request 503),
-    or ``status_conflicts`` (every status patch 409); ``injected`` counts what was answered."""
+    or ``status_conflicts`` (every status patch 409); ``injected`` counts what was answered.
+
+    Under ``rate`` every fifth write of ours is a 409, so conflicts are always exercised; other
+    faults are drawn at random. ``redeleted`` counts DELETEs of a path after one had gone through.
+    """
 
     def __init__(self, token: str = "operator", seed: int = 7):
         self.token = token
@@ -34,6 +38,9 @@ class Faults:
         self.outage = False
         self.status_conflicts = False
         self.injected: collections.Counter[int] = collections.Counter()
+        self.redeleted: collections.Counter[str] = collections.Counter()
+        self._deleted: set[str] = set()
+        self._writes = 0
         self._random = random.Random(seed)
 
     def _choose(self, request: web.BaseRequest) -> int | None:
@@ -41,8 +48,12 @@ class Faults:
             return 503
         if self.status_conflicts and request.method == "PATCH" and request.path.endswith("/status"):
             return 409
+        if self.rate and _ours(request):
+            self._writes += 1
+            if self._writes % 5 == 0:
+                return 409
         if self.rate and self._random.random() < self.rate:
-            return self._random.choice([500, 503, 429, *([409] if _ours(request) else [])])
+            return self._random.choice([500, 503, 429])
         return None
 
     def __call__(self, request: web.BaseRequest) -> web.Response | None:
@@ -50,8 +61,15 @@ class Faults:
             return None
         status = self._choose(request)
         if status is None:
+            if request.method == "DELETE":
+                self._note_delete(request.path)
             return None
         self.injected[status] += 1
         body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status, "reason": REASONS[status],
                 "message": f"injected fault: {request.method} {request.path}"}
         return web.json_response(body, status=status, headers={"Retry-After": "1"} if status == 429 else None)
+
+    def _note_delete(self, path: str) -> None:
+        if path in self._deleted:
+            self.redeleted[path] += 1
+        self._deleted.add(path)

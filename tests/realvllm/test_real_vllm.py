@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
-from rollout_router.localfleet import Service, command, free_port
+from rollout_router.localfleet import Service, free_port, spawn
 
 from .conftest import ENV, LOG_DIR, TINY_MODEL_DIR, VLLM_PYTHON, enabled
 from .vllm_process import SERVED_MODEL, VllmServer
@@ -80,26 +80,26 @@ def prompt_words(tag: str, count: int) -> str:
 
 def start_router(name: str, backends: list[str], args: list[str], grpc: bool = False) -> Service:
     """``rollout-router serve`` from this (the project's) virtualenv, logging to LOG_DIR/NAME.log."""
-    port, grpc_port = free_port(), free_port() if grpc else None
     flags = [arg for backend in backends for arg in ("--backend", backend)]
-    extra = ["--grpc-port", str(grpc_port)] if grpc else []
+    extra = ["--grpc-port", "0"] if grpc else []
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     with open(LOG_DIR / f"{name}.log", "w") as log:
-        process = subprocess.Popen(command("serve", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-                                           "warning", *flags, *extra, *args),
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    router = Service(f"http://127.0.0.1:{port}", process, f"127.0.0.1:{grpc_port}" if grpc else None)
-    deadline = time.monotonic() + 30
-    while True:
+        starting = spawn(["serve", "--log-level", "warning", *flags, *extra, *args], "127.0.0.1", log)
+    router = starting.bound()
+
+    def ready() -> bool:
+        if router.process.poll() is not None:
+            raise RuntimeError(f"router {name} exited: {(LOG_DIR / f'{name}.log').read_text()[-2000:]}")
         try:
-            if get_json(f"{router.url}/readyz").get("status") == "ready":
-                return router
+            return get_json(f"{router.url}/readyz").get("status") == "ready"
         except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            router.stop()
-            raise RuntimeError(f"router {name} did not become ready: {(LOG_DIR / f'{name}.log').read_text()[-2000:]}")
-        time.sleep(0.1)
+            return False
+    try:
+        wait_until(ready, 30, f"router {name} to become ready")
+    except BaseException:
+        router.stop()
+        raise
+    return router
 
 
 # --- fixtures ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
 
-from rollout_router.localfleet import spawn_replica, spawn_router, wait_healthy  # noqa: E402
+from rollout_router.localfleet import spawn_replica, spawn_router, stop, wait_healthy  # noqa: E402
 from tests.tools import promfleet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,14 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "dashboard.png")
     args = parser.parse_args(argv)
     # Replica 0 runs at half speed, so load skews towards it and the margin has work to do.
-    replicas = [spawn_replica(0, ["--speed", "0.5"]), spawn_replica(1), spawn_replica(2)]
-    services = list(replicas)
+    starting = [spawn_replica(0, ["--speed", "0.5"]), spawn_replica(1), spawn_replica(2)]
+    processes = [s.process for s in starting]  # stopped on exit, even those that never bound
     try:
-        for replica in replicas:
-            wait_healthy(replica, "/health")
+        replicas = [wait_healthy(s.bound(), "/health") for s in starting]
         router = spawn_router([r.url for r in replicas], ["--affinity-break-margin", str(args.margin)])
-        services.append(router)
-        wait_healthy(router, "/readyz")
+        processes.append(router.process)
+        router = wait_healthy(router.bound(), "/readyz")
         with promfleet.prometheus(router.url, [r.url for r in replicas]) as prometheus:
             phase = args.seconds / 3
             start = time.time()
@@ -101,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"kept {status['affinity_kept']}, broken {status['affinity_broken']}")
             draw(prometheus, start, end, args.out, note)
     finally:
-        for service in reversed(services):
-            service.stop()
+        for process in reversed(processes):
+            stop(process)
     print(f"wrote {args.out}")
     return 0
 

@@ -27,11 +27,12 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from rollout_router.localfleet import free_port
+from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "rollout-router" / "dashboards" / "rollout-router.json"
 NAMESPACE, ROLLOUTROUTER = "llm-rollouts", "rollouts"
+LISTENING = re.compile(r'"Listening on".*?\baddress=(\S+)')
 VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]")
 
 
@@ -102,27 +103,15 @@ def prometheus(router: str, replicas: list[str], interval: str = "1s") -> Iterat
         directory = Path(tmp)
         config = directory / "prometheus.yml"
         config.write_text(yaml.safe_dump(scrape_config(router, replicas, interval)))
-        port = free_port()
         log = (directory / "prometheus.log").open("w")
         process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+             "--web.listen-address=127.0.0.1:0", "--storage.tsdb.retention.time=1h", "--log.level=info"],
             stdout=log, stderr=subprocess.STDOUT)
-        server = Prometheus(f"http://127.0.0.1:{port}", process, directory)
+        server = Prometheus("", process, directory)
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"prometheus exited: {(directory / 'prometheus.log').read_text()[-2000:]}")
-                try:
-                    with urllib.request.urlopen(f"{server.url}/-/ready", timeout=1) as response:
-                        if response.status == 200:
-                            break
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError("prometheus did not become ready")
-                time.sleep(0.1)
+            server.url = f"http://{wait_until(lambda: _bound_address(process, directory), 'Prometheus to listen', 30)}"
+            wait_until(lambda: _ready(server.url), "Prometheus to be ready", 30)
             # Target discovery reaches the scrape loops only after a few seconds (Prometheus batches
             # discovery updates); traffic before the first scrape would be invisible to rate().
             server.wait_scraped_after(0.0, timeout=30.0)
@@ -135,6 +124,22 @@ def prometheus(router: str, replicas: list[str], interval: str = "1s") -> Iterat
                 process.kill()
                 process.wait()
             log.close()
+
+
+def _bound_address(process: subprocess.Popen, directory: Path) -> str | None:
+    """HOST:PORT from Prometheus's ``msg="Listening on" address=...`` log line (its pick for port 0)."""
+    if process.poll() is not None:
+        raise RuntimeError(f"prometheus exited: {(directory / 'prometheus.log').read_text()[-2000:]}")
+    match = LISTENING.search((directory / "prometheus.log").read_text())
+    return match.group(1) if match else None
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
 
 
 # --- traffic -------------------------------------------------------------------------------------

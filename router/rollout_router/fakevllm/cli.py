@@ -5,9 +5,11 @@ import argparse
 import asyncio
 import dataclasses
 import signal
+from pathlib import Path
 
 from aiohttp import web
 
+from .. import listening
 from .api import create_app
 from .config import FakeVllmConfig
 
@@ -19,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, default=None,
                         help="also serve vLLM's gRPC VllmEngine service on --host at this port, sharing "
                              "the engine (0 picks a free one; default: no gRPC)")
+    listening.add_arguments(parser)
     for knob in dataclasses.fields(FakeVllmConfig):
         flag = "--" + knob.name.replace("_", "-")
         parser.add_argument(flag, *knob.metadata["aliases"], dest=knob.name, type=type(knob.default),
@@ -32,10 +35,11 @@ def config_from_args(args: argparse.Namespace) -> FakeVllmConfig:
 def run(args: argparse.Namespace) -> None:
     """Serve on uvloop; prints ``fake-vllm listening on http://HOST:PORT`` once bound.
 
-    With ``--grpc-port`` a second line follows: ``fake-vllm grpc listening on HOST:PORT``.
+    With ``--grpc-port`` a second line follows: ``fake-vllm grpc listening on HOST:PORT``;
+    with ``--port-file`` both ports are written there too (see ``listening``).
     """
     config = config_from_args(args)
-    main = serve(config, args.host, args.port, getattr(args, "grpc_port", None))
+    main = serve(config, args.host, args.port, getattr(args, "grpc_port", None), getattr(args, "port_file", None))
     try:
         import uvloop
     except ImportError:  # uvloop does not exist on Windows
@@ -44,10 +48,12 @@ def run(args: argparse.Namespace) -> None:
         uvloop.run(main)
 
 
-async def serve(config: FakeVllmConfig, host: str, port: int, grpc_port: int | None = None) -> None:
+async def serve(config: FakeVllmConfig, host: str, port: int, grpc_port: int | None = None,
+                port_file: Path | None = None) -> None:
     """The async core of ``run``, for callers that already have a loop (main thread only).
 
-    Both servers are bound before either line is printed; they share one engine.
+    Both servers are bound before either line is printed (and the port file
+    written); they share one engine.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -60,14 +66,12 @@ async def serve(config: FakeVllmConfig, host: str, port: int, grpc_port: int | N
     grpc_server = None
     try:
         await web.TCPSite(runner, host, port).start()
-        bound_port = runner.addresses[0][1]
+        grpc_bound = None
         if grpc_port is not None:
-            from .grpc_api import address, start_grpc  # grpcio is loaded only when asked for
+            from .grpc_api import start_grpc  # grpcio is loaded only when asked for
 
             grpc_server, grpc_bound = await start_grpc(app, host, grpc_port)
-        print(f"fake-vllm listening on http://{host}:{bound_port}", flush=True)
-        if grpc_server is not None:
-            print(f"fake-vllm grpc listening on {address(host, grpc_bound)}", flush=True)
+        listening.announce("fake-vllm", host, runner.addresses[0][1], grpc_bound, port_file)
         await stop.wait()
     finally:
         if grpc_server is not None:  # before the runner's cleanup stops the engine loop

@@ -44,6 +44,7 @@ from aiohttp import web
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
+from ..listening import address
 from .api import ENGINE, check_length
 from .engine import Engine, Stream
 from .protocol import ApiError
@@ -215,11 +216,6 @@ async def _next_delta(queue: asyncio.Queue[int | None]) -> tuple[list[int], bool
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str | bytes]:
     return {key: value for key, value in (context.invocation_metadata() or ())}
-
-
-def address(host: str, port: int) -> str:
-    """``host:port`` as gRPC takes it (IPv6 hosts in brackets)."""
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 async def start_grpc(target: web.Application | Engine, host: str = "127.0.0.1", port: int = 0,

@@ -1,0 +1,44 @@
+"""Where a server listens, told once it is bound: a line on stdout and, on request, a port file.
+
+With ``--port 0`` (and ``--grpc-port 0``) the kernel picks free ports, so nothing
+can take them between choosing and binding. The parent learns the real ports
+from the ``--port-file`` (JSON ``{"http": PORT, "grpc": PORT or null}``),
+written only after every listener is bound and renamed into place, so a reader
+never sees a partial file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port-file", type=Path, metavar="PATH",
+                        help="Once listening, write the bound ports here as JSON "
+                             '({"http": PORT, "grpc": PORT or null}); useful with --port 0.')
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, IPv6 hosts in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def announce(name: str, host: str, http_port: int, grpc_port: int | None, port_file: Path | None) -> None:
+    """Print ``NAME listening on http://HOST:PORT`` (and the gRPC line), then write the port file."""
+    print(f"{name} listening on http://{address(host, http_port)}", flush=True)
+    if grpc_port is not None:
+        print(f"{name} grpc listening on {address(host, grpc_port)}", flush=True)
+    if port_file is not None:
+        partial = port_file.with_name(port_file.name + ".partial")
+        partial.write_text(json.dumps({"http": http_port, "grpc": grpc_port}))
+        os.replace(partial, port_file)
+
+
+def read_port_file(path: Path) -> dict[str, int | None] | None:
+    """The ports a server wrote with ``announce``; None until it has."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
