@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-vllm study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck test-vllm study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -53,7 +53,11 @@ demo: install-sim
 study: install-sim
 	$(BIN)/rollout-router simulate --steps 8 --jobs 2 --plots docs/img --markdown out/study.md --json-out out/study.json
 
-test: system-deps install-test
+# The quick tier: the type check (mypy, both packages), then the test suite.
+typecheck: install-test
+	$(BIN)/mypy
+
+test: system-deps install-test typecheck
 	$(BIN)/python -m pytest
 
 # Opt-in: the router in front of real vLLM servers on the CPU (docs/real-vllm.md). The first run

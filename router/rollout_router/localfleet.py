@@ -80,8 +80,10 @@ class Starting:
             ports = self._wait_ports(timeout)
         finally:
             shutil.rmtree(self.port_file.parent, ignore_errors=True)
-        grpc = address(self.host, ports["grpc"]) if ports["grpc"] is not None else None
-        return Service(f"http://{address(self.host, ports['http'])}", self.process, grpc)
+        http, grpc = ports["http"], ports["grpc"]
+        assert http is not None, f"{self.port_file} names no HTTP port"
+        return Service(f"http://{address(self.host, http)}", self.process,
+                       address(self.host, grpc) if grpc is not None else None)
 
     def _wait_ports(self, timeout: float) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout
