@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from rollout_router.app import Runtime, create_app
+from rollout_router.app import Runtime
 from rollout_router.localfleet import free_port
 from rollout_router.settings import RouterSettings
 
@@ -108,14 +108,11 @@ async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc
     With ``grpc`` it also listens for gRPC on a free port (``runtime.grpc_port``).
     """
     runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None)
-    runner = web.AppRunner(create_app(runtime), handler_cancellation=True)
-    await runner.setup()
-    port = free_port(host)
-    await web.TCPSite(runner, host, port).start()
+    port = await runtime.start(host, 0)
     try:
         yield f"http://{host}:{port}", runtime
     finally:
-        await runner.cleanup()
+        await runtime.stop()
 
 
 async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:

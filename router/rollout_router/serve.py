@@ -8,9 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from aiohttp import web
-
-from .app import Runtime, create_app
+from .app import Runtime
 from .settings import RouterSettings, SettingsError, load_settings, parse_settings
 
 
@@ -83,22 +81,25 @@ def run(args: argparse.Namespace) -> int:
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
     runtime = Runtime(settings, args.config, overrides, grpc_address)
-    app = create_app(runtime)
-
-    async def on_startup(app: web.Application) -> None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, runtime.reload)
-
-    async def announce(app: web.Application):
-        print(f"rollout-router listening on http://{args.host}:{args.port}", flush=True)
-        if runtime.grpc_port is not None:
-            print(f"rollout-router grpc listening on {args.host}:{runtime.grpc_port}", flush=True)
-        yield
-
-    app.on_startup.append(on_startup)
-    app.cleanup_ctx.append(announce)
-    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, print=None,
-                access_log=None, shutdown_timeout=5)
+    asyncio.run(_serve(runtime, args.host, args.port))
     return 0
+
+
+async def _serve(runtime: Runtime, host: str, port: int) -> None:
+    """Run until SIGINT or SIGTERM; SIGHUP reloads the config file."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, runtime.reload)
+    port = await runtime.start(host, port)
+    print(f"rollout-router listening on http://{host}:{port}", flush=True)
+    if runtime.grpc_port is not None:
+        print(f"rollout-router grpc listening on {host}:{runtime.grpc_port}", flush=True)
+    try:
+        await stopping.wait()
+    finally:
+        await runtime.stop()
 
 
 def _use_uvloop() -> None:
