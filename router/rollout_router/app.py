@@ -14,11 +14,14 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .context import RouterContext
-from .proxy.grpc import GrpcProxy, start_server as start_grpc
 from .proxy.http import HttpProxy
 from .settings import DiscoverySettings, RouterSettings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from .proxy.grpc import GrpcProxy
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,11 @@ class Runtime(RouterContext):
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
-        self.http_proxy, self.grpc_proxy = HttpProxy(self), GrpcProxy(self)
+        self.http_proxy = HttpProxy(self)
+        self.grpc_proxy: GrpcProxy | None = None
+        if grpc_address is not None:
+            from .proxy.grpc import GrpcProxy  # grpc (about 25 MiB) is loaded only by routers that serve it
+            self.grpc_proxy = GrpcProxy(self)
         self.port: int | None = None
         self._discovery: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
@@ -91,15 +98,17 @@ class Runtime(RouterContext):
             if waited >= EXPIRY_INTERVAL:
                 waited = 0.0
                 self.balancer.expire_idle()
-                self.grpc_proxy.prune()
+                if self.grpc_proxy is not None:
+                    self.grpc_proxy.prune()
 
     async def start(self, host: str, port: int) -> int:
         """Start everything the router owns; listen for HTTP on ``host:port`` (0: any free port). Returns the port."""
         self.apply(self.settings)
         self.port = await self.http_proxy.start(host, port)
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
-        if self.grpc_address is not None:
-            self._grpc_server, self.grpc_port = await start_grpc(self.grpc_proxy, self.grpc_address)
+        if self.grpc_proxy is not None and self.grpc_address is not None:
+            from .proxy.grpc import start_server
+            self._grpc_server, self.grpc_port = await start_server(self.grpc_proxy, self.grpc_address)
         return self.port
 
     async def stop(self) -> None:
@@ -110,7 +119,8 @@ class Runtime(RouterContext):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self.grpc_proxy.close()
+        if self.grpc_proxy is not None:
+            await self.grpc_proxy.close()
         await self.http_proxy.close()
 
 

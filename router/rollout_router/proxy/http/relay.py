@@ -42,9 +42,9 @@ WAITING, BUFFERING, STREAMING, DONE = range(4)
 
 
 class Exchange:
-    """One request on one upstream connection; the upstream's parser calls back into it."""
+    """One request on one upstream connection; the connection's parser calls back into it."""
 
-    __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "parser", "done", "state", "code",
+    __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out")
 
@@ -52,7 +52,6 @@ class Exchange:
                  conn: UpstreamConnection, reused: bool) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
         self.conn, self.reused = conn, reused
-        self.parser = httptools.HttpResponseParser(self)
         self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.state, self.code, self.status, self.reason = WAITING, None, 0, b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -73,7 +72,7 @@ class Exchange:
     def feed(self, data: bytes) -> None:
         self.seen += 1
         try:
-            self.parser.feed_data(data)
+            self.conn.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.fail("switched protocols, which the router does not relay")
         except httptools.HttpParserError as error:
@@ -81,14 +80,9 @@ class Exchange:
                 self.fail(f"sent an invalid response ({error})")
         self.flush()
 
-    def on_status(self, reason: bytes) -> None:
-        self.reason = reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
     def on_headers_complete(self) -> None:
-        status, headers, self.headers = self.parser.get_status_code(), self.headers, []
+        parser = self.conn.parser
+        status, headers, self.headers = parser.get_status_code(), self.headers, []
         if status < 200:
             self.interim = True
             if status != 100:  # the body went out with the head; 103 and the like are the client's
@@ -112,7 +106,7 @@ class Exchange:
         elif not no_body and request.keep_alive and not request.close_after:
             self.chunked = True  # chunked or read-until-close upstream: re-framed as chunks
             kept.append((b"Transfer-Encoding", b"chunked"))
-        self.until_close = length is None and not self.parser.should_keep_alive()
+        self.until_close = length is None and not parser.should_keep_alive()
         kept.append((REPLICA_HEADER_BYTES, self.replica.encode()))
         if not self.chunked and length is None and not no_body:
             request.close_after = True  # an HTTP/1.0 client learns the end of the body from the close
@@ -122,7 +116,9 @@ class Exchange:
         if request.head_only:
             self.out.append(head)
             self.code = status
-            self.finish(reusable=self.parser.should_keep_alive())
+            reusable = parser.should_keep_alive()
+            self.conn.reset()  # the parser still expects the body a GET would have had
+            self.finish(reusable)
         elif length is not None and int(length) <= BUFFER_LIMIT and not self.sse:
             self.state, self.head = BUFFERING, head
         else:
@@ -153,7 +149,7 @@ class Exchange:
         elif self.chunked:
             self.out.append(wire.LAST_CHUNK)
         self.code = self.status
-        self.finish(reusable=self.parser.should_keep_alive())
+        self.finish(reusable=self.conn.parser.should_keep_alive())
 
     # endings
     def upstream_lost(self, exc: Exception | None) -> None:

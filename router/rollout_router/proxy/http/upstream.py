@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+
+import httptools
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -22,10 +24,16 @@ CONNECT_SECONDS = 10.0
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """One keep-alive connection to a replica; bytes go to the exchange it currently serves."""
+    """One keep-alive connection to a replica; its parser's events go to the exchange it currently serves.
+
+    One parser per connection, kept across responses (making one per response
+    costs more than the rest of the bookkeeping); ``reset`` replaces it after a
+    response whose body the parser cannot know is absent (HEAD).
+    """
 
     def __init__(self, pool: ReplicaPool) -> None:
         self.pool = pool
+        self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.closed = False
@@ -40,6 +48,30 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         exchange.feed(data)
+
+    def reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+
+    # llhttp callbacks, for the current exchange
+    def on_status(self, reason: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.reason = reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.exchange is not None:
+            self.exchange.on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.exchange is not None:
+            self.exchange.on_message_complete()
 
     def eof_received(self) -> bool:
         return False  # close our side too; the exchange learns in connection_lost
