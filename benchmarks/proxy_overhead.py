@@ -17,11 +17,12 @@ Loads, every arm in turn, rounds alternating between arms, medians over ``--roun
 Only ratios within one run mean anything: on 2 shared cores the load generator, the router and the
 backends compete for CPU.
 
-    .venv/bin/python benchmarks/proxy_overhead.py [--seconds 8] [--rounds 3] [--fake-vllm]
+    .venv/bin/python benchmarks/proxy_overhead.py [--seconds 8] [--rounds 3] [--fake-vllm] [--baseline-src DIR]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -30,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rollout_router.localfleet import Service, free_port, spawn, spawn_replica, wait_healthy
+from rollout_router.localfleet import Service, command, free_port, spawn, spawn_replica, wait_healthy
 
 HERE = Path(__file__).resolve().parent
 EVENTS = 32  # SSE events per streamed request (raw_replica.EVENTS)
@@ -60,11 +61,16 @@ def start_raw_replica(host: str) -> Service:
     return wait_healthy(Service(f"http://{host}:{port}", process), "/health")
 
 
-def start_ours(backends: list[str]) -> Service:
+def start_ours(backends: list[str], source: Path | None = None) -> Service:
+    """``rollout-router serve``; with ``source``, the package from that directory (an older checkout)."""
     port = free_port()
-    service = spawn(["serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                     *[a for u in backends for a in ("--backend", u)]], f"http://127.0.0.1:{port}")
-    return wait_healthy(service, "/readyz")
+    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            *[a for u in backends for a in ("--backend", u)]]
+    if source is None:
+        return wait_healthy(spawn(args, f"http://127.0.0.1:{port}"), "/readyz")
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    process = subprocess.Popen(command(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return wait_healthy(Service(f"http://127.0.0.1:{port}", process), "/readyz")
 
 
 def start_vllm_router(backends: list[str]) -> Service:
@@ -124,6 +130,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fake-vllm", action="store_true", help="also measure behind simulated vLLM replicas")
+    parser.add_argument("--baseline-src", type=Path, help="also run rollout-router from this source directory "
+                        "(the folder holding an older rollout_router package), as a before/after arm")
     args = parser.parse_args()
     for name in ("wrk", "hey"):
         if not shutil.which(name):
@@ -135,7 +143,7 @@ def main() -> int:
     try:
         backends = [start_raw_replica(f"127.0.0.{20 + i}") for i in range(2)]
         services += backends
-        arms = start_arms([b.url for b in backends], backends[0], services)
+        arms = start_arms([b.url for b in backends], backends[0], services, args.baseline_src)
         for service in arms.values():
             wrk(service.url, work / "chat.lua", 2)  # warm-up: pools, JIT-less caches
         chat = run_rounds(arms, lambda url: wrk(url, work / "chat.lua", args.seconds), args.rounds)
@@ -151,7 +159,7 @@ def main() -> int:
         if args.fake_vllm:
             fakes = [wait_healthy(spawn_replica(10 + i), "/health") for i in range(2)]
             services += fakes
-            arms = start_arms([f.url for f in fakes], fakes[0], services)
+            arms = start_arms([f.url for f in fakes], fakes[0], services, args.baseline_src)
             fake = run_rounds(arms, lambda url: wrk(url, work / "chat.lua", args.seconds), args.rounds)
             print("\n" + table("throughput (fake-vllm)", fake, {"rps": "req/s", "non2xx": "non-2xx"}), flush=True)
     finally:
@@ -160,9 +168,13 @@ def main() -> int:
     return 0
 
 
-def start_arms(urls: list[str], direct: Service, services: list[Service]) -> dict[str, Service]:
+def start_arms(urls: list[str], direct: Service, services: list[Service],
+               baseline: Path | None) -> dict[str, Service]:
     arms = {"direct (one backend)": direct, "rollout-router": start_ours(urls)}
     services.append(arms["rollout-router"])
+    if baseline is not None:
+        arms["rollout-router (baseline src)"] = start_ours(urls, baseline)
+        services.append(arms["rollout-router (baseline src)"])
     if tool("vllm-router"):
         arms["vllm-router consistent_hash"] = start_vllm_router(urls)
         services.append(arms["vllm-router consistent_hash"])

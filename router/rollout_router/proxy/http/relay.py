@@ -53,7 +53,8 @@ class Exchange:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
         self.conn, self.reused = conn, reused
         self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self.state, self.code, self.status, self.reason = WAITING, None, 0, b""
+        self.state, self.status, self.reason = WAITING, 0, b""
+        self.code: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.head = b""
         self.buffer: list[bytes] = []

@@ -68,7 +68,7 @@ class ClientConnection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.proxy.clients.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -182,7 +182,8 @@ class ClientConnection(asyncio.Protocol):
         request, self._request = self._request, None
         assert request is not None
         body = request.body
-        request.body = body[0] if len(body) == 1 else b"".join(body)  # type: ignore[arg-type]
+        assert isinstance(body, list)
+        request.body = body[0] if len(body) == 1 else b"".join(body)
         if request.error is not None:
             request.close_after = True
         self._queue.append(request)
