@@ -267,3 +267,17 @@ async def test_slow_sse_reader_does_not_make_the_router_buffer_the_stream():
             await wait_for(lambda: runtime.replicas.total_inflight() == 0)
     finally:
         server.close()
+
+
+async def test_a_refused_upload_still_gets_its_413_while_the_client_keeps_sending(replica):
+    async with running_router(RouterSettings(backends=[replica.url], max_body_bytes=2048)) as (base, runtime):
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: r\r\nContent-Length: 8388608\r\n\r\n")
+        for _ in range(128):  # the client uploads its whole 8 MiB body after the router has refused it
+            writer.write(b"x" * 65536)
+            await writer.drain()
+        code, headers, body = await read_response(reader)
+        writer.close()
+    assert code == 413 and "maxBodyBytes=2048" in json.loads(body)["error"]["message"]
+    assert headers["connection"] == "close" and not replica.seen

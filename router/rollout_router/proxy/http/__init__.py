@@ -145,12 +145,15 @@ class HttpProxy:
                                  extra=extra, head_only=request.head_only)
 
     async def _sweep(self) -> None:
-        """Once a second: time out silent replicas, close upstream connections idle too long."""
+        """Once a second: time out silent replicas, close connections idle too long on either side."""
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
             self.now = time.monotonic()
             self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
             self.expire_silent(SWEEP_SECONDS)
+            for client in [c for c in self.clients if c.expired(self.now)]:
+                if client.transport is not None:
+                    client.transport.close()
 
     def expire_silent(self, elapsed: float) -> None:
         """Count ``elapsed`` seconds of silence against each exchange that received nothing since last time."""

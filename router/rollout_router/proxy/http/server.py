@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from .relay import Exchange
 
 MAX_HEAD = 64 * 1024  # request line + headers; more is a 431
+IDLE_SECONDS = 75.0  # a client connection with nothing in flight is closed after this long without a byte
+LINGER_SECONDS = 2.0  # after a last answer, unread request bytes are drained this long before closing
 MAX_QUEUED = 16  # pipelined requests waiting before reading pauses
 WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's stream pauses
 
@@ -62,7 +64,8 @@ class ClientConnection(asyncio.Protocol):
         self._queue: collections.deque[HttpRequest] = collections.deque()
         self._request: HttpRequest | None = None
         self._key_names: frozenset[bytes] = frozenset()
-        self._busy = self._read_paused = self._broken = False
+        self._busy = self._read_paused = self._broken = self._lingering = False
+        self.active_at = proxy.now  # the sweep's clock at the last byte read or answer written
         self._in_head, self._head_bytes = True, 0
 
     # asyncio.Protocol
@@ -90,7 +93,8 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._broken:
-            return
+            return  # lingering or refused: drained and dropped
+        self.active_at = self.proxy.now
         if self._in_head:
             self._head_bytes += len(data)
         try:
@@ -203,17 +207,44 @@ class ClientConnection(asyncio.Protocol):
             await self.proxy.handle(self, request)
         finally:
             self._busy = False
+            self.active_at = self.proxy.now
             transport = self.transport
             if transport is not None and not self.gone:
                 if request.close_after or not request.keep_alive:
-                    self._broken = True
                     self._queue.clear()
-                    transport.close()
+                    self._linger(transport)
                 else:
                     if self._read_paused and len(self._queue) <= MAX_QUEUED // 2:
                         self._read_paused = False
                         transport.resume_reading()
                     self._next()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after the last answer without losing it: send FIN, then drain what the client still sends.
+
+        Closing with unread bytes would reset the connection, and a client still
+        uploading a body we refused (413) could lose our answer with it.
+        """
+        self._broken = True
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._lingering = True
+        self.active_at = self.proxy.now
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+
+    def eof_received(self) -> bool:
+        """A client's FIN means it is gone (as aiohttp and uvicorn take it): what it waits for is cancelled."""
+        return False
+
+    def expired(self, now: float) -> bool:
+        """Nothing in flight and no byte for too long (a lingering close waits less)."""
+        if self._busy or self._queue or self.gone:
+            return False
+        return now - self.active_at > (LINGER_SECONDS if self._lingering else IDLE_SECONDS)
 
     def _reject(self, error: RouterError) -> None:
         """A request we cannot parse: answer it after those before it, then close."""
