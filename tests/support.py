@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from rollout_router.app import Runtime, create_app
+from rollout_router.app import Runtime
 from rollout_router.settings import RouterSettings
 
 T = TypeVar("T")
@@ -114,13 +114,11 @@ async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc
     Both listen on port 0: the kernel picks free ports (``runtime.grpc_port`` with ``grpc``).
     """
     runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None)
-    runner = web.AppRunner(create_app(runtime), handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, host, 0).start()
+    port = await runtime.start(host, 0)
     try:
-        yield f"http://{host}:{runner.addresses[0][1]}", runtime
+        yield f"http://{host}:{port}", runtime
     finally:
-        await runner.cleanup()
+        await runtime.stop()
 
 
 async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:

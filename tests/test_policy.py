@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rollout_router.policy import AffinityPolicy, LiveConfig, NoReplicaError, Outcome, Request, create, rendezvous
+from rollout_router.policy import (AffinityPolicy, Counters, LiveConfig, NoReplicaError, Outcome, Request, SessionTable,
+                                   create, rendezvous)
 from rollout_router.replicas import ReplicaSet
 from rollout_router.settings import SettingsError, parse_settings
 
@@ -210,3 +211,13 @@ def test_rendezvous_moves_only_keys_of_a_removed_replica(keys, removed):
         before = rendezvous(key, R)
         if before != removed:
             assert rendezvous(key, remaining) == before
+
+
+@settings(max_examples=200, deadline=None)
+@given(used=st.floats(0, 1e7), ttl=st.floats(0.01, 1e5))
+def test_a_pin_never_expires_before_its_idle_timeout(used, ttl):
+    """Pins store their last use in milliseconds, rounded up: late by under a millisecond, never early."""
+    table = SessionTable(Counters(), idle_ttl=ttl)
+    table.pin("k", "r0", used)
+    assert table.get("k", used + ttl - 1e-6) == "r0"  # (1e-6: float rounding of the sum itself)
+    assert table.get("k", used + ttl + 0.002) is None

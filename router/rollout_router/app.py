@@ -2,9 +2,10 @@
 
 ``Runtime`` is the router's ``RouterContext`` plus what runs it: the
 listeners, replica sources and background tasks. It applies new settings
-without dropping pins; the aiohttp application is built around it with
-background tasks for pin expiry, config-file reloads and replica discovery,
-and the gRPC listener beside it when asked for.
+without dropping pins; ``start`` opens the HTTP listener (the data path and
+the admin routes on one port), the background tasks for pin expiry,
+config-file reloads and replica discovery, and the gRPC listener beside it
+when asked for.
 """
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from .context import RouterContext
-from .proxy.admin import AdminRoutes
-from .proxy.errors import error_response
-from .proxy.grpc import GrpcProxy, start_server as start_grpc
 from .proxy.http import HttpProxy
 from .settings import DiscoverySettings, RouterSettings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from .proxy.grpc import GrpcProxy
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,15 @@ class Runtime(RouterContext):
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
-        self.http_proxy, self.grpc_proxy = HttpProxy(self), GrpcProxy(self)
+        self.http_proxy = HttpProxy(self)
+        self.grpc_proxy: GrpcProxy | None = None
+        if grpc_address is not None:
+            from .proxy.grpc import GrpcProxy  # grpc (about 25 MiB) is loaded only by routers that serve it
+            self.grpc_proxy = GrpcProxy(self)
+        self.port: int | None = None
         self._discovery: asyncio.Task | None = None
+        self._background: asyncio.Task | None = None
+        self._grpc_server = None
         self._config_mtime = _mtime(config_path)
 
     def apply(self, settings: RouterSettings) -> None:
@@ -91,25 +98,29 @@ class Runtime(RouterContext):
             if waited >= EXPIRY_INTERVAL:
                 waited = 0.0
                 self.balancer.expire_idle()
-                self.grpc_proxy.prune()
+                if self.grpc_proxy is not None:
+                    self.grpc_proxy.prune()
 
-    async def lifecycle(self, app: web.Application):
-        """aiohttp cleanup context: start and stop everything the router owns."""
-        await self.http_proxy.start()
+    async def start(self, host: str, port: int) -> int:
+        """Start everything the router owns; listen for HTTP on ``host:port`` (0: any free port). Returns the port."""
         self.apply(self.settings)
-        background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
-        server = None
-        if self.grpc_address is not None:
-            server, self.grpc_port = await start_grpc(self.grpc_proxy, self.grpc_address)
-        yield
-        if server is not None:
-            await server.stop(grace=2)
-        for task in (background, self._discovery):
+        self.port = await self.http_proxy.start(host, port)
+        self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
+        if self.grpc_proxy is not None and self.grpc_address is not None:
+            from .proxy.grpc import start_server
+            self._grpc_server, self.grpc_port = await start_server(self.grpc_proxy, self.grpc_address)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._grpc_server is not None:
+            await self._grpc_server.stop(grace=2)
+        for task in (self._background, self._discovery):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self.grpc_proxy.close()
+        if self.grpc_proxy is not None:
+            await self.grpc_proxy.close()
         await self.http_proxy.close()
 
 
@@ -118,25 +129,3 @@ def _mtime(path: Path | None) -> float | None:
         return path.stat().st_mtime if path else None
     except OSError:
         return None
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Whatever goes wrong, the client gets JSON naming the problem, never a traceback."""
-    try:
-        return await handler(request)
-    except web.HTTPException as error:
-        if error.empty_body or error.status < 400:
-            raise
-        return error_response(error.status, f"{error.reason}: {request.method} {request.path}")
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(500, "internal router error; see the router's log")
-
-
-def create_app(runtime: Runtime) -> web.Application:
-    app = web.Application(middlewares=[json_errors])
-    app.cleanup_ctx.append(runtime.lifecycle)
-    AdminRoutes(runtime).add_to(app)
-    app.router.add_route("*", "/{tail:.*}", runtime.http_proxy.handle)
-    return app

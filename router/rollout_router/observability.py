@@ -5,7 +5,7 @@ policy and the replica set, so /metrics and /status can never disagree.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -80,10 +80,16 @@ class Metrics:
                               ["reason"], registry=self.registry)
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
+        self._children: dict[tuple[str, int | str], tuple[Callable[[], None], Callable[[float], None]]] = {}
 
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
-        self.requests.labels(backend, str(code)).inc()
-        self.duration.labels(backend).observe(seconds)
+        """Count one finished request; the labelled children are looked up once per (backend, code)."""
+        children = self._children.get((backend, code))
+        if children is None:
+            children = self._children[(backend, code)] = (self.requests.labels(backend, str(code)).inc,
+                                                          self.duration.labels(backend).observe)
+        children[0]()
+        children[1](seconds)
 
 
 def status(context: RouterContext) -> dict:

@@ -5,6 +5,8 @@ a replica's in-flight count is one number whatever the protocol. Discovery
 (static list or Kubernetes watch) adds and removes replicas at any time; a
 removed replica keeps its count while its last requests drain, so a lease
 always releases into the object it was taken from and counts never go negative.
+Routable replicas are kept in ``LoadIndex``es (one for HTTP, one for gRPC),
+updated as counts move, so routing never scans the whole set.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
+
+from .policy.loads import LoadIndex
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ class ReplicaSet:
         self._clock = clock
         self._live: dict[str, Replica] = {}
         self._draining: dict[str, Replica] = {}
+        self._http, self._grpc = LoadIndex(), LoadIndex()  # the replicas routable now, by load
+        self._down: dict[str, float] = {}  # replicas marked down -> until when
 
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._live
@@ -64,10 +70,13 @@ class ReplicaSet:
         replica = self._live.get(replica_id) or self._draining.pop(replica_id, None) or Replica(replica_id)
         replica.grpc_target = grpc_target
         self._live[replica_id] = replica
+        self._index(replica)
         return replica
 
     def remove(self, replica_id: str) -> None:
         replica = self._live.pop(replica_id, None)
+        self._unindex(replica_id)
+        self._down.pop(replica_id, None)
         if replica is not None and replica.inflight > 0:
             self._draining[replica_id] = replica
 
@@ -79,11 +88,14 @@ class ReplicaSet:
         for replica_id, grpc_target in wanted.items():
             self.add(replica_id, grpc_target)
 
-    def loads(self, grpc: bool = False) -> dict[str, int]:
-        """In-flight counts of the replicas that may take a request now (with ``grpc``: over gRPC)."""
-        now = self._clock()
-        return {r.id: r.inflight for r in self._live.values()
-                if r.down_until <= now and (r.grpc_target is not None or not grpc)}
+    def loads(self, grpc: bool = False) -> LoadIndex:
+        """In-flight counts of the replicas that may take a request now (with ``grpc``: over gRPC).
+
+        A live view, kept up to date as requests start and end: read it, do not keep it.
+        """
+        if self._down:
+            self._revive(self._clock())
+        return self._grpc if grpc else self._http
 
     def ready_count(self) -> int:
         return len(self.loads())
@@ -91,13 +103,15 @@ class ReplicaSet:
     def acquire(self, replica_id: str) -> Lease:
         replica = self._live[replica_id]
         replica.inflight += 1
+        self._recount(replica)
         return Lease(self, replica)
 
     def mark_down(self, replica_id: str, seconds: float) -> None:
         """Passive health: skip a replica that refused a connection for a while."""
         replica = self._live.get(replica_id)
         if replica is not None:
-            replica.down_until = self._clock() + seconds
+            replica.down_until = self._down[replica_id] = self._clock() + seconds
+            self._unindex(replica_id)
 
     def grpc_targets(self) -> set[str]:
         """gRPC targets still in use: live replicas and those draining their last requests."""
@@ -111,5 +125,35 @@ class ReplicaSet:
             log.error("in-flight count of %s would go negative; kept at 0", replica.id)
             return
         replica.inflight -= 1
+        self._recount(replica)
         if replica.inflight == 0 and self._draining.get(replica.id) is replica:
             del self._draining[replica.id]
+
+    def _recount(self, replica: Replica) -> None:
+        """Move a replica whose count changed within the indexes that hold it."""
+        if replica.id in self._http and self._live.get(replica.id) is replica:
+            self._http.set(replica.id, replica.inflight)
+            if replica.grpc_target is not None:
+                self._grpc.set(replica.id, replica.inflight)
+
+    def _index(self, replica: Replica) -> None:
+        if replica.id in self._down:
+            return
+        self._http.set(replica.id, replica.inflight)
+        if replica.grpc_target is not None:
+            self._grpc.set(replica.id, replica.inflight)
+        else:
+            self._grpc.discard(replica.id)
+
+    def _unindex(self, replica_id: str) -> None:
+        self._http.discard(replica_id)
+        self._grpc.discard(replica_id)
+
+    def _revive(self, now: float) -> None:
+        """Put back replicas whose time marked down is over."""
+        for replica_id, until in list(self._down.items()):
+            if until <= now:
+                del self._down[replica_id]
+                replica = self._live.get(replica_id)
+                if replica is not None:
+                    self._index(replica)

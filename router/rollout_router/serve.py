@@ -8,10 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from aiohttp import web
-
 from . import listening
-from .app import Runtime, create_app
+from .app import Runtime
 from .settings import RouterSettings, SettingsError, load_settings, parse_settings
 
 
@@ -111,24 +109,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None) -> None:
-    """Bind, announce the bound ports, serve until SIGINT/SIGTERM; SIGHUP reloads the settings.
-
-    Our own runner rather than ``web.run_app``, which cannot tell which port
-    ``--port 0`` got.
-    """
-    stop = asyncio.Event()
+    """Bind, announce the bound ports, serve until SIGINT/SIGTERM; SIGHUP reloads the settings."""
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stopping = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
     loop.add_signal_handler(signal.SIGHUP, runtime.reload)
-    runner = web.AppRunner(create_app(runtime), handler_cancellation=True, access_log=None, shutdown_timeout=5)
-    await runner.setup()  # starts the gRPC listener, if any (Runtime.lifecycle)
+    port = await runtime.start(host, port)
     try:
-        await web.TCPSite(runner, host, port).start()
-        listening.announce("rollout-router", host, runner.addresses[0][1], runtime.grpc_port, port_file)
-        await stop.wait()
+        listening.announce("rollout-router", host, port, runtime.grpc_port, port_file)
+        await stopping.wait()
     finally:
-        await runner.cleanup()
+        await runtime.stop()
 
 
 def _use_uvloop() -> None:

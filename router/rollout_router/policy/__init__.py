@@ -6,14 +6,15 @@ them.
 """
 from .affinity import AffinityPolicy
 from .base import Counters, Decision, LiveConfig, NoReplicaError, Outcome, Policy, Request
-from .hashing import least_loaded, rendezvous, stable_hash
+from .hashing import least_loaded, lowest, rendezvous, stable_hash
+from .loads import LoadIndex
 from .least_loaded import LeastLoadedPolicy
 from .registry import POLICIES, create
 from .round_robin import RoundRobinPolicy
 from .sessions import SessionPolicy, SessionTable
 
 __all__ = [
-    "AffinityPolicy", "Counters", "Decision", "LeastLoadedPolicy", "LiveConfig", "NoReplicaError", "Outcome",
+    "AffinityPolicy", "Counters", "Decision", "LeastLoadedPolicy", "LiveConfig", "LoadIndex", "NoReplicaError", "Outcome",
     "POLICIES", "Policy", "Request", "RoundRobinPolicy", "SessionPolicy", "SessionTable", "create",
-    "least_loaded", "rendezvous", "stable_hash",
+    "least_loaded", "lowest", "rendezvous", "stable_hash",
 ]

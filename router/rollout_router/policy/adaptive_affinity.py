@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from .affinity import AffinityPolicy
 from .base import Decision, Outcome, Request
+from .hashing import lowest
 
 
 class AdaptiveAffinityPolicy(AffinityPolicy):
@@ -62,4 +63,4 @@ class AdaptiveAffinityPolicy(AffinityPolicy):
         margin = float(self.margin)
         if self.context_scale is not None and request.prefix is not None:
             margin += len(request.prefix) / self.context_scale
-        return loads[pinned] - min(loads.values()) <= margin
+        return loads[pinned] - lowest(loads) <= margin

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .base import Decision, LiveConfig, Outcome, Request
-from .hashing import least_loaded, rendezvous
+from .hashing import least_loaded, lowest, rendezvous
 from .sessions import SessionPolicy
 from .unkeyed import require
 
@@ -59,7 +59,7 @@ class AffinityPolicy(SessionPolicy):
     def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
         if self.margin is None or self.full_determinism:
             return True
-        return loads[pinned] - min(loads.values()) <= self.margin
+        return loads[pinned] - lowest(loads) <= self.margin
 
     def _place(self, key: str, loads: Mapping[str, float]) -> str:
         if self.full_determinism:

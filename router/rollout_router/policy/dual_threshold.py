@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .affinity import AffinityPolicy
+from .hashing import lowest
 
 
 class DualThresholdPolicy(AffinityPolicy):
@@ -26,8 +27,8 @@ class DualThresholdPolicy(AffinityPolicy):
         self.abs_threshold, self.rel_threshold = abs_threshold, rel_threshold
 
     def imbalanced(self, loads: Mapping[str, float]) -> bool:
-        hi, lo = max(loads.values()), min(loads.values())
+        hi, lo = max(loads.values()), lowest(loads)
         return hi - lo > self.abs_threshold and hi > self.rel_threshold * lo
 
     def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
-        return not (self.imbalanced(loads) and loads[pinned] > min(loads.values()))
+        return not (self.imbalanced(loads) and loads[pinned] > lowest(loads))

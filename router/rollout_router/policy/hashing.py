@@ -22,7 +22,21 @@ def rendezvous(key: str, replicas: Iterable[str]) -> str:
 
 
 def least_loaded(loads: Mapping[str, float], key: str) -> str:
-    """A least-loaded replica; ties broken by rendezvous hash of ``key``."""
+    """A least-loaded replica; ties broken by a hash of ``key``.
+
+    Given a ``LoadIndex`` (the router's live loads) this is O(log n) and ties
+    spread by the key's hash over the tied replicas in name order; given a
+    plain mapping it scans, with a rendezvous tie-break.
+    """
+    least = getattr(loads, "least", None)
+    if least is not None:
+        return least(key)
     low = min(loads.values())
     return rendezvous(key, [replica for replica, load in loads.items() if load == low])
+
+
+def lowest(loads: Mapping[str, float]) -> float:
+    """The lowest load (O(1) from a ``LoadIndex``, a scan of a plain mapping)."""
+    low = getattr(loads, "min", None)
+    return low() if low is not None else min(loads.values())
 

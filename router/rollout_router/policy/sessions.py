@@ -2,7 +2,7 @@
 base of every policy that keeps one."""
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 
@@ -10,10 +10,8 @@ from .base import Counters, Decision, LiveConfig, Outcome, Policy
 from .unkeyed import Unkeyed
 
 
-@dataclasses.dataclass(slots=True)
-class Pin:
-    replica: str
-    last_used: float
+_SLOT_BITS = 20  # up to 2**20 distinct replica ids over the table's life
+_SLOT_MASK = (1 << _SLOT_BITS) - 1
 
 
 class SessionTable:
@@ -22,10 +20,17 @@ class SessionTable:
     ``max_sessions`` bounds memory (the least recently used pin is evicted);
     ``idle_ttl`` (seconds, ``None`` = never) expires pins of finished
     conversations that were never released explicitly.
+
+    A pin is one int per key: its last use in whole milliseconds (rounded up,
+    so a pin never expires early) above the slot of its replica id, each id
+    stored once. That keeps a million pins within the router's memory budget
+    (benchmarks/session_memory.py): no object per pin beyond the key and one int.
     """
 
     def __init__(self, counters: Counters, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
-        self._pins: OrderedDict[str, Pin] = OrderedDict()
+        self._pins: OrderedDict[str, int] = OrderedDict()
+        self._replicas: list[str] = []  # slot -> replica id
+        self._slots: dict[str, int] = {}  # replica id -> slot
         self._counters = counters
         self.max_sessions = max_sessions
         self.idle_ttl = idle_ttl
@@ -35,7 +40,8 @@ class SessionTable:
         return len(self._pins)
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
-        return ((key, pin.replica) for key, pin in self._pins.items())
+        replicas = self._replicas
+        return ((key, replicas[packed & _SLOT_MASK]) for key, packed in self._pins.items())
 
     def resize(self, max_sessions: int, idle_ttl: float | None) -> None:
         """Apply new bounds live; pins beyond the new size are evicted LRU-first."""
@@ -48,20 +54,27 @@ class SessionTable:
 
     def get(self, key: str, now: float) -> str | None:
         """The pinned replica, or None if unknown or idle past the TTL."""
-        pin = self._pins.get(key)
-        if pin is None:
+        packed = self._pins.get(key)
+        if packed is None:
             return None
-        if self._idle(pin, now):
+        if self._idle(packed, now):
             del self._pins[key]
             self._counters.expired_idle += 1
             return None
-        return pin.replica
+        return self._replicas[packed & _SLOT_MASK]
 
     def pin(self, key: str, replica: str, now: float) -> None:
         """Pin (or re-pin) ``key`` and mark it most recently used."""
-        self._pins[key] = Pin(replica, now)
+        slot = self._slots.get(replica)
+        if slot is None:
+            slot = self._slots[replica] = len(self._replicas)
+            if slot > _SLOT_MASK:
+                raise OverflowError("more than 2**20 distinct replica ids")
+            self._replicas.append(replica)
+        self._pins[key] = math.ceil(now * 1000) << _SLOT_BITS | slot
         self._pins.move_to_end(key)
-        self._evict_over_size()
+        if len(self._pins) > self.max_sessions:
+            self._evict_over_size()
 
     def release(self, key: str) -> bool:
         if self._pins.pop(key, None) is None:
@@ -80,16 +93,16 @@ class SessionTable:
         """Drop every pin idle past the TTL; the caller runs this periodically."""
         expired = 0
         while self._pins:
-            key, pin = next(iter(self._pins.items()))
-            if not self._idle(pin, now):
+            key, packed = next(iter(self._pins.items()))
+            if not self._idle(packed, now):
                 break  # LRU order is last-use order, so the rest are fresher
             del self._pins[key]
             expired += 1
         self._counters.expired_idle += expired
         return expired
 
-    def _idle(self, pin: Pin, now: float) -> bool:
-        return self.idle_ttl is not None and now - pin.last_used > self.idle_ttl
+    def _idle(self, packed: int, now: float) -> bool:
+        return self.idle_ttl is not None and now - (packed >> _SLOT_BITS) / 1000 > self.idle_ttl
 
     def _evict_over_size(self) -> None:
         while len(self._pins) > self.max_sessions:

@@ -1,9 +1,8 @@
 """Errors the router answers itself, in the OpenAI/vLLM JSON shape."""
 from __future__ import annotations
 
-from aiohttp import web
-
 _TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge",
+          431: "RequestHeaderFieldsTooLarge", 500: "InternalServerError", 501: "NotImplemented",
           502: "BadGateway", 503: "ServiceUnavailable", 504: "GatewayTimeout"}
 
 
@@ -17,7 +16,3 @@ class RouterError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": _TYPES.get(status, "Error"), "param": param, "code": status}}
-
-
-def error_response(status: int, message: str, param: str | None = None) -> web.Response:
-    return web.json_response(error_body(status, message, param), status=status)

@@ -9,17 +9,23 @@ from .errors import RouterError
 
 
 def session_key(headers: Mapping[str, str], body: bytes, settings: SessionSettings) -> str | None:
-    """The first non-empty key found, or None.
-
-    Body fields are read only from JSON bodies (a multipart upload has none);
-    bad JSON is an error only when we must read it.
-    """
+    """The first non-empty key found, or None (headers looked up case-insensitively by the caller's mapping)."""
     for name in settings.headers:
         value = headers.get(name)
         if value:
             return value
-    content_type = headers.get("Content-Type", "application/json").split(";")[0].strip().lower()
-    if not settings.body_fields or not body or not content_type.endswith("json"):
+    return body_key(body, headers.get("Content-Type"), settings)
+
+
+def body_key(body: bytes, content_type: str | None, settings: SessionSettings) -> str | None:
+    """The key from the configured JSON body fields, or None.
+
+    Body fields are read only from JSON bodies (a multipart upload has none; no
+    Content-Type counts as JSON); bad JSON is an error only when we must read it.
+    """
+    if not settings.body_fields or not body:
+        return None
+    if content_type is not None and not content_type.split(";")[0].strip().lower().endswith("json"):
         return None
     try:
         document = json.loads(body)

@@ -1,0 +1,68 @@
+"""A replica fast enough not to be the limit: an asyncio Protocol with httptools, on uvloop.
+
+It answers what the proxy benchmarks send: ``POST /v1/chat/completions`` with a small
+JSON completion (Content-Length), or with ``"stream": true`` a chunked SSE stream of
+``EVENTS`` events written one by one, then ``data: [DONE]``; ``GET /health``.
+
+    python benchmarks/raw_replica.py HOST PORT
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import httptools
+import uvloop
+
+EVENTS = 32
+BODY = (b'{"id":"x","object":"chat.completion","model":"tiny","choices":[{"index":0,'
+        b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}')
+JSON_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY))
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENT = (b'data: {"id":"x","object":"chat.completion.chunk","model":"tiny","choices":[{"index":0,'
+         b'"delta":{"content":"t "},"finish_reason":null}]}\n\n')
+HEALTH = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class Replica(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.parser = httptools.HttpRequestParser(self)
+        self.body: list[bytes] = []
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self.url = url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        body, self.body = b"".join(self.body), []
+        if self.url.startswith(b"/health"):
+            self.transport.write(HEALTH)
+        elif b'"stream":true' in body.replace(b" ", b""):
+            self.transport.write(SSE_HEAD)
+            for _ in range(EVENTS):
+                self.transport.write(chunk(EVENT))
+            self.transport.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        else:
+            self.transport.write(JSON_HEAD + BODY)
+
+
+async def main(host: str, port: int) -> None:
+    server = await asyncio.get_running_loop().create_server(Replica, host, port, backlog=1024)
+    await server.serve_forever()
+
+
+if __name__ == "__main__":
+    uvloop.run(main(sys.argv[1], int(sys.argv[2])))

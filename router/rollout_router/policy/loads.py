@@ -1,0 +1,78 @@
+"""Replica loads indexed by load, so "least loaded" costs the same at 16 replicas as at 1,024.
+
+``LoadIndex`` is a read-only ``Mapping`` of replica -> load for the policies
+(``Request.loads``) that the replica set keeps up to date as requests start
+and end (loads move by one, so the minimum is kept in O(1)). It adds
+``min()`` and ``least(key)``; ``lowest`` and ``least_loaded`` in ``hashing``
+use them when given an index and fall back to a scan for a plain dict (the
+simulator and the tests), so a policy reads the same either way.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Mapping
+
+from .hashing import stable_hash
+
+
+class LoadIndex(Mapping[str, int]):
+    """Integer loads of the replicas that can take a request now, by replica and by load."""
+
+    def __init__(self) -> None:
+        self._load: dict[str, int] = {}
+        self._at: dict[int, list[str]] = {}  # load -> the replicas at that load, sorted
+        self._min = 0
+
+    # Mapping
+    def __getitem__(self, replica: str) -> int:
+        return self._load[replica]
+
+    def __contains__(self, replica: object) -> bool:
+        return replica in self._load
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load)
+
+    def __len__(self) -> int:
+        return len(self._load)
+
+    # by load
+    def min(self) -> int:
+        """The lowest load; ValueError when empty, as ``min()`` of no values."""
+        if not self._load:
+            raise ValueError("min() of an empty LoadIndex")
+        return self._min
+
+    def least(self, key: str) -> str:
+        """A replica at the lowest load; ties spread by a stable hash of ``key`` over the tied replicas in order."""
+        tied = self._at[self.min()]
+        return tied[0] if len(tied) == 1 else tied[stable_hash(key) % len(tied)]
+
+    # kept up to date by the replica set
+    def set(self, replica: str, load: int) -> None:
+        """Add ``replica`` at ``load``, or move it there."""
+        old = self._load.get(replica)
+        if old == load:
+            return
+        if old is not None:
+            self._leave(replica, old)
+        self._load[replica] = load
+        bisect.insort(self._at.setdefault(load, []), replica)
+        if len(self._load) == 1 or load < self._min:
+            self._min = load
+        elif old == self._min and self._min not in self._at:
+            self._min = min(self._at) if load > old + 1 else load
+
+    def discard(self, replica: str) -> None:
+        old = self._load.pop(replica, None)
+        if old is None:
+            return
+        self._leave(replica, old)
+        if old == self._min and self._min not in self._at and self._at:
+            self._min = min(self._at)
+
+    def _leave(self, replica: str, load: int) -> None:
+        tied = self._at[load]
+        del tied[bisect.bisect_left(tied, replica)]
+        if not tied:
+            del self._at[load]

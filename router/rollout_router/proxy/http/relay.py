@@ -1,0 +1,295 @@
+"""One attempt on one replica: the request's bytes out, the response relayed to the client as it arrives.
+
+The response head is parsed once (llhttp); body bytes pass through untouched
+for Content-Length responses and are re-framed as chunks otherwise. A small
+non-streaming answer of known length is held until complete and written in
+one piece, so a replica that breaks off mid-body still gets the client a JSON
+502; anything else streams, and a stream that breaks ends with an SSE error
+event (or a cut connection when the client was promised a length). Whatever
+one read of the replica brings is written to the client in one write. The
+client's write buffer above its high-water mark pauses reading the replica
+until it drains (and the replica's socket fills in turn), so a slow reader
+never makes the router buffer a stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+import httptools
+
+from ...replicas import Lease
+from ..errors import error_body
+from . import wire
+from .routes import HOP_BY_HOP, REPLICA_HEADER
+from .upstream import ReplicaPool, UpstreamConnection
+
+if TYPE_CHECKING:
+    from . import HttpProxy
+    from .server import ClientConnection, HttpRequest
+
+log = logging.getLogger(__name__)
+
+BUFFER_LIMIT = 1 << 20  # non-streaming bodies of known length up to this size are relayed in one piece
+SSE_DONE = b"data: [DONE]"
+CLIENT_CLOSED = 499  # nginx's code for "client went away", used in metrics only
+STALE = "stale"  # result of an attempt whose reused connection was closed before any answer
+
+# Exchange states
+WAITING, BUFFERING, STREAMING, DONE = range(4)
+
+
+class Exchange:
+    """One request on one upstream connection; the connection's parser calls back into it."""
+
+    __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
+                 "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
+                 "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out")
+
+    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
+                 conn: UpstreamConnection, reused: bool) -> None:
+        self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
+        self.conn, self.reused = conn, reused
+        self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self.state, self.status, self.reason = WAITING, 0, b""
+        self.code: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head = b""
+        self.buffer: list[bytes] = []
+        self.out: list[bytes] = []
+        self.chunked = self.sse = self.done_seen = self.interim = self.until_close = False
+        self.paused = self.timed_out = False
+        self.tail = b""
+        self.seen, self.swept, self.silent = 0, 0, 0.0
+
+    def start(self, data: bytes) -> None:
+        self.conn.exchange = self.client.exchange = self
+        self.proxy.active.add(self)
+        self.conn.write(data)
+
+    # bytes from the replica
+    def feed(self, data: bytes) -> None:
+        self.seen += 1
+        try:
+            self.conn.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.fail("switched protocols, which the router does not relay")
+        except httptools.HttpParserError as error:
+            if self.state != DONE:
+                self.fail(f"sent an invalid response ({error})")
+        self.flush()
+
+    def on_headers_complete(self) -> None:
+        parser = self.conn.parser
+        status, headers, self.headers = parser.get_status_code(), self.headers, []
+        if status < 200:
+            self.interim = True
+            if status != 100:  # the body went out with the head; 103 and the like are the client's
+                self.client.interim(wire.status_line(status, self.reason) + _lines(headers) + b"\r\n")
+            return
+        self.status = status
+        length: bytes | None = None
+        kept: list[tuple[bytes, bytes]] = []
+        for name, value in headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                length = value
+            elif lower == b"content-type":
+                self.sse = value.startswith(b"text/event-stream")
+            if lower not in HOP_BY_HOP:
+                kept.append((name, value))
+        request = self.request
+        no_body = request.head_only or status in (204, 304)
+        if length is not None:
+            kept.append((b"Content-Length", length))
+        elif not no_body and request.keep_alive and not request.close_after:
+            self.chunked = True  # chunked or read-until-close upstream: re-framed as chunks
+            kept.append((b"Transfer-Encoding", b"chunked"))
+        self.until_close = length is None and not parser.should_keep_alive()
+        kept.append((REPLICA_HEADER_BYTES, self.replica.encode()))
+        if not self.chunked and length is None and not no_body:
+            request.close_after = True  # an HTTP/1.0 client learns the end of the body from the close
+        if request.close_after or not request.keep_alive:
+            kept.append((b"Connection", b"close"))
+        head = wire.status_line(status, self.reason) + _lines(kept) + b"\r\n"
+        if request.head_only:
+            self.out.append(head)
+            self.code = status
+            reusable = parser.should_keep_alive()
+            self.conn.reset()  # the parser still expects the body a GET would have had
+            self.finish(reusable)
+        elif length is not None and int(length) <= BUFFER_LIMIT and not self.sse:
+            self.state, self.head = BUFFERING, head
+        else:
+            self.state = STREAMING
+            self.out.append(head)
+            if self.client.write_paused:
+                self.pause_upstream()
+
+    def on_body(self, body: bytes) -> None:
+        if self.state == BUFFERING:
+            self.buffer.append(body)
+            return
+        self.out.append(wire.chunk(body) if self.chunked else body)
+        if self.sse and not self.done_seen:
+            # The client has the whole answer at `data: [DONE]`: OpenAI clients hang up right there,
+            # before the replica's end of body, and that is a success, not a 499.
+            self.tail = (self.tail + body)[-len(SSE_DONE) - 4:]
+            self.done_seen = self.tail.rstrip().endswith(SSE_DONE)
+
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        if self.state == DONE:
+            return
+        if self.state == BUFFERING:
+            self.out.append(self.head + b"".join(self.buffer))
+        elif self.chunked:
+            self.out.append(wire.LAST_CHUNK)
+        self.code = self.status
+        self.finish(reusable=self.conn.parser.should_keep_alive())
+
+    # endings
+    def upstream_lost(self, exc: Exception | None) -> None:
+        """The replica's connection closed under this exchange."""
+        if self.state == DONE:
+            return
+        if self.state == STREAMING and self.until_close and exc is None:
+            self.on_message_complete()  # a body delimited by the close has ended
+        elif self.seen == 0 and self.reused:
+            self.finish(reusable=False, result=STALE)
+        else:
+            self.fail(f"closed the connection ({type(exc).__name__ if exc else 'EOF'})")
+        self.flush()
+
+    def timeout(self) -> None:
+        """The sweep found the replica silent for longer than ``upstreamTimeoutSeconds``."""
+        self.timed_out = True
+        self.fail("timed out")
+        self.flush()
+
+    def client_gone(self) -> None:
+        """The client hung up: stop the replica's work at once; a stream read to [DONE] still counts as done."""
+        if self.state == DONE:
+            return
+        self.out.clear()
+        self.code = self.status if self.done_seen else CLIENT_CLOSED
+        self.finish(reusable=False)
+
+    def fail(self, what: str) -> None:
+        """The replica failed this exchange: tell the client as well as the state of its response allows."""
+        if self.state == DONE:
+            return
+        metrics, replica = self.proxy.context.metrics, self.replica
+        if self.state == WAITING:
+            status = 504 if self.timed_out else 502
+            message = (f"replica {replica} did not answer in time" if self.timed_out
+                       else f"replica {replica} failed: {what}")
+            metrics.errors.labels("timeout" if self.timed_out else "upstream_error").inc()
+            self.out.append(self.proxy.error_bytes(status, message, self.request, replica))
+            self.code = status
+        elif self.state == BUFFERING:
+            metrics.errors.labels("upstream_broke_mid_response").inc()
+            log.warning("replica %s broke off mid-response: %s", replica, what)
+            self.out.append(self.proxy.error_bytes(502, f"replica {replica} broke off mid-response: {what}",
+                                                   self.request, replica))
+            self.code = 502
+        else:
+            metrics.errors.labels("upstream_broke_mid_response").inc()
+            log.warning("replica %s broke off mid-response: %s", replica, what)
+            self.code = 502
+            if self.sse and self.chunked:
+                event = json.dumps(error_body(502, f"replica {replica} failed mid-stream: {what}")).encode()
+                self.out.append(wire.chunk(b"data: " + event + b"\n\n") + wire.LAST_CHUNK)
+            else:
+                self.flush()
+                self.client.abort()
+        self.finish(reusable=False)
+
+    def finish(self, reusable: bool, result: str | None = None) -> None:
+        """Detach from both connections and wake the attempt; the connection goes back to the pool if it can."""
+        self.state = DONE
+        conn = self.conn
+        if conn.exchange is self:
+            conn.exchange = None
+        if reusable and not conn.closed:
+            if self.paused:
+                conn.transport.resume_reading()  # type: ignore[union-attr]
+            conn.pool.give_back(conn, self.proxy.now)
+        else:
+            conn.close()
+        if self.client.exchange is self:
+            self.client.exchange = None
+        self.proxy.active.discard(self)
+        if not self.done.done():
+            self.done.set_result(result)
+
+    def flush(self) -> None:
+        out = self.out
+        if out:
+            self.client.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+
+    # back-pressure
+    def pause_upstream(self) -> None:
+        if not self.paused and self.conn.transport is not None:
+            self.paused = True
+            self.conn.transport.pause_reading()
+
+    def resume_upstream(self) -> None:
+        if self.paused and self.conn.transport is not None:
+            self.paused = False
+            self.conn.transport.resume_reading()
+
+
+REPLICA_HEADER_BYTES = REPLICA_HEADER.encode()
+
+
+def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return b"".join([b"%s: %s\r\n" % pair for pair in headers])
+
+
+def request_bytes(request: HttpRequest, pool: ReplicaPool, headers: bytes) -> bytes:
+    """The client's request as the replica gets it: its own head minus hop-by-hop headers, the same body."""
+    body = request.body
+    assert isinstance(body, bytes)
+    length = b"Content-Length: %d\r\n" % len(body) if body or request.method not in (b"GET", b"HEAD") else b""
+    return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s%s\r\n%s" % (request.method, pool.prefix, request.target,
+                                                          pool.host_header, headers, length, body)
+
+
+async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpRequest, headers: bytes,
+                  lease: Lease) -> int | None:
+    """One attempt on the leased replica; the code to record, or None. Raises ``Refused`` (retry elsewhere).
+
+    A reused keep-alive connection that the replica closed before answering is
+    retried once on a fresh connection to the same replica.
+    """
+    from ..attempts import Refused
+    replica = lease.replica.id
+    if client.gone:
+        return CLIENT_CLOSED
+    pool = proxy.pools.get(replica)
+    conn = pool.take()
+    for reused in ((True, False) if conn is not None else (False,)):
+        if not reused:
+            try:
+                conn = await pool.connect()
+            except OSError as error:
+                raise Refused(str(error)) from None
+            except TimeoutError:
+                proxy.context.metrics.errors.labels("timeout").inc()
+                client.write(proxy.error_bytes(504, f"replica {replica} did not answer in time", request, replica))
+                return 504
+            if client.gone:
+                conn.close()
+                return CLIENT_CLOSED
+        assert conn is not None
+        exchange = Exchange(proxy, client, request, replica, conn, reused)
+        exchange.start(request_bytes(request, pool, headers))
+        if await exchange.done != STALE:
+            return exchange.code
+    raise AssertionError("unreachable: a fresh connection is never stale")

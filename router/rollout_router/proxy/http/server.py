@@ -1,0 +1,276 @@
+"""The client side of the HTTP listener: one asyncio Protocol per connection, parsed once by llhttp.
+
+llhttp (through httptools) is strict: conflicting Content-Length and
+Transfer-Encoding, duplicate lengths, bad chunk framing and bad tokens all
+fail the parse, and the client gets a JSON 400 before the connection closes.
+Heads are bounded (431), bodies by ``maxBodyBytes`` (413). While a head is
+parsed the proxy keeps only what it needs: the end-to-end headers as they
+came, the session key from the configured headers, the Content-Type.
+Requests are answered one at a time in arrival order (keep-alive and
+pipelining); reading pauses while too many wait.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import TYPE_CHECKING
+
+import httptools
+
+from ..errors import RouterError
+from . import wire
+from .routes import HOP_BY_HOP, connection_tokens
+
+if TYPE_CHECKING:
+    from . import HttpProxy
+    from .relay import Exchange
+
+MAX_HEAD = 64 * 1024  # request line + headers; more is a 431
+IDLE_SECONDS = 75.0  # a client connection with nothing in flight is closed after this long without a byte
+LINGER_SECONDS = 2.0  # after a last answer, unread request bytes are drained this long before closing
+MAX_QUEUED = 16  # pipelined requests waiting before reading pauses
+WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's stream pauses
+
+
+class HttpRequest:
+    """One parsed request: what forwarding needs and nothing more."""
+
+    __slots__ = ("method", "target", "path", "headers", "keys", "content_type", "body", "size", "keep_alive",
+                 "head_only", "error", "close_after", "connection", "limit", "expect")
+
+    def __init__(self, limit: int) -> None:
+        self.target = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keys: dict[bytes, bytes] | None = None  # session-key headers seen, by lower-cased name
+        self.content_type: bytes | None = None
+        self.connection: bytes | None = None
+        self.body: list[bytes] | bytes = []
+        self.size, self.limit = 0, limit
+        self.error: RouterError | None = None
+        self.close_after = self.expect = False
+        self.method, self.path, self.keep_alive, self.head_only = b"GET", "/", True, False
+
+
+class ClientConnection(asyncio.Protocol):
+    """Parses requests off one client connection and hands them, in order, to ``HttpProxy.handle``."""
+
+    def __init__(self, proxy: HttpProxy) -> None:
+        self.proxy = proxy
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None  # the attempt whose response is being relayed, if any
+        self.gone = False
+        self.write_paused = False
+        self._parser = httptools.HttpRequestParser(self)
+        self._queue: collections.deque[HttpRequest] = collections.deque()
+        self._request: HttpRequest | None = None
+        self._key_names: frozenset[bytes] = frozenset()
+        self._busy = self._read_paused = self._broken = self._lingering = False
+        self.active_at = proxy.now  # the sweep's clock at the last byte read or answer written
+        self._in_head, self._head_bytes = True, 0
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        self.proxy.clients.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self._queue.clear()
+        self.proxy.clients.discard(self)
+        if self.exchange is not None:
+            self.exchange.client_gone()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.exchange is not None:
+            self.exchange.pause_upstream()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.exchange is not None:
+            self.exchange.resume_upstream()
+
+    def data_received(self, data: bytes) -> None:
+        if self._broken:
+            return  # lingering or refused: drained and dropped
+        self.active_at = self.proxy.now
+        if self._in_head:
+            self._head_bytes += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._request is not None:  # upgrades are not offered: answer this request, then close
+                self._request.close_after = True
+                self._message_done()
+            self._stop_reading()
+        except httptools.HttpParserError as error:
+            self._reject(RouterError(400, f"malformed HTTP request: {error}"))
+            return
+        if self._in_head and self._head_bytes > MAX_HEAD:
+            self._reject(RouterError(431, f"request head exceeds {MAX_HEAD} bytes"))
+
+    # llhttp callbacks
+    def on_message_begin(self) -> None:
+        self._request = HttpRequest(self.proxy.context.settings.max_body_bytes)
+        self._key_names = self.proxy.key_names()[1]
+
+    def on_url(self, url: bytes) -> None:
+        assert self._request is not None
+        self._request.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._request
+        assert request is not None
+        lower = name.lower()
+        if lower in HOP_BY_HOP:
+            if lower == b"connection":
+                request.connection = value if request.connection is None else request.connection + b"," + value
+            elif lower == b"transfer-encoding" and value.strip().lower() != b"chunked":
+                request.error = RouterError(400, f"unsupported Transfer-Encoding {value.decode('latin-1')!r}; "
+                                                 "only chunked is accepted")
+            elif lower == b"expect":
+                request.expect = value.strip().lower() == b"100-continue"
+            elif lower == b"content-length" and int(value) > request.limit:
+                request.error = RouterError(413, f"request body of {int(value)} bytes exceeds "
+                                                 f"maxBodyBytes={request.limit}")
+            return
+        request.headers.append((name, value))
+        if lower in self._key_names:
+            if request.keys is None:
+                request.keys = {}
+            request.keys.setdefault(lower, value)
+        elif lower == b"content-type":
+            request.content_type = value
+
+    def on_headers_complete(self) -> None:
+        request = self._request
+        assert request is not None
+        self._in_head = False
+        parser = self._parser
+        request.method = parser.get_method()
+        request.head_only = request.method == b"HEAD"
+        request.keep_alive = parser.should_keep_alive()
+        request.path = request.target.partition(b"?")[0].decode("utf-8", "surrogateescape")
+        if not request.target.startswith(b"/"):
+            request.error = request.error or RouterError(400, "request target must be an absolute path")
+        if request.connection is not None:
+            named = connection_tokens(request.connection)
+            if named:
+                request.headers = [(n, v) for n, v in request.headers if n.lower() not in named]
+        if request.error is not None and request.error.status == 413:
+            self._message_done()  # answer now without reading a body we will not forward
+            self._stop_reading()
+        elif request.expect and not self._busy and not self._queue and parser.get_http_version() == "1.1":
+            self.write(wire.CONTINUE)  # the body is read here before any replica is chosen
+
+    def on_body(self, body: bytes) -> None:
+        request = self._request
+        if request is None or request.error is not None:
+            return
+        request.size += len(body)
+        if request.size > request.limit:
+            request.error = RouterError(413, f"request body exceeds maxBodyBytes={request.limit}")
+            self._message_done()
+            self._stop_reading()
+            return
+        request.body.append(body)  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        if self._request is not None:
+            self._message_done()
+        self._in_head, self._head_bytes = True, 0
+
+    # queueing and answering
+    def _message_done(self) -> None:
+        request, self._request = self._request, None
+        assert request is not None
+        body = request.body
+        assert isinstance(body, list)
+        request.body = body[0] if len(body) == 1 else b"".join(body)
+        if request.error is not None:
+            request.close_after = True
+        self._queue.append(request)
+        if len(self._queue) > MAX_QUEUED and not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+        self._next()
+
+    def _next(self) -> None:
+        if self._busy or not self._queue or self.gone:
+            return
+        self._busy = True
+        asyncio.get_running_loop().create_task(self._answer(self._queue.popleft()))
+
+    async def _answer(self, request: HttpRequest) -> None:
+        try:
+            await self.proxy.handle(self, request)
+        finally:
+            self._busy = False
+            self.active_at = self.proxy.now
+            transport = self.transport
+            if transport is not None and not self.gone:
+                if request.close_after or not request.keep_alive:
+                    self._queue.clear()
+                    self._linger(transport)
+                else:
+                    if self._read_paused and len(self._queue) <= MAX_QUEUED // 2:
+                        self._read_paused = False
+                        transport.resume_reading()
+                    self._next()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after the last answer without losing it: send FIN, then drain what the client still sends.
+
+        Closing with unread bytes would reset the connection, and a client still
+        uploading a body we refused (413) could lose our answer with it.
+        """
+        self._broken = True
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._lingering = True
+        self.active_at = self.proxy.now
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+
+    def eof_received(self) -> bool:
+        """A client's FIN means it is gone (as aiohttp and uvicorn take it): what it waits for is cancelled."""
+        return False
+
+    def expired(self, now: float) -> bool:
+        """Nothing in flight and no byte for too long (a lingering close waits less)."""
+        if self._busy or self._queue or self.gone:
+            return False
+        return now - self.active_at > (LINGER_SECONDS if self._lingering else IDLE_SECONDS)
+
+    def _reject(self, error: RouterError) -> None:
+        """A request we cannot parse: answer it after those before it, then close."""
+        request = self._request or HttpRequest(0)
+        request.error, request.close_after = request.error or error, True
+        self._request = request
+        self._message_done()
+        self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        self._broken = True
+        if self.transport is not None and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def write(self, data: bytes) -> None:
+        if not self.gone and self.transport is not None:
+            self.transport.write(data)
+
+    def abort(self) -> None:
+        """Cut the connection: the only way to tell a client that a response of known length broke off."""
+        self._broken = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def interim(self, head: bytes) -> None:
+        """An informational (1xx) response, relayed to HTTP/1.1 clients only."""
+        if self._parser.get_http_version() == "1.1":
+            self.write(head)

@@ -1,0 +1,283 @@
+"""The HTTP data path on the wire: strict parsing, pipelining, HEAD, 1xx, pooled connections, back-pressure.
+
+Clients here write raw bytes on real sockets, so the tests control framing
+exactly; replicas are small asyncio servers that misbehave on purpose.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+
+from rollout_router.proxy.http.server import MAX_HEAD, WRITE_HIGH_WATER
+from rollout_router.settings import RouterSettings
+from tests.support import ScriptedReplica, running_router, wait_for
+
+CHAT = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}]}'
+
+
+def post(body: bytes = CHAT, extra: bytes = b"", path: bytes = b"/v1/chat/completions") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nX-Session-ID: s\r\n%s"
+            b"Content-Length: %d\r\n\r\n%s" % (path, extra, len(body), body))
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One response off a raw connection: status, headers (lower-cased), body (Content-Length or chunked)."""
+    status_line = await reader.readline()
+    status = int(status_line.split()[1])
+    headers = {}
+    while (line := await reader.readline()) != b"\r\n":
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        return status, headers, await reader.readexactly(int(headers["content-length"]))
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int((await reader.readline()).strip(), 16):
+            body += await reader.readexactly(size)
+            await reader.readline()
+        await reader.readline()
+        return status, headers, body
+    return status, headers, b""
+
+
+async def exchange(base: str, data: bytes, responses: int = 1) -> list[tuple[int, dict[str, str], bytes]]:
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(data)
+    try:
+        return [await read_response(reader) for _ in range(responses)]
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+async def replica():
+    started = await ScriptedReplica("127.0.0.10").start()
+    yield started
+    await started.stop()
+
+
+@pytest.mark.parametrize("case, data, status, words", [
+    ("cl_and_te", b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"3\r\nabc\r\n0\r\n\r\n", 400, "Transfer-Encoding"),
+    ("two_lengths", b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+     400, "Content-Length"),
+    ("bad_chunk_size", b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+     400, "chunk size"),
+    ("chunk_overrun", b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n",
+     400, "malformed"),
+    ("gzip_te", b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+     400, "only chunked"),
+    ("bad_header", b"POST /v1/chat/completions HTTP/1.1\r\nBad Header: x\r\nContent-Length: 0\r\n\r\n", 400, "malformed"),
+    ("huge_head", b"POST /v1/chat/completions HTTP/1.1\r\nX-Big: " + b"a" * (MAX_HEAD + 10), 431, "head exceeds"),
+])
+async def test_bad_framing_gets_json_error_and_reaches_no_replica(replica, case, data, status, words):
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime):
+        [(code, headers, body)] = await exchange(base, data)
+        error = json.loads(body)["error"]
+        assert code == status == error["code"] and words in error["message"], error
+        assert headers["connection"] == "close"
+        assert not replica.seen and runtime.replicas.total_inflight() == 0
+        [(code, _, _)] = await exchange(base, post())
+        assert code == 200  # the router goes on
+
+
+async def test_pipelined_requests_are_answered_in_order(replica):
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime):
+        models = b"GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n"
+        answers = await exchange(base, post() + models + post(b'{"model":"tiny","n":2}') + models, responses=4)
+    assert [code for code, _, _ in answers] == [200] * 4
+    kinds = [json.loads(body)["object"] for _, _, body in answers]
+    assert kinds == ["chat.completion", "list", "chat.completion", "list"]
+    assert [seen["body"] for seen in replica.seen] == [json.loads(CHAT), {"model": "tiny", "n": 2}]
+
+
+async def test_head_gets_the_head_only_and_the_connection_goes_on(replica):
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, _):
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"HEAD /v1/models HTTP/1.1\r\nHost: r\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n")  # no body bytes of the HEAD may precede this
+        code, _, body = await read_response(reader)
+        writer.close()
+    assert code == 200 and json.loads(body)["object"] == "list"
+
+
+class RawReplica:
+    """A replica that speaks raw bytes: ``answer(request_index, connection_index)`` returns what to send."""
+
+    def __init__(self, answer):
+        self.answer, self.requests, self.connections = answer, 0, 0
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str = "127.0.0.30") -> str:
+        self.server = await asyncio.start_server(self._serve, host, 0)
+        return f"http://{host}:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection, self.connections = self.connections, self.connections + 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                index, self.requests = self.requests, self.requests + 1
+                reply = self.answer(index, connection)
+                if reply is None:
+                    break  # close without answering
+                writer.write(reply)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
+
+
+async def test_interim_responses_are_relayed_and_expect_continue_answered():
+    early = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+    raw = RawReplica(lambda index, connection: early + OK)
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url])) as (base, _):
+            host, port = base.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nExpect: 100-continue\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(CHAT))
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(CHAT)
+            interim = await reader.readuntil(b"\r\n\r\n")
+            assert interim.startswith(b"HTTP/1.1 103") and b"Link: </a.css>" in interim
+            code, headers, body = await read_response(reader)
+            writer.close()
+    finally:
+        await raw.stop()
+    assert code == 200 and body == b'{"ok":true}' and headers["x-rolloutrouter-replica"] == url
+
+
+async def test_stale_pooled_connection_is_retried_once_on_a_fresh_one():
+    answered: set[int] = set()
+
+    def first_per_connection(index: int, connection: int) -> bytes | None:
+        """Every connection answers its first request and drops the next one unanswered."""
+        if connection in answered:
+            return None
+        answered.add(connection)
+        return OK
+
+    raw = RawReplica(first_per_connection)
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url])) as (base, runtime):
+            first = await exchange(base, post())
+            second = await exchange(base, post())  # the pooled connection is dropped: retried on a new one
+        assert [code for code, _, _ in first + second] == [200, 200]
+        assert raw.connections == 2 and raw.requests == 3
+        assert runtime.replicas.total_inflight() == 0
+    finally:
+        await raw.stop()
+
+
+async def test_stale_retry_happens_only_once():
+    raw = RawReplica(lambda index, connection: OK if index == 0 else None)  # only the very first is answered
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url])) as (base, runtime):
+            await exchange(base, post())
+            [(code, _, body)] = await exchange(base, post())
+        assert code == 502 and "closed the connection" in json.loads(body)["error"]["message"]
+        assert raw.connections == 2 and raw.requests == 3  # the reused one, then one fresh one, no more
+        assert runtime.replicas.total_inflight() == 0
+    finally:
+        await raw.stop()
+
+
+async def test_silent_replica_times_out_by_the_sweep(replica):
+    replica.hold = asyncio.Event()
+    settings = RouterSettings(backends=[replica.url], upstream_timeout_seconds=0.5)
+    async with running_router(settings) as (base, runtime):
+        [(code, headers, body)] = await exchange(base, post())
+        assert code == 504 and "did not answer in time" in json.loads(body)["error"]["message"]
+        assert headers["x-rolloutrouter-replica"] == replica.url
+        await wait_for(lambda: replica.cancelled == 1)  # the replica learns at once
+        assert runtime.replicas.total_inflight() == 0
+
+
+class Flood(asyncio.Protocol):
+    """A replica streaming SSE events as fast as its socket takes them, pausing when the socket is full."""
+
+    def __init__(self) -> None:
+        self.paused = asyncio.Event()
+        self.sent = 0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if b"\r\n\r\n" in data:
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                 b"Transfer-Encoding: chunked\r\n\r\n")
+            self._pump()
+
+    def _pump(self) -> None:
+        event = b'data: {"choices":[{"delta":{"content":"' + b"x" * 4000 + b'"}}]}\n\n'
+        while not self.paused.is_set() and self.sent < 1 << 30:
+            self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.sent += len(event)
+
+    def pause_writing(self) -> None:
+        self.paused.set()
+
+    def resume_writing(self) -> None:
+        self.paused.clear()
+        asyncio.get_running_loop().call_soon(self._pump)
+
+
+async def test_slow_sse_reader_does_not_make_the_router_buffer_the_stream():
+    flood = Flood()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: flood, "127.0.0.31", 0)
+    url = f"http://127.0.0.31:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with running_router(RouterSettings(backends=[url])) as (base, runtime):
+            host, port = base.removeprefix("http://").split(":")
+            client = socket.create_connection((host, int(port)))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.sendall(post(b'{"model":"tiny","stream":true}'))  # then never read
+            # The router stops reading the replica once the client's buffer is full; the replica's socket
+            # then fills and its writes pause. Without back-pressure the router would keep reading.
+            proxy = runtime.http_proxy
+            await wait_for(lambda: flood.paused.is_set() and any(e.paused for e in proxy.active), timeout=20)
+            buffered = sum(c.transport.get_write_buffer_size() for c in proxy.clients)
+            assert buffered <= WRITE_HIGH_WATER + (1 << 20), buffered
+            assert flood.sent < 1 << 30
+            client.close()
+            await wait_for(lambda: runtime.replicas.total_inflight() == 0)
+    finally:
+        server.close()
+
+
+async def test_a_refused_upload_still_gets_its_413_while_the_client_keeps_sending(replica):
+    async with running_router(RouterSettings(backends=[replica.url], max_body_bytes=2048)) as (base, runtime):
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: r\r\nContent-Length: 8388608\r\n\r\n")
+        for _ in range(128):  # the client uploads its whole 8 MiB body after the router has refused it
+            writer.write(b"x" * 65536)
+            await writer.drain()
+        code, headers, body = await read_response(reader)
+        writer.close()
+    assert code == 413 and "maxBodyBytes=2048" in json.loads(body)["error"]["message"]
+    assert headers["connection"] == "close" and not replica.seen

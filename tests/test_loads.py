@@ -1,0 +1,111 @@
+"""The load index the router routes from agrees with a plain scan of the replica set, whatever happens."""
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from rollout_router.policy import AffinityPolicy, LoadIndex, Request
+from rollout_router.policy.hashing import least_loaded, lowest
+from rollout_router.replicas import ReplicaSet
+
+R = [f"http://r{i}" for i in range(5)]
+
+index_ops = st.lists(st.tuples(st.sampled_from(["set", "discard"]), st.sampled_from(R), st.integers(0, 6)),
+                     max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=index_ops, key=st.text(max_size=8))
+def test_load_index_is_the_mapping_it_was_told_with_its_minimum(ops, key):
+    index, model = LoadIndex(), {}
+    for op, replica, load in ops:
+        if op == "set":
+            index.set(replica, load)
+            model[replica] = load
+        else:
+            index.discard(replica)
+            model.pop(replica, None)
+        assert dict(index) == model and len(index) == len(model)
+        if model:
+            assert index.min() == lowest(model) == min(model.values())
+            assert model[index.least(key)] == index.min() and index.least(key) == least_loaded(index, key)
+
+
+set_ops = st.lists(st.one_of(
+    st.tuples(st.just("acquire"), st.sampled_from(R)), st.tuples(st.just("release"), st.integers(0, 50)),
+    st.tuples(st.just("down"), st.sampled_from(R)), st.tuples(st.just("tick"), st.integers(1, 3)),
+    st.tuples(st.just("remove"), st.sampled_from(R)), st.tuples(st.just("add"), st.sampled_from(R)),
+), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=set_ops)
+def test_replica_set_loads_match_a_scan_of_the_live_replicas(ops):
+    now = [0.0]
+    replicas = ReplicaSet(clock=lambda: now[0])
+    for i, replica in enumerate(R[:3]):
+        replicas.add(replica, grpc_target=f"h:{i}" if i % 2 == 0 else None)
+    leases = []
+    for op, arg in ops:
+        if op == "acquire" and arg in replicas:
+            leases.append(replicas.acquire(arg))
+        elif op == "release" and leases:
+            leases.pop(arg % len(leases)).release()
+        elif op == "down":
+            replicas.mark_down(arg, 2.0)
+        elif op == "tick":
+            now[0] += arg
+        elif op == "remove":
+            replicas.remove(arg)
+        elif op == "add":
+            replicas.add(arg, grpc_target="h:9" if arg.endswith(("0", "4")) else None)
+        for grpc in (False, True):
+            scan = {r.id: r.inflight for r in replicas.replicas()
+                    if r.down_until <= now[0] and (r.grpc_target is not None or not grpc)}
+            assert dict(replicas.loads(grpc)) == scan
+
+
+def test_routing_cost_does_not_grow_with_the_fleet():
+    """The decision at 1,024 idle replicas touches the same few entries as at 16 (counted, not timed)."""
+    for size in (16, 1024):
+        replicas = ReplicaSet(clock=lambda: 0.0)
+        for i in range(size):
+            replicas.add(f"http://r{i}")
+        policy = AffinityPolicy(margin=2)
+        counting = _CountingIndex(replicas.loads())
+        for i in range(50):
+            policy.route(Request(f"k{i}", counting, 0.0))
+        assert counting.reads <= 50 * 4, (size, counting.reads)
+
+
+class _CountingIndex:
+    """A LoadIndex wrapper that counts entries read through the Mapping interface (a full scan reads them all)."""
+
+    def __init__(self, index: LoadIndex):
+        self._index, self.reads = index, 0
+
+    def __getitem__(self, replica):
+        self.reads += 1
+        return self._index[replica]
+
+    def __contains__(self, replica):
+        return replica in self._index
+
+    def __iter__(self):
+        for replica in self._index:
+            self.reads += 1
+            yield replica
+
+    def __len__(self):
+        return len(self._index)
+
+    def values(self):
+        return (self[r] for r in self)
+
+    def items(self):
+        return ((r, self[r]) for r in self)
+
+    def min(self):
+        return self._index.min()
+
+    def least(self, key):
+        return self._index.least(key)
