@@ -70,6 +70,8 @@ class ReplicaSet:
         replica = self._live.get(replica_id) or self._draining.pop(replica_id, None) or Replica(replica_id)
         replica.grpc_target = grpc_target
         self._live[replica_id] = replica
+        if replica.down_until > self._clock():  # back from draining while still marked down
+            self._down[replica_id] = replica.down_until
         self._index(replica)
         return replica
 

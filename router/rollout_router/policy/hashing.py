@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def stable_hash(*parts: str) -> int:
@@ -12,27 +12,29 @@ def stable_hash(*parts: str) -> int:
 
 
 def rendezvous(key: str, replicas: Iterable[str]) -> str:
-    """Highest-random-weight choice of ``key`` over ``replicas``.
+    """Highest-random-weight choice of ``key`` over ``replicas`` (full determinism's placement).
 
-    Removing a replica moves only the keys that were on it, and concurrent new
-    sessions that tie on load spread over the tied replicas instead of all
-    taking the first one.
+    Removing a replica moves only the keys that were on it.
     """
     return max(replicas, key=lambda replica: (stable_hash(key, replica), replica))
 
 
 def least_loaded(loads: Mapping[str, float], key: str) -> str:
-    """A least-loaded replica; ties broken by a hash of ``key``.
+    """A least-loaded replica; ties broken by ``tie_break``, so concurrent new sessions spread.
 
-    Given a ``LoadIndex`` (the router's live loads) this is O(log n) and ties
-    spread by the key's hash over the tied replicas in name order; given a
-    plain mapping it scans, with a rendezvous tie-break.
+    Given a ``LoadIndex`` (the router's live loads) this is O(log n); given a
+    plain mapping (the simulator, the tests) it scans. Both choose the same replica.
     """
     least = getattr(loads, "least", None)
     if least is not None:
         return least(key)
     low = min(loads.values())
-    return rendezvous(key, [replica for replica, load in loads.items() if load == low])
+    return tie_break(key, sorted(replica for replica, load in loads.items() if load == low))
+
+
+def tie_break(key: str, tied: Sequence[str]) -> str:
+    """One of ``tied`` (sorted by name), chosen by a stable hash of ``key``."""
+    return tied[0] if len(tied) == 1 else tied[stable_hash(key) % len(tied)]
 
 
 def lowest(loads: Mapping[str, float]) -> float:

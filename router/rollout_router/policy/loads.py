@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator, Mapping
 
-from .hashing import stable_hash
+from .hashing import tie_break
 
 
 class LoadIndex(Mapping[str, int]):
@@ -44,9 +44,8 @@ class LoadIndex(Mapping[str, int]):
         return self._min
 
     def least(self, key: str) -> str:
-        """A replica at the lowest load; ties spread by a stable hash of ``key`` over the tied replicas in order."""
-        tied = self._at[self.min()]
-        return tied[0] if len(tied) == 1 else tied[stable_hash(key) % len(tied)]
+        """A replica at the lowest load, tied replicas chosen as ``hashing.least_loaded`` chooses them."""
+        return tie_break(key, self._at[self.min()])
 
     # kept up to date by the replica set
     def set(self, replica: str, load: int) -> None:
