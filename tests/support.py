@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from rollout_router.app import Runtime
+from rollout_router.proxy.http.admin_listener import TokenFile
 from rollout_router.settings import RouterSettings
 
 T = TypeVar("T")
@@ -108,12 +109,15 @@ class ScriptedReplica:
 
 
 @contextlib.asynccontextmanager
-async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc: bool = False):
+async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc: bool = False,
+                         admin_token: TokenFile | None = None):
     """An in-process router on a real socket; yields (base_url, runtime).
 
-    Both listen on port 0: the kernel picks free ports (``runtime.grpc_port`` with ``grpc``).
+    Every listener binds port 0: the kernel picks free ports (``runtime.grpc_port`` with ``grpc``; the admin
+    listener on loopback, ``runtime.admin_url``).
     """
-    runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None)
+    runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None, admin_address=("127.0.0.1", 0),
+                      admin_token=admin_token)
     port = await runtime.start(host, 0)
     try:
         yield f"http://{host}:{port}", runtime

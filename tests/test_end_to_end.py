@@ -41,7 +41,7 @@ def test_openai_client_non_streaming_sticks_to_one_replica(fleet):
         messages += [{"role": "assistant", "content": completion.choices[0].message.content},
                      {"role": "user", "content": "and then?"}]
     assert len(served) == 1 and served <= {r.url for r in replicas}
-    status = get_json(f"{router.url}/status")
+    status = get_json(f"{router.admin_url}/status")
     assert status["new_sessions"] >= 1 and status["affinity_kept"] >= 2
 
 
@@ -58,7 +58,7 @@ def test_openai_client_streaming_through_the_router(fleet):
     completion = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0).completions.create(
         model="tiny", prompt="once upon", max_tokens=4, extra_headers={"X-Session-ID": "openai-stream"})
     assert completion.choices[0].text
-    assert get_json(f"{router.url}/status")["total_inflight"] == 0
+    assert get_json(f"{router.admin_url}/status")["total_inflight"] == 0
 
 
 def test_openai_client_sees_router_errors_as_api_errors(fleet):
@@ -82,15 +82,15 @@ def test_serve_reloads_config_on_sighup_keeping_pins(tmp_path):
                                            extra_headers={"X-Session-ID": "keep-me"})
             config.write_text(f"backends: [{replica.url}]\naffinityBreakMargin: 3\n")
             router.process.send_signal(signal.SIGHUP)
-            wait_until(lambda: get_json(f"{router.url}/status")["affinity_break_margin"] == 3, "SIGHUP to apply the margin")
-            status = get_json(f"{router.url}/status")
+            wait_until(lambda: get_json(f"{router.admin_url}/status")["affinity_break_margin"] == 3, "SIGHUP to apply the margin")
+            status = get_json(f"{router.admin_url}/status")
             assert status["sessions"] == 1 and status["new_sessions"] == 1
             config.write_text("affinityBreakMargin: -1\n")  # invalid: logged, not applied, no crash
             router.process.send_signal(signal.SIGHUP)
-            wait_until(lambda: get_json(f"{router.url}/status")["config_reloads"]["rejected"] >= 1,
+            wait_until(lambda: get_json(f"{router.admin_url}/status")["config_reloads"]["rejected"] >= 1,
                        "SIGHUP to re-read (and reject) the config")
             assert router.process.poll() is None
-            status = get_json(f"{router.url}/status")
+            status = get_json(f"{router.admin_url}/status")
             assert status["affinity_break_margin"] == 3 and status["sessions"] == 1
         finally:
             router.stop()

@@ -32,7 +32,7 @@ def generate(stub, text: str, session: str, max_tokens: int = 6):
 
 
 def status(router) -> dict:
-    with urllib.request.urlopen(f"{router.url}/status", timeout=5) as response:
+    with urllib.request.urlopen(f"{router.admin_url}/status", timeout=5) as response:
         return json.load(response)
 
 
@@ -65,6 +65,6 @@ def test_router_metadata_unary_calls_and_errors(fleet):
     with pytest.raises(grpc.RpcError) as raised:
         list(stub.Generate(pb.GenerateRequest(text="", stream=True), metadata=(("x-session-id", "bad"),)))
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "empty" in raised.value.details()
-    metrics = urllib.request.urlopen(f"{router.url}/metrics", timeout=5).read().decode()
+    metrics = urllib.request.urlopen(f"{router.admin_url}/metrics", timeout=5).read().decode()
     assert 'code="INVALID_ARGUMENT"' in metrics and 'code="OK"' in metrics
     assert status(router)["total_inflight"] == 0

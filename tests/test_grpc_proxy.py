@@ -159,7 +159,7 @@ async def test_grpc_and_http_share_one_inflight_count_per_replica():
             runtime.balancer.policy.table.pin("other", pinned, time.monotonic())
             held = asyncio.ensure_future(unary(channel, "/test.Echo/Hold", b"h", "other"))
             await wait_for(lambda: runtime.replicas.loads()[pinned] == 1)
-            async with http.get(f"{base}/status") as response:
+            async with http.get(f"{runtime.admin_url}/status") as response:
                 status = await response.json()
             assert {b["url"]: b["inflight"] for b in status["backends"]}[pinned] == 1
             assert await http_turn() != pinned  # skew 1 (from gRPC) > margin 0: the HTTP turn moves

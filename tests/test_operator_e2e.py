@@ -103,8 +103,12 @@ class Stack:
             if self.router is not None:
                 self.router.send_signal(signal.SIGHUP)
 
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.router_ip}:8081"  # where the operator's poller reads /status (render.ROUTER_ADMIN_PORT)
+
     def status(self) -> dict:
-        return get_json(f"{self.router_url}/status")
+        return get_json(f"{self.admin_url}/status")
 
     def operator_metric(self, name: str, **labels: str) -> float:
         """One sample from the operator's /metrics, summed over the labels not given."""
@@ -179,7 +183,8 @@ def test_router_discovers_the_replicas(stack: Stack):
         ip, port_file = loopback_address(), stack.workdir / f"router-{attempt}" / "ports.json"
         port_file.parent.mkdir()
         router = stack.spawn("serve", "--config", str(stack.workdir / "config.yaml"), "--host", ip, "--port", "8080",
-                             "--port-file", str(port_file), log=f"router-{attempt}.log")
+                             "--admin-host", ip, "--admin-port", "8081", "--port-file", str(port_file),
+                             log=f"router-{attempt}.log")
         with contextlib.suppress(RuntimeError):
             Starting(router, ip, port_file).bound()
             stack.router, stack.router_ip = router, ip
@@ -272,7 +277,7 @@ async def test_an_unready_pod_stops_receiving_requests(stack: Stack):
 
 
 def _served_by(stack: Stack, backend: str) -> float:
-    with urllib.request.urlopen(f"{stack.router_url}/metrics", timeout=3) as response:
+    with urllib.request.urlopen(f"{stack.admin_url}/metrics", timeout=3) as response:
         text = response.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("rolloutrouter_requests_total{") and f'backend="{backend}"' in line)

@@ -197,7 +197,7 @@ async def test_an_oversized_status_is_read_no_further_than_the_limit(monkeypatch
     await runner.setup()
     port = free_port("127.0.0.1")
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    monkeypatch.setattr(status_module, "ROUTER_PORT", port)
+    monkeypatch.setattr(status_module, "ROUTER_ADMIN_PORT", port)
     try:
         async with aiohttp.ClientSession() as session:
             with pytest.raises(BadStatus, match="larger than"):

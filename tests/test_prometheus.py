@@ -38,10 +38,10 @@ class Run:
 def run():
     # Margin 1 over 3 replicas and 24 concurrent sessions: most sticky requests keep their pin, some break.
     with local_fleet(3, router_args=["--affinity-break-margin", "1"]) as (router, replicas):
-        with promfleet.prometheus(router.url, [r.url for r in replicas]) as prometheus:
+        with promfleet.prometheus(str(router.admin_url), [r.url for r in replicas]) as prometheus:
             traffic = promfleet.drive_traffic(router.url, sessions=24, seconds=6.0)
             prometheus.wait_scraped_after(traffic.ended + 0.2)
-            yield Run(router, replicas, prometheus, traffic, promfleet.router_status(router.url))
+            yield Run(router, replicas, prometheus, traffic, promfleet.router_status(str(router.admin_url)))
 
 
 def finite(series: list[dict]) -> list[float]:

@@ -39,7 +39,7 @@ async def test_sticky_sessions_stay_on_one_replica(replicas, http):
     async with running_router(settings) as (base, runtime):
         served = {s: {(await chat(http, base, s))[1] for _ in range(4)} for s in ("a", "b", "c", "d")}
         assert all(len(where) == 1 for where in served.values()), served
-        status = await (await http.get(f"{base}/status")).json()
+        status = await (await http.get(f"{runtime.admin_url}/status")).json()
     assert status["new_sessions"] == 4 and status["affinity_kept"] == 12 and status["affinity_broken"] == 0
     assert status["sessions"] == 4
 
@@ -68,7 +68,7 @@ async def test_margin_rule_over_real_traffic(replicas, http):
         target.hold.set()
         assert [where for _, where, _ in await asyncio.gather(*held)] == [pinned, pinned]
         assert (await chat(http, base, "conv"))[1] == moved_to  # re-pinned
-        status = await (await http.get(f"{base}/status")).json()
+        status = await (await http.get(f"{runtime.admin_url}/status")).json()
     assert status["affinity_broken"] == 1 and status["affinity_kept"] == 3
     assert status["total_inflight"] == 0
 
@@ -99,7 +99,7 @@ async def test_stream_read_to_done_is_a_success_even_if_the_client_leaves_before
             pass
         response.close()  # hang up before the replica's end of body
         await wait_for(lambda: runtime.replicas.total_inflight() == 0)
-        metrics = await (await http.get(f"{base}/metrics")).text()
+        metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
     codes = {line.split('code="')[1].split('"')[0] for line in metrics.splitlines()
              if line.startswith("rolloutrouter_requests_total{")}
     assert codes == {"200"}
@@ -116,7 +116,7 @@ async def test_client_disconnect_cancels_upstream_and_releases(replicas, http):
         await wait_for(lambda: runtime.replicas.total_inflight() == 0)
         await wait_for(lambda: sum(r.cancelled for r in replicas) == 1)
         assert runtime.balancer.policy.sessions() == 1  # the pin survives
-        metrics = await (await http.get(f"{base}/metrics")).text()
+        metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
         assert 'code="499"} 1.0' in metrics
 
 
@@ -130,7 +130,7 @@ async def test_replica_dying_mid_stream_ends_client_stream_with_error(replicas, 
         error = json.loads(events[-2][len(b"data: "):])["error"]
         assert error["code"] == 502 and "mid-stream" in error["message"]
         assert runtime.replicas.total_inflight() == 0
-        metrics = await (await http.get(f"{base}/metrics")).text()
+        metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
     assert 'rolloutrouter_request_errors_total{reason="upstream_broke_mid_response"} 1.0' in metrics
 
 
@@ -154,7 +154,7 @@ async def test_refused_connection_is_retried_elsewhere_and_marked_down(replicas,
         assert dead.url not in {where for _, where, _ in results}
         assert dead.url not in runtime.replicas.loads()  # passive health: skipped for a while
         assert runtime.replicas.total_inflight() == 0
-        metrics = await (await http.get(f"{base}/metrics")).text()
+        metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
     assert f'rolloutrouter_upstream_retries_total{{backend="{dead.url}"}} 1.0' in metrics
 
 
@@ -216,9 +216,9 @@ async def test_session_key_from_body_field_and_header_precedence(replicas, http)
 async def test_delete_session_releases_the_pin(replicas, http):
     async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
         await chat(http, base, "done")
-        async with http.delete(f"{base}/v1/sessions/done") as response:
+        async with http.delete(f"{runtime.admin_url}/v1/sessions/done") as response:
             assert response.status == 200 and (await response.json())["released"] is True
-        async with http.delete(f"{base}/v1/sessions/done") as response:
+        async with http.delete(f"{runtime.admin_url}/v1/sessions/done") as response:
             assert response.status == 404 and "done" in (await response.json())["error"]["message"]
         assert runtime.balancer.policy.sessions() == 0
         assert runtime.balancer.policy.counters.released == 1
@@ -273,7 +273,7 @@ async def test_live_settings_change_keeps_pins(replicas, http, tmp_path):
         config.write_text(json.dumps({"affinityBreakMargin": -3}))
         assert not runtime.reload()  # rejected, the running settings stay
         assert runtime.settings.affinity_break_margin == 0 and runtime.balancer.policy.sessions() == 3
-        metrics = await (await http.get(f"{base}/metrics")).text()
+        metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
     assert 'rolloutrouter_config_reloads_total{result="applied"} 1.0' in metrics
     assert 'rolloutrouter_config_reloads_total{result="rejected"} 1.0' in metrics
 
@@ -284,8 +284,8 @@ async def test_metrics_and_status_agree_with_traffic(replicas, http):
             for s in ("x", "y"):
                 assert (await chat(http, base, s))[0] == 200
         await chat(http, base)  # unkeyed
-        status = await (await http.get(f"{base}/status")).json()
-        metrics = await (await http.get(f"{base}/metrics")).text()
+        status = await (await http.get(f"{runtime.admin_url}/status")).json()
+        metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
     assert status["new_sessions"] == 2 and status["affinity_kept"] == 4 and status["unkeyed"] == 1
     assert {b["url"] for b in status["backends"]} == {r.url for r in replicas}
     assert all(b["inflight"] == 0 for b in status["backends"])

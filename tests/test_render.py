@@ -63,10 +63,15 @@ def test_router_pods_are_locked_down_and_probed():
     (container,) = pod["containers"]
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["command"] == ["rollout-router", "serve", "--config", "/etc/rollout-router/config.yaml",
-                                    "--host", "0.0.0.0", "--port", "8080"]
+                                    "--host", "0.0.0.0", "--port", "8080", "--admin-host", "0.0.0.0",
+                                    "--admin-port", "8081"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "admin": 8081}
+    service = by_kind(render(resource()))["Service"]["spec"]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["ports"]] == [
+        ("http", 8080, "http"), ("admin", 8081, "admin")]  # the ServiceMonitor scrapes "admin"
     assert container["image"] == DEFAULT_IMAGE
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/etc/rollout-router", "/tmp"}
     assert not any("subPath" in m for m in container["volumeMounts"])  # subPath mounts never update

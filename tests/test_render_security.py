@@ -14,6 +14,7 @@ CLIENTS = [{"podSelector": {"matchLabels": {"app": "rollout-worker"}}},
            {"namespaceSelector": {"matchLabels": {"team": "rl"}}, "podSelector": {"matchLabels": {"role": "trainer"}}},
            {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.1.0/24"]}}]
 PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+OPERATOR = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rollout-router-system"}}}
 
 
 def resource(spec: dict | None = None) -> dict:
@@ -27,8 +28,9 @@ def policy_of(manifests: list[dict]) -> dict | None:
 
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
-def test_network_policy_admits_the_clients_to_traffic_and_prometheus_to_metrics(kube_version):
-    body = resource({"grpcPort": 9000, "networkPolicy": {"enabled": True, "clients": CLIENTS, "prometheus": PROMETHEUS}})
+def test_network_policy_admits_the_clients_to_traffic_and_prometheus_to_the_admin_port(kube_version):
+    body = resource({"grpcPort": 9000, "networkPolicy": {"enabled": True, "clients": CLIENTS, "prometheus": PROMETHEUS,
+                                                         "admin": [OPERATOR]}})
     validate_rolloutrouter(body)
     policy = policy_of(render(body))
     kubernetes_validate.validate(policy, kube_version, strict=True)
@@ -38,15 +40,15 @@ def test_network_policy_admits_the_clients_to_traffic_and_prometheus_to_metrics(
     traffic, metrics = policy["spec"]["ingress"]
     assert traffic["from"] == CLIENTS
     assert traffic["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 50051}]
-    assert metrics == {"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8080}]}
+    assert metrics == {"from": [PROMETHEUS, OPERATOR], "ports": [{"protocol": "TCP", "port": 8081}]}
     deployment = next(m for m in render(body) if m["kind"] == "Deployment")
     ports = {p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert ports == {8080, 50051}  # the policy names every port the router listens on
+    assert ports == {8080, 8081, 50051}  # the policy names every port the router listens on
 
 
 def test_network_policy_without_clients_lets_only_prometheus_in_and_is_off_by_default():
     only_prometheus = policy_of(render(resource({"networkPolicy": {"enabled": True, "prometheus": PROMETHEUS}})))
-    assert only_prometheus["spec"]["ingress"] == [{"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8080}]}]
+    assert only_prometheus["spec"]["ingress"] == [{"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8081}]}]
     closed = policy_of(render(resource({"networkPolicy": {"enabled": True}})))
     assert closed["spec"]["ingress"] == []  # enabled with no peers: nothing reaches the routers
     assert policy_of(render(resource())) is None

@@ -23,6 +23,7 @@ from .spec import DEFAULT_IMAGE, GROUP, KIND, VERSION, RolloutRouterSpec
 
 CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
 ROUTER_PORT = 8080
+ROUTER_ADMIN_PORT = 8081  # the router's admin listener: /metrics, /status, sessions, probes
 ROUTER_GRPC_PORT = 50051  # the router's gRPC listener, opened when the replicas serve gRPC (spec.grpcPort)
 RUN_AS = 65532  # the "nonroot" user of distroless images
 MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
@@ -139,6 +140,7 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
         child("v1", "Service", full, spec={
             "type": spec.router.service.type, "selector": router_labels(name), "sessionAffinity": "ClientIP",
             "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
+                      {"name": "admin", "port": ROUTER_ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"},
                       *([{"name": "grpc", "port": ROUTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
                           "appProtocol": "grpc"}] if spec.grpc_port is not None else [])]}),
     ]
@@ -151,7 +153,7 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
 
 
 def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
-    """Ingress to the router pods from the declared clients (traffic ports) and Prometheus (metrics) only.
+    """Ingress to the router pods from the declared clients (traffic ports), Prometheus and admin peers (admin port).
 
     Egress is left open: the routers reach the vLLM pods, named by a selector that may change, and the API server.
     """
@@ -159,13 +161,14 @@ def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
 
     def peers(items: list) -> list[dict]:
         return [_without_nulls(peer.dump()) for peer in items]
-    http = {"protocol": "TCP", "port": ROUTER_PORT}
-    traffic = [http, *([{"protocol": "TCP", "port": ROUTER_GRPC_PORT}] if spec.grpc_port is not None else [])]
+    traffic = [{"protocol": "TCP", "port": ROUTER_PORT},
+               *([{"protocol": "TCP", "port": ROUTER_GRPC_PORT}] if spec.grpc_port is not None else [])]
+    admin = [*([policy.prometheus] if policy.prometheus is not None else []), *policy.admin]
     rules = []
     if policy.clients:
         rules.append({"from": peers(policy.clients), "ports": traffic})
-    if policy.prometheus is not None:
-        rules.append({"from": peers([policy.prometheus]), "ports": [http]})
+    if admin:
+        rules.append({"from": peers(admin), "ports": [{"protocol": "TCP", "port": ROUTER_ADMIN_PORT}]})
     return {"podSelector": {"matchLabels": router_labels(name)}, "policyTypes": ["Ingress"], "ingress": rules}
 
 
@@ -184,7 +187,9 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},  # the root filesystem is read-only
         *({k: v for k, v in e.dump().items() if v is not None} for e in router.env),
     ]
-    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 3,
+    # Liveness on the admin port: a flood of clients at the traffic port's connection limit never gets the pod
+    # killed. Readiness on the traffic port: the Service sends traffic only where that port answers.
+    probe = {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 10, "timeoutSeconds": 3,
              "failureThreshold": 3}
     grpc = spec.grpc_port is not None  # replicas serve gRPC: so does the router, beside HTTP
     grpc_args = ["--grpc-port", str(ROUTER_GRPC_PORT)] if grpc else []
@@ -194,8 +199,10 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         "image": router.image or default_image,
         "imagePullPolicy": router.image_pull_policy,
         "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
-                    "--host", "0.0.0.0", "--port", str(ROUTER_PORT), *grpc_args],
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}, *grpc_ports],
+                    "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+                    "--admin-host", "0.0.0.0", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+                  {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"}, *grpc_ports],
         "env": env,
         "resources": router.resources.dump(),
         "livenessProbe": probe,

@@ -40,7 +40,8 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict:
 
 class ServiceSpec(Model):
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
-    port: StrictInt = Field(8080, ge=1, le=65535, description="Service port; traffic, /metrics and /status.")
+    port: StrictInt = Field(8080, ge=1, le=65535, description="Service port for traffic (the Service's admin port, "
+                            "8081, serves /metrics and /status).")
 
 
 class ResourceRequirements(Model):
@@ -131,15 +132,18 @@ class NetworkPolicyPeer(Model):
 
 
 class NetworkPolicySpec(Model):
-    """A NetworkPolicy for the router pods: only the clients and Prometheus reach them."""
+    """A NetworkPolicy for the router pods: clients reach the traffic ports, Prometheus the admin port."""
 
-    enabled: bool = Field(False, description="Render a NetworkPolicy <name>-router admitting only clients and "
-                          "prometheus to the router pods; everything else is refused.")
+    enabled: bool = Field(False, description="Render a NetworkPolicy <name>-router admitting only clients to the "
+                          "traffic ports and prometheus (and admin) to the admin port; everything else is refused.")
     clients: list[NetworkPolicyPeer] = Field(default_factory=list, description=(
-        "Who may send inference traffic (the router's http and grpc ports). Empty: no one but prometheus."))
+        "Who may send inference traffic (the router's http and grpc ports). Empty: no one."))
     prometheus: NetworkPolicyPeer | None = Field(None, description=(
-        "Who scrapes the routers' /metrics (the http port), e.g. "
+        "Who scrapes the routers' /metrics (the admin port, 8081), e.g. "
         "{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}."))
+    admin: list[NetworkPolicyPeer] = Field(default_factory=list, description=(
+        "Who else may reach the admin port (/status, DELETE /v1/sessions/KEY): the operator's namespace, so "
+        "that its status poller reads /status, and whoever releases sessions."))
 
 
 SELECTOR_RULE = cel(

@@ -22,7 +22,7 @@ from rollout_router.kube.selectors import labels_query, to_query
 from rollout_router.settings import LabelSelector
 
 from . import kube
-from .render import ROUTER_PORT, InvalidSpec, child_name, parse_spec, router_labels
+from .render import ROUTER_ADMIN_PORT, InvalidSpec, child_name, parse_spec, router_labels
 from .spec import Affinity, Condition, Counts, RolloutRouterStatus
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def parse_report(raw: bytes) -> dict:
 
 
 async def _poll(session: aiohttp.ClientSession, pod: dict) -> dict:
-    url = f"http://{pod['status']['podIP']}:{ROUTER_PORT}/status"
+    url = f"http://{pod['status']['podIP']}:{ROUTER_ADMIN_PORT}/status"  # the admin listener
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as response:
         response.raise_for_status()
         if (response.content_length or 0) > MAX_STATUS_BYTES:

@@ -2,10 +2,10 @@
 
 ``Runtime`` is the router's ``RouterContext`` plus what runs it: the
 listeners, replica sources and background tasks. It applies new settings
-without dropping pins; ``start`` opens the HTTP listener (the data path and
-the admin routes on one port), the background tasks for pin expiry,
-config-file reloads and replica discovery, and the gRPC listener beside it
-when asked for.
+without dropping pins; ``start`` opens the HTTP traffic listener, the admin
+listener (metrics, status, sessions; its own port), the background tasks for
+pin expiry, config-file reloads and replica discovery, and the gRPC listener
+beside them when asked for.
 """
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .context import RouterContext
+from .listening import address
 from .proxy.http import HttpProxy
+from .proxy.http.admin_listener import AdminListener, TokenFile
 from .settings import DiscoverySettings, RouterSettings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXPIRY_INTERVAL = 15.0
+EXPIRY_BATCH = 10_000  # pins dropped per turn of the event loop (about 5 ms), so expiry never stalls traffic
 RELOAD_INTERVAL = 2.0
 
 
@@ -34,12 +37,16 @@ class Runtime(RouterContext):
 
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
-                 grpc_address: str | None = None):
+                 grpc_address: str | None = None, admin_address: tuple[str, int] | None = None,
+                 admin_token: TokenFile | None = None):
         super().__init__(settings)
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
         self.http_proxy = HttpProxy(self)
+        self.admin_address = admin_address  # None: no admin listener (tests that need none)
+        self.admin = AdminListener(self, admin_token)
+        self.admin_port: int | None = None
         self.grpc_proxy: GrpcProxy | None = None
         if grpc_address is not None:
             from .proxy.grpc import GrpcProxy  # grpc (about 25 MiB) is loaded only by routers that serve it
@@ -97,14 +104,30 @@ class Runtime(RouterContext):
                 self.reload()
             if waited >= EXPIRY_INTERVAL:
                 waited = 0.0
-                self.balancer.expire_idle()
+                await self.expire_pins()
                 if self.grpc_proxy is not None:
                     self.grpc_proxy.prune()
+
+    @property
+    def admin_url(self) -> str:
+        """Where the admin listener answers (after ``start``)."""
+        assert self.admin_address is not None and self.admin_port is not None, "no admin listener"
+        return f"http://{address(self.admin_address[0], self.admin_port)}"
+
+    async def expire_pins(self) -> int:
+        """Drop idle pins ``EXPIRY_BATCH`` at a time, yielding to the loop between batches; returns how many."""
+        total = 0
+        while (expired := self.balancer.expire_idle(EXPIRY_BATCH)) == EXPIRY_BATCH:
+            total += expired
+            await asyncio.sleep(0)
+        return total + expired
 
     async def start(self, host: str, port: int) -> int:
         """Start everything the router owns; listen for HTTP on ``host:port`` (0: any free port). Returns the port."""
         self.apply(self.settings)
         self.port = await self.http_proxy.start(host, port)
+        if self.admin_address is not None:
+            self.admin_port = await self.admin.start(*self.admin_address)
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         if self.grpc_proxy is not None and self.grpc_address is not None:
             from .proxy.grpc import start_server
@@ -122,6 +145,7 @@ class Runtime(RouterContext):
         if self.grpc_proxy is not None:
             await self.grpc_proxy.close()
         await self.http_proxy.close()
+        await self.admin.close()
 
 
 def _mtime(path: Path | None) -> float | None:

@@ -34,8 +34,9 @@ class Balancer:
     def release_session(self, key: str) -> bool:
         return self.policy.release(key)
 
-    def expire_idle(self) -> int:
-        return self.policy.expire(self._clock())
+    def expire_idle(self, limit: int | None = None) -> int:
+        """Drop at most ``limit`` idle pins (None: all); returns how many."""
+        return self.policy.expire(self._clock(), limit)
 
     def apply(self, policy: str, config: LiveConfig) -> None:
         """Apply new settings live. Pins survive unless the policy itself changes; counters always do."""

@@ -2,7 +2,7 @@
 
 With ``--port 0`` (and ``--grpc-port 0``) the kernel picks free ports, so nothing
 can take them between choosing and binding. The parent learns the real ports
-from the ``--port-file`` (JSON ``{"http": PORT, "grpc": PORT or null}``),
+from the ``--port-file`` (JSON ``{"http": PORT, "grpc": PORT or null, "admin": PORT or null}``),
 written only after every listener is bound and renamed into place, so a reader
 never sees a partial file.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port-file", type=Path, metavar="PATH",
                         help="Once listening, write the bound ports here as JSON "
-                             '({"http": PORT, "grpc": PORT or null}); useful with --port 0.')
+                             '({"http": PORT, "grpc": PORT or null, "admin": PORT or null}); useful with --port 0.')
 
 
 def address(host: str, port: int) -> str:
@@ -25,14 +25,18 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def announce(name: str, host: str, http_port: int, grpc_port: int | None, port_file: Path | None) -> None:
-    """Print ``NAME listening on http://HOST:PORT`` (and the gRPC line), then write the port file."""
+def announce(name: str, host: str, http_port: int, grpc_port: int | None, port_file: Path | None,
+             admin: tuple[str, int] | None = None) -> None:
+    """Print ``NAME listening on http://HOST:PORT`` (and the gRPC and admin lines), then write the port file."""
     print(f"{name} listening on http://{address(host, http_port)}", flush=True)
     if grpc_port is not None:
         print(f"{name} grpc listening on {address(host, grpc_port)}", flush=True)
+    if admin is not None:
+        print(f"{name} admin listening on http://{address(*admin)}", flush=True)
     if port_file is not None:
         partial = port_file.with_name(port_file.name + ".partial")
-        partial.write_text(json.dumps({"http": http_port, "grpc": grpc_port}))
+        partial.write_text(json.dumps({"http": http_port, "grpc": grpc_port,
+                                       "admin": admin[1] if admin is not None else None}))
         os.replace(partial, port_file)
 
 

@@ -23,6 +23,8 @@ from typing import IO
 
 from .listening import address, read_port_file
 
+ADMIN_HOST = "127.0.0.1"  # where spawned routers' admin listeners are reached (the default --admin-host)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now, for third-party servers that cannot report a port-0 bind (real vLLM, vllm-router).
@@ -40,6 +42,7 @@ class Service:
     url: str
     process: subprocess.Popen
     grpc_target: str | None = None  # host:port, when it also serves gRPC
+    admin_url: str | None = None  # a router's admin listener (/metrics, /status, sessions)
 
     @property
     def backend(self) -> str:
@@ -80,10 +83,11 @@ class Starting:
             ports = self._wait_ports(timeout)
         finally:
             shutil.rmtree(self.port_file.parent, ignore_errors=True)
-        http, grpc = ports["http"], ports["grpc"]
+        http, grpc, admin = ports["http"], ports["grpc"], ports.get("admin")
         assert http is not None, f"{self.port_file} names no HTTP port"
         return Service(f"http://{address(self.host, http)}", self.process,
-                       address(self.host, grpc) if grpc is not None else None)
+                       address(self.host, grpc) if grpc is not None else None,
+                       f"http://{address(ADMIN_HOST, admin)}" if admin is not None else None)
 
     def _wait_ports(self, timeout: float) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout
@@ -101,10 +105,12 @@ class Starting:
 def spawn(args: Sequence[str], host: str, log: IO[str] | None = None) -> Starting:
     """``rollout-router ARGS --host HOST --port 0 --port-file ...``; ARGS may add ``--grpc-port 0``.
 
+    A router's admin listener binds a free port too (on loopback, ``Service.admin_url``), unless ARGS place it.
     Output goes to ``log`` when given, else stderr is kept for the error of a server that dies.
     """
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-")) / "ports.json"
-    process = subprocess.Popen(command(*args, "--host", host, "--port", "0", "--port-file", str(port_file)),
+    admin = ["--admin-port", "0"] if args[0] == "serve" and "--admin-port" not in args else []
+    process = subprocess.Popen(command(*args, *admin, "--host", host, "--port", "0", "--port-file", str(port_file)),
                                stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT if log else subprocess.PIPE,
                                stdin=subprocess.DEVNULL, text=True)
     return Starting(process, host, port_file)

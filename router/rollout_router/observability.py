@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -78,6 +78,14 @@ class Metrics:
                                ["backend"], registry=self.registry)
         self.errors = Counter("rolloutrouter_request_errors", "Requests answered by the router itself with an error, by reason.",
                               ["reason"], registry=self.registry)
+        self.connections_rejected = Counter("rolloutrouter_connections_rejected",
+                                            "Client connections refused (503) at the listener's maxConnections.",
+                                            ["listener"], registry=self.registry)
+        self.client_connections = Gauge("rolloutrouter_client_connections", "Client connections open, per listener.",
+                                        ["listener"], registry=self.registry)
+        self.buffered_bytes = Gauge("rolloutrouter_buffered_request_bytes",
+                                    "Request bytes (heads and bodies) held now, per listener; bounded by maxBufferedBytes.",
+                                    ["listener"], registry=self.registry)
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
         self._children: dict[tuple[str, int | str], tuple[Callable[[], None], Callable[[float], None]]] = {}

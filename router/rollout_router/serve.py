@@ -1,4 +1,4 @@
-"""``rollout-router serve``: settings from a file and flags, then the HTTP listener."""
+"""``rollout-router serve``: settings from a file and flags, then the traffic and admin listeners."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,9 @@ from pathlib import Path
 
 from . import listening
 from .app import Runtime
+from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
+from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
+from .proxy.http.admin_listener import TokenFile
 from .settings import RouterSettings, SettingsError, load_settings, parse_settings
 
 
@@ -34,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="HTTP port (0 picks a free one).")
     parser.add_argument("--grpc-port", type=int, help="Also serve gRPC (vLLM's VllmEngine and any other "
                         "service, passed through) on this port (0 picks a free one); replicas need a gRPC target.")
+    parser.add_argument("--admin-host", default=ADMIN_HOST,
+                        help=f"Address of the admin listener (/metrics, /status, DELETE /v1/sessions/KEY, probes); "
+                        f"default {ADMIN_HOST}: this machine only. In a pod the operator passes 0.0.0.0.")
+    parser.add_argument("--admin-port", type=int, default=ADMIN_PORT,
+                        help=f"Admin listener port (default {ADMIN_PORT}; 0 picks a free one).")
+    parser.add_argument("--admin-token-file", type=Path, metavar="PATH",
+                        help="Require 'Authorization: Bearer TOKEN' on admin routes but /healthz and /readyz; "
+                        "TOKEN is this file's content, re-read when the file changes.")
     listening.add_arguments(parser)
     parser.add_argument("--config", type=Path, help="YAML/JSON RouterSettings; reloaded on change and on SIGHUP.")
     parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]",
@@ -101,9 +112,15 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "command-line flags override %s of %s: edits to these fields in the file are not applied on reload",
             ", ".join(overridden(args)), args.config)
+    try:
+        token = TokenFile(args.admin_token_file) if args.admin_token_file else None
+    except (OSError, ValueError) as error:
+        print(f"rollout-router serve: --admin-token-file {args.admin_token_file}: "
+              f"{getattr(error, 'strerror', None) or error}", file=sys.stderr)
+        return 2
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
-    runtime = Runtime(settings, args.config, overrides, grpc_address)
+    runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file))
     return 0
 
@@ -117,7 +134,8 @@ async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None)
     loop.add_signal_handler(signal.SIGHUP, runtime.reload)
     port = await runtime.start(host, port)
     try:
-        listening.announce("rollout-router", host, port, runtime.grpc_port, port_file)
+        admin = (runtime.admin_address[0], runtime.admin_port) if runtime.admin_address and runtime.admin_port else None
+        listening.announce("rollout-router", host, port, runtime.grpc_port, port_file, admin)
         await stopping.wait()
     finally:
         await runtime.stop()

@@ -40,6 +40,9 @@ class SessionSettings(Model):
     max_sessions: StrictInt = Field(100_000, ge=1, description="Pins kept; the least recently used is evicted beyond this.")
     idle_timeout_seconds: float | None = Field(3600.0, gt=0,
                                                description="A pin idle this long is dropped; null keeps pins until evicted.")
+    max_key_bytes: StrictInt = Field(256, ge=1, le=65536,
+                                     description="Longest session key in UTF-8 bytes (header or body field); "
+                                                 "a longer one gets 400.")
 
     @field_validator("headers", "body_fields")
     @classmethod
@@ -122,6 +125,16 @@ class RouterSettings(PolicySettings):
     connect_retries: StrictInt = Field(2, ge=0, description="Other replicas tried when one refuses the connection.")
     down_seconds: Seconds = Field(5.0, description="How long a replica that refused a connection is skipped.")
     upstream_timeout_seconds: Seconds | None = Field(600.0, description="Longest silence from a replica mid-response.")
+    max_connections: StrictInt = Field(10_000, ge=1, description="Client connections open at once on the traffic "
+                                       "port; beyond it a new connection gets 503 and is closed.")
+    max_buffered_bytes: StrictInt = Field(256 * 1024 * 1024, ge=1024, description="Request bytes (heads and bodies) "
+                                          "held at once over all clients; a request that would exceed it gets 503.")
+    header_timeout_seconds: Seconds | None = Field(30.0, description="A request head must arrive within this "
+                                                   "long of its first byte, else 408.")
+    body_timeout_seconds: Seconds | None = Field(300.0, description="A request body must arrive within this "
+                                                 "long of its head, else 408.")
+    min_body_bytes_per_second: StrictInt = Field(1024, ge=0, description="Slowest request body accepted, averaged "
+                                                 "after its first 10 s (0: any rate), else 408.")
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -194,7 +194,7 @@ def test_chat_and_completions_pass_through(fleet, kind, stream):
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     TIMINGS[f"{kind} {'streamed' if stream else 'whole'} 16 tokens (s)"] = round(time.monotonic() - started, 3)
-    assert get_json(f"{router.url}/status")["total_inflight"] == 0
+    assert get_json(f"{router.admin_url}/status")["total_inflight"] == 0
 
 
 def test_session_sticks_and_only_its_replica_reuses_the_prefix(fleet):
@@ -228,7 +228,7 @@ def test_session_sticks_and_only_its_replica_reuses_the_prefix(fleet):
     assert cached[0] == 0 and all(c and c >= 128 for c in cached[1:]), cached  # whole 128-token blocks
     TIMINGS["sticky session: prefix-cache hit tokens on its replica"] = after[home] - before[home]
     TIMINGS["sticky session: usage.prompt_tokens_details.cached_tokens per turn"] = cached
-    status = get_json(f"{router.url}/status")
+    status = get_json(f"{router.admin_url}/status")
     assert status["affinity_kept"] >= 3 and status["total_inflight"] == 0
 
 
@@ -257,7 +257,7 @@ def test_router_status_and_metrics_agree(fleet):
     router_after = routed()
     assert {u: router_after[u] - router_before[u] for u in urls} == {u: vllm_after[u] - vllm_before[u] for u in urls}
 
-    status = get_json(f"{router.url}/status")
+    status = get_json(f"{router.admin_url}/status")
     metrics = scrape(router.url)
     for field in ("affinity_kept", "affinity_broken", "new_sessions", "unkeyed", "released"):
         assert total(metrics, f"rolloutrouter_{field}_total") == status[field], field
@@ -287,7 +287,7 @@ def test_streams_read_to_the_end_are_counted_as_200(fleet):
             model=SERVED_MODEL, messages=[{"role": "user", "content": f"short {i}"}], max_tokens=16,
             extra_body=NO_EOS, stream=True, stream_options={"include_usage": True}))
         assert chunks[-1].usage.completion_tokens == 16  # the client got the whole answer
-    wait_until(lambda: get_json(f"{router.url}/status")["total_inflight"] == 0, what="in-flight back to 0")
+    wait_until(lambda: get_json(f"{router.admin_url}/status")["total_inflight"] == 0, what="in-flight back to 0")
     after = codes()
     counted = {code: after[code] - before[code] for code in after}
     TIMINGS[f"{STREAMS} streams read to [DONE]: router codes"] = counted
@@ -306,7 +306,7 @@ def test_errors_from_vllm_reach_the_client_unchanged(fleet):
     body = too_long.value.body
     assert isinstance(body, dict) and body.get("code") == 400 and "max_model_len" in body.get("message", ""), body
     TIMINGS["error bodies"] = {"404": missing.value.body, "400": too_long.value.body}
-    assert get_json(f"{router.url}/status")["total_inflight"] == 0
+    assert get_json(f"{router.admin_url}/status")["total_inflight"] == 0
 
 
 def test_margin_zero_moves_a_session_off_a_replica_held_busy(fleet):
@@ -321,7 +321,7 @@ def test_margin_zero_moves_a_session_off_a_replica_held_busy(fleet):
         return raw.headers["x-rolloutrouter-replica"]
 
     def loads() -> dict[str, int]:
-        return {b["url"]: b["inflight"] for b in get_json(f"{router.url}/status")["backends"]}
+        return {b["url"]: b["inflight"] for b in get_json(f"{router.admin_url}/status")["backends"]}
 
     home = turn("mover")
     other = next(r.url for r in replicas if r.url != home)
@@ -332,13 +332,13 @@ def test_margin_zero_moves_a_session_off_a_replica_held_busy(fleet):
             break
     else:
         pytest.fail("no key among 40 was placed on the mover's replica")
-    before = get_json(f"{router.url}/status")
+    before = get_json(f"{router.admin_url}/status")
     # The hold is a long stream the client stops reading. How long the router holds it depends on how
     # fast vLLM's frontend emits it (measured: 0.4 to 4 s for 1900 tokens), so the check is retried.
     attempts: list[str] = []
     moved = home
     for _ in range(5):
-        wait_until(lambda: get_json(f"{router.url}/status")["total_inflight"] == 0, what="in-flight back to 0")
+        wait_until(lambda: get_json(f"{router.admin_url}/status")["total_inflight"] == 0, what="in-flight back to 0")
         hold = client.completions.create(model=SERVED_MODEL, prompt="hold the replica", max_tokens=1900,
                                          extra_body=NO_EOS, stream=True, extra_headers={"X-Session-ID": hold_key})
         try:
@@ -357,9 +357,9 @@ def test_margin_zero_moves_a_session_off_a_replica_held_busy(fleet):
         attempts.append("hold over during the turn (kept)")
     TIMINGS["margin 0: attempts that raced the hold"] = attempts
     assert moved == other, f"the pin never broke; attempts: {attempts}"
-    after = get_json(f"{router.url}/status")
+    after = get_json(f"{router.admin_url}/status")
     assert after["affinity_broken"] == before["affinity_broken"] + 1
-    wait_until(lambda: get_json(f"{router.url}/status")["total_inflight"] == 0, what="in-flight back to 0")
+    wait_until(lambda: get_json(f"{router.admin_url}/status")["total_inflight"] == 0, what="in-flight back to 0")
     TIMINGS["margin 0: keys tried to find a hold key"] = tried
     TIMINGS["margin 0: client closed the hold -> router in-flight 0 (s)"] = round(time.monotonic() - closed_at, 3)
     wait_until(lambda: total(scrape(home), "vllm:num_requests_running") == 0, what=f"{home} to end the hold")
@@ -391,7 +391,7 @@ def test_grpc_generate_through_the_router_with_vllm_stubs(grpc_fleet):
         assert again == replica
         assert second[-1].complete.cached_tokens > 0, second[-1].complete
         TIMINGS["grpc second turn cached_tokens"] = second[-1].complete.cached_tokens
-    status = get_json(f"{router.url}/status")
+    status = get_json(f"{router.admin_url}/status")
     assert status["total_inflight"] == 0 and status["affinity_kept"] >= 1
     metrics = scrape(router.url)
     assert total(metrics, "rolloutrouter_requests_total", backend=replica, code="OK") >= 2
@@ -433,7 +433,7 @@ def test_replica_killed_mid_stream_ends_the_stream_with_an_error(fleet):
     TIMINGS["killed replica: error seen after (s)"] = round(time.monotonic() - killed_at, 3)
     TIMINGS["killed replica: client error"] = f"{type(error).__name__}: {error}"
     assert victim_url in str(error) and "mid-stream" in str(error), error
-    wait_until(lambda: get_json(f"{router.url}/status")["total_inflight"] == 0, what="in-flight back to 0")
+    wait_until(lambda: get_json(f"{router.admin_url}/status")["total_inflight"] == 0, what="in-flight back to 0")
     metrics = scrape(router.url)
     assert total(metrics, "rolloutrouter_request_errors_total", reason="upstream_broke_mid_response") == 1
     assert total(metrics, "rolloutrouter_requests_total", backend=victim_url, code="502") == 1
@@ -443,5 +443,5 @@ def test_replica_killed_mid_stream_ends_the_stream_with_an_error(fleet):
         extra_headers={"X-Session-ID": f"doomed-{attempt}"})
     assert raw.parse().choices[0].message.content
     assert raw.headers["x-rolloutrouter-replica"] != victim_url
-    status = get_json(f"{router.url}/status")
+    status = get_json(f"{router.admin_url}/status")
     assert status["total_inflight"] == 0 and status["backends_ready"] == 1

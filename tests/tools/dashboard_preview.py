@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         router = spawn_router([r.url for r in replicas], ["--affinity-break-margin", str(args.margin)])
         processes.append(router.process)
         router = wait_healthy(router.bound(), "/readyz")
-        with promfleet.prometheus(router.url, [r.url for r in replicas]) as prometheus:
+        with promfleet.prometheus(str(router.admin_url), [r.url for r in replicas]) as prometheus:
             phase = args.seconds / 3
             start = time.time()
             for seed, sessions in enumerate((8, 32, 8)):
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"phase {seed}: {sessions} sessions, {traffic.ok} requests", flush=True)
             prometheus.wait_scraped_after(time.time() + 2)
             end = time.time()
-            status = promfleet.router_status(router.url)
+            status = promfleet.router_status(str(router.admin_url))
             note = (f"3 fake vLLM replicas (one at half speed), margin {args.margin}, sessions 8 -> 32 -> 8; "
                     f"kept {status['affinity_kept']}, broken {status['affinity_broken']}")
             draw(prometheus, start, end, args.out, note)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         for name, router_args in ARMS.items():
             bar.set_description(name)
             with local_fleet(args.replicas, router_args, fake_args) as (router, replicas):
-                results.append(asyncio.run(run_arm(name, router.url, [r.url for r in replicas], conversations,
+                results.append(asyncio.run(run_arm(name, router.url, str(router.admin_url), [r.url for r in replicas], conversations,
                                                    on_turn=lambda: bar.update(1))))
     print()
     print(table(results))

@@ -34,15 +34,16 @@ class ArmResult:
         return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-async def run_arm(name: str, router_url: str, replica_urls: Sequence[str], conversations: Sequence[Conversation],
-                  on_turn: Callable[[], None] = lambda: None) -> ArmResult:
+async def run_arm(name: str, router_url: str, admin_url: str, replica_urls: Sequence[str],
+                  conversations: Sequence[Conversation], on_turn: Callable[[], None] = lambda: None) -> ArmResult:
+    """One policy's run: conversations through ``router_url``, its /status read from ``admin_url``."""
     latencies: list[float] = []
     errors = 0
     skews: list[int] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
         before = await _prefix_counters(http, replica_urls)
         done = asyncio.Event()
-        sampler = asyncio.create_task(_sample_skew(http, router_url, skews, done))
+        sampler = asyncio.create_task(_sample_skew(http, admin_url, skews, done))
         started = time.monotonic()
 
         async def converse(conversation: Conversation) -> None:
@@ -68,17 +69,17 @@ async def run_arm(name: str, router_url: str, replica_urls: Sequence[str], conve
         wall = time.monotonic() - started
         done.set()
         await sampler
-        async with http.get(f"{router_url}/status") as response:
+        async with http.get(f"{admin_url}/status") as response:
             status = await response.json()
         after = await _prefix_counters(http, replica_urls)
     queries, hits = after[0] - before[0], after[1] - before[1]
     return ArmResult(name, wall, latencies, skews, status, hits / queries if queries else 0.0, errors)
 
 
-async def _sample_skew(http: aiohttp.ClientSession, router_url: str, skews: list[int], done: asyncio.Event) -> None:
+async def _sample_skew(http: aiohttp.ClientSession, admin_url: str, skews: list[int], done: asyncio.Event) -> None:
     """In-flight skew (max - min over replicas), read from the router's own /status."""
     while not done.is_set():
-        async with http.get(f"{router_url}/status") as response:
+        async with http.get(f"{admin_url}/status") as response:
             loads = [b["inflight"] for b in (await response.json())["backends"]]
         skews.append(max(loads) - min(loads))
         await asyncio.sleep(SAMPLE_INTERVAL)

@@ -131,8 +131,8 @@ class Policy(abc.ABC):
         """Pins currently held."""
         return 0
 
-    def expire(self, now: float) -> int:
-        """Drop pins idle past their TTL; returns how many."""
+    def expire(self, now: float, limit: int | None = None) -> int:
+        """Drop pins idle past their TTL, at most ``limit`` (None: all); returns how many."""
         return 0
 
     def release_all(self) -> int:

@@ -89,10 +89,14 @@ class SessionTable:
         self._counters.released += released
         return released
 
-    def expire(self, now: float) -> int:
-        """Drop every pin idle past the TTL; the caller runs this periodically."""
+    def expire(self, now: float, limit: int | None = None) -> int:
+        """Drop pins idle past the TTL, at most ``limit`` of them (None: all); the caller runs this periodically.
+
+        A caller on an event loop passes a small ``limit`` and calls again while
+        the whole batch expired, so a million idle pins never stall the loop.
+        """
         expired = 0
-        while self._pins:
+        while self._pins and expired != limit:
             key, packed = next(iter(self._pins.items()))
             if not self._idle(packed, now):
                 break  # LRU order is last-use order, so the rest are fresher
@@ -132,8 +136,8 @@ class SessionPolicy(Policy):
     def sessions(self) -> int:
         return len(self.table)
 
-    def expire(self, now: float) -> int:
-        return self.table.expire(now)
+    def expire(self, now: float, limit: int | None = None) -> int:
+        return self.table.expire(now, limit)
 
     def release_all(self) -> int:
         return self.table.clear()

@@ -1,7 +1,10 @@
 """Endpoints about the router itself: health, readiness, metrics, status, sessions.
 
-Plain functions of the router's context that return an ``AdminAnswer``, so any
-listener can serve them (today the HTTP data path on the same port).
+Plain functions of the router's context that return an ``AdminAnswer``, found
+through one route table (``ROUTES``), so any listener can serve them: the
+admin listener serves them all; the traffic port serves only the probes
+(``Route.probe``), so kubelet and load balancers can check it too. A new admin
+endpoint is one more ``Route`` in the table.
 """
 from __future__ import annotations
 
@@ -16,8 +19,6 @@ from ..context import RouterContext
 from ..observability import status
 from .errors import error_body
 
-SESSIONS_PREFIX = "/v1/sessions/"
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AdminAnswer:
@@ -26,53 +27,110 @@ class AdminAnswer:
     content_type: str = "application/json"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdminRequest:
+    """What an admin handler may read: the method, the path's ``{name}`` parameters (decoded), query and body."""
+
+    method: str
+    path: str
+    params: dict[str, str] = dataclasses.field(default_factory=dict)
+    query: str = ""
+    body: bytes = b""
+
+
+Handler = Callable[[RouterContext, AdminRequest], AdminAnswer]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Route:
+    """``pattern`` is a path whose ``{name}`` segments match one non-empty segment each."""
+
+    pattern: str
+    methods: tuple[str, ...]
+    handler: Handler
+    probe: bool = False  # kubelet's: no token needed, also answered on the traffic port
+
+    def match(self, path: str) -> dict[str, str] | None:
+        """The parameters when ``path`` matches, else None."""
+        want, got = self.pattern.split("/"), path.split("/")
+        if len(want) != len(got):
+            return None
+        params = {}
+        for pattern, segment in zip(want, got):
+            if pattern.startswith("{") and pattern.endswith("}"):
+                if not segment:
+                    return None
+                params[pattern[1:-1]] = unquote(segment)
+            elif pattern != segment:
+                return None
+        return params
+
+
 def _json(document: dict, code: int = 200) -> AdminAnswer:
     return AdminAnswer(code, json.dumps(document).encode())
 
 
-def _error(code: int, message: str, param: str | None = None) -> AdminAnswer:
+def error(code: int, message: str, param: str | None = None) -> AdminAnswer:
     return _json(error_body(code, message, param), code)
 
 
-def healthz(context: RouterContext) -> AdminAnswer:
+def healthz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     return _json({"status": "ok"})
 
 
-def readyz(context: RouterContext) -> AdminAnswer:
+def readyz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     """Ready once some replica can take a request, so Services skip an empty router."""
     ready = context.replicas.ready_count()
     if ready == 0:
-        return _error(503, "no replica is ready")
+        return error(503, "no replica is ready")
     return _json({"status": "ready", "backends_ready": ready})
 
 
-def metrics(context: RouterContext) -> AdminAnswer:
+def metrics(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     return AdminAnswer(200, generate_latest(context.metrics.registry), CONTENT_TYPE_LATEST)
 
 
-def status_document(context: RouterContext) -> AdminAnswer:
+def status_document(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     return _json(status(context))
 
 
-def release_session(context: RouterContext, key: str) -> AdminAnswer:
+def release_session(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     """Drop a finished conversation's pin now instead of waiting for the idle timeout."""
+    key = request.params["key"]
     if not context.balancer.release_session(key):
-        return _error(404, f"session {key!r} is not pinned", "key")
+        return error(404, f"session {key!r} is not pinned", "key")
     return _json({"session": key, "released": True})
 
 
-GET_ROUTES: dict[str, Callable[[RouterContext], AdminAnswer]] = {
-    "/healthz": healthz, "/readyz": readyz, "/metrics": metrics, "/status": status_document,
-}
+GET = ("GET", "HEAD")
+ROUTES: list[Route] = [
+    Route("/healthz", GET, healthz, probe=True),
+    Route("/readyz", GET, readyz, probe=True),
+    Route("/metrics", GET, metrics),
+    Route("/status", GET, status_document),
+    Route("/v1/sessions/{key}", ("DELETE",), release_session),
+]
 
 
-def admin_answer(context: RouterContext, method: str, path: str) -> AdminAnswer | None:
+def find(path: str, probes_only: bool = False) -> list[tuple[Route, dict[str, str]]]:
+    """The routes matching ``path`` with their parameters (several when they differ by method)."""
+    found = []
+    for route in ROUTES:
+        if probes_only and not route.probe:
+            continue
+        params = route.match(path)
+        if params is not None:
+            found.append((route, params))
+    return found
+
+
+def admin_answer(context: RouterContext, method: str, path: str, query: str = "", body: bytes = b"",
+                 probes_only: bool = False) -> AdminAnswer | None:
     """The answer to an admin route, a 405 for a wrong method on one, None for any other path."""
-    route = GET_ROUTES.get(path)
-    if route is not None:
-        return route(context) if method in ("GET", "HEAD") else _error(405, f"Method Not Allowed: {method} {path}")
-    if path.startswith(SESSIONS_PREFIX) and "/" not in path[len(SESSIONS_PREFIX):] and path != SESSIONS_PREFIX:
-        if method != "DELETE":
-            return _error(405, f"Method Not Allowed: {method} {path}")
-        return release_session(context, unquote(path[len(SESSIONS_PREFIX):]))
-    return None
+    found = find(path, probes_only)
+    if not found:
+        return None
+    for route, params in found:
+        if method in route.methods:
+            return route.handler(context, AdminRequest(method, path, params, query, body))
+    return error(405, f"Method Not Allowed: {method} {path}")

@@ -13,8 +13,17 @@ def session_key(headers: Mapping[str, str], body: bytes, settings: SessionSettin
     for name in settings.headers:
         value = headers.get(name)
         if value:
-            return value
+            return checked_key(value, name, settings)
     return body_key(body, headers.get("Content-Type"), settings)
+
+
+def checked_key(key: str, source: str, settings: SessionSettings) -> str:
+    """``key`` if it fits ``session.maxKeyBytes``: every pin keeps its key, so an unbounded one is memory."""
+    size = len(key.encode("utf-8", "surrogateescape"))
+    if size > settings.max_key_bytes:
+        raise RouterError(400, f"session key in {source} is {size} bytes, longer than "
+                               f"session.maxKeyBytes={settings.max_key_bytes}", source, "session_key_too_long")
+    return key
 
 
 def body_key(body: bytes, content_type: str | None, settings: SessionSettings) -> str | None:
@@ -37,5 +46,5 @@ def body_key(body: bytes, content_type: str | None, settings: SessionSettings) -
     for field in settings.body_fields:
         value = document.get(field)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
-            return str(value)
+            return checked_key(str(value), field, settings)
     return None

@@ -1,71 +1,63 @@
-"""The HTTP listener: OpenAI-compatible paths forwarded byte for byte, admin routes answered here.
+"""The traffic listener: OpenAI-compatible paths forwarded byte for byte, and the probes.
 
 An asyncio Protocol server (uvloop when installed) parsing with llhttp
 (``server``), keep-alive connections to replicas (``upstream``) and the
 relay of one attempt (``relay``). Every request goes through ``forward``,
 the attempt loop shared with gRPC: route, lease, one attempt, release once.
-Timeouts are found by one periodic sweep, not by a timer per request.
+The path is normalised and checked before anything else (``routes.normalise``)
+and the replica gets exactly the path that was checked. Timeouts are found by
+one periodic sweep (``listener``), not by a timer per request. The admin routes
+other than the probes live on their own listener (``admin_listener``).
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
+import zlib
 
 from ...context import RouterContext
 from ...policy import NoReplicaError
-from ..admin import admin_answer
+from ...settings import SessionSettings
+from .. import admin
 from ..attempts import AllRefused, forward
 from ..errors import RouterError
-from ..session_key import body_key
+from ..session_key import body_key, checked_key
 from . import wire
+from .listener import SWEEP_SECONDS, Limits, Listener
 from .relay import CLIENT_CLOSED, Exchange, attempt
-from .routes import FORWARDED_PATHS, REPLICA_HEADER, forwarded, unkeyed
+from .routes import FORWARDED_PATHS, REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import KEEPALIVE_SECONDS, Pools
 
-__all__ = ["CLIENT_CLOSED", "FORWARDED_PATHS", "HttpProxy", "REPLICA_HEADER"]
+__all__ = ["CLIENT_CLOSED", "FORWARDED_PATHS", "HttpProxy", "REPLICA_HEADER", "SWEEP_SECONDS"]
 
 log = logging.getLogger(__name__)
 
-SWEEP_SECONDS = 1.0
 
+class HttpProxy(Listener):
+    """The traffic port: forwards the OpenAI-compatible paths, answers the probes."""
 
-class HttpProxy:
-    """Serves one port: forwards the OpenAI-compatible paths, answers the admin routes."""
+    name = "traffic"
 
     def __init__(self, context: RouterContext):
-        self.context = context
+        super().__init__(context)
         self.pools = Pools()
         self.active: set[Exchange] = set()
-        self.clients: set[ClientConnection] = set()
-        self.now = time.monotonic()  # the sweep's coarse clock: stamps idle upstream connections
-        self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.Task | None = None
         self._key_names: tuple[object, tuple[bytes, ...], frozenset[bytes]] = (None, (), frozenset())
+        self._limits: tuple[object, Limits | None] = (None, None)
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0 picks a free port); returns the port."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, backlog=1024,
-                                                reuse_address=True)
-        self._sweeper = loop.create_task(self._sweep(), name="http-sweep")
-        return self._server.sockets[0].getsockname()[1]
+    def limits(self) -> Limits:
+        """The traffic limits from the live settings; recomputed when settings change."""
+        settings = self.context.settings
+        if self._limits[0] is not settings or self._limits[1] is None:
+            self._limits = (settings, Limits(settings.max_connections, settings.max_body_bytes,
+                                             settings.max_buffered_bytes, settings.header_timeout_seconds,
+                                             settings.body_timeout_seconds, settings.min_body_bytes_per_second))
+        return self._limits[1]  # type: ignore[return-value]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for client in list(self.clients):
-            if client.transport is not None:
-                client.transport.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await super().close()
         self.pools.close_idle(float("inf"))
-        if self._server is not None:
-            await self._server.wait_closed()
 
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
         """The session-key headers, lower-cased, in precedence order; recomputed when settings change."""
@@ -80,9 +72,12 @@ class HttpProxy:
         try:
             if request.error is not None:
                 return self._refuse(client, request, request.error)
-            if not forwarded(request.path):
-                return self._admin(client, request)
+            path = normalise(request)
+            if not forwarded(path):
+                return self._probe(client, request, path)
             await self._forward(client, request)
+        except RouterError as error:
+            self._refuse(client, request, error)
         except Exception:
             log.exception("unexpected error on %s %s", request.method.decode(), request.path)
             self._refuse(client, request, RouterError(500, "internal router error; see the router's log"))
@@ -110,32 +105,29 @@ class HttpProxy:
             self._refuse(client, request, RouterError(503, str(error)), "all_refused")
 
     def _session_key(self, request: HttpRequest) -> str | None:
+        session = self.context.settings.session
         if request.keys:
             for name in self.key_names()[0]:
                 value = request.keys.get(name)
                 if value:
-                    return value.decode("utf-8", "surrogateescape")
-        session = self.context.settings.session
+                    return header_key(name, value, session)
         if not session.body_fields:
             return None
         content_type = request.content_type.decode("latin-1") if request.content_type is not None else None
-        return body_key(request.body, content_type, session)  # type: ignore[arg-type]
+        return body_key(decoded_body(request, self.context.settings.max_body_bytes), content_type, session)
 
-    def _admin(self, client: ClientConnection, request: HttpRequest) -> None:
-        method = request.method.decode()
-        answer = admin_answer(self.context, method, request.path)
+    def _probe(self, client: ClientConnection, request: HttpRequest, path: str) -> None:
+        """Answer the probes here; any other path is a 404 that names where admin routes live."""
+        answer = admin.admin_answer(self.context, request.method.decode(), path, probes_only=True)
         if answer is None:
-            return self._refuse(client, request, RouterError(
-                404, f"path {request.path} is not an OpenAI-compatible endpoint this router forwards"))
-        if answer.status >= 400:
-            self.context.metrics.errors.labels(f"http_{answer.status}").inc()
-        client.write(wire.answer(answer.status, answer.body, answer.content_type.encode(),
-                                 close=request.close_after or not request.keep_alive, head_only=request.head_only))
+            where = " (admin routes are served on the admin listener, --admin-port)" if admin.find(path) else ""
+            raise RouterError(404, f"path {path} is not an OpenAI-compatible endpoint this router forwards{where}")
+        write_admin(self, client, request, answer)
 
     def _refuse(self, client: ClientConnection, request: HttpRequest, error: RouterError,
                 reason: str | None = None) -> None:
         """The router's own error answer."""
-        self.context.metrics.errors.labels(reason or f"http_{error.status}").inc()
+        self.context.metrics.errors.labels(reason or error.reason).inc()
         client.write(self.error_bytes(error.status, error.message, request, param=error.param))
 
     def error_bytes(self, status: int, message: str, request: HttpRequest, replica: str | None = None,
@@ -144,16 +136,10 @@ class HttpProxy:
         return wire.error_answer(status, message, param, close=request.close_after or not request.keep_alive,
                                  extra=extra, head_only=request.head_only)
 
-    async def _sweep(self) -> None:
-        """Once a second: time out silent replicas, close connections idle too long on either side."""
-        while True:
-            await asyncio.sleep(SWEEP_SECONDS)
-            self.now = time.monotonic()
-            self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
-            self.expire_silent(SWEEP_SECONDS)
-            for client in [c for c in self.clients if c.expired(self.now)]:
-                if client.transport is not None:
-                    client.transport.close()
+    def tick(self, elapsed: float) -> None:
+        """Once a sweep: time out silent replicas, close upstream connections idle too long."""
+        self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
+        self.expire_silent(elapsed)
 
     def expire_silent(self, elapsed: float) -> None:
         """Count ``elapsed`` seconds of silence against each exchange that received nothing since last time."""
@@ -167,3 +153,48 @@ class HttpProxy:
             exchange.silent += elapsed
             if exchange.silent >= limit:
                 exchange.timeout()
+
+
+def write_admin(listener: Listener, client: ClientConnection, request: HttpRequest, answer: admin.AdminAnswer,
+                extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Write an admin route's answer (counting it when it is an error)."""
+    if answer.status >= 400:
+        listener.context.metrics.errors.labels(f"http_{answer.status}").inc()
+    client.write(wire.answer(answer.status, answer.body, answer.content_type.encode(), extra=extra,
+                             close=request.close_after or not request.keep_alive, head_only=request.head_only))
+
+
+def header_key(name: bytes, value: bytes, session: SessionSettings) -> str:
+    """A session key from a header: UTF-8, within ``session.maxKeyBytes`` (400 otherwise, never a 500)."""
+    header = name.decode("latin-1")
+    if len(value) > session.max_key_bytes:  # checked on the bytes first: a huge header is never decoded
+        return checked_key(value.decode("latin-1"), header, session)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RouterError(400, f"session key header {header} is not valid UTF-8", header,
+                          "session_key_invalid") from None
+
+
+def decoded_body(request: HttpRequest, limit: int) -> bytes:
+    """The body as JSON text, for reading a session key only; what is forwarded stays as received.
+
+    gzip and deflate are inflated up to ``limit`` bytes (a small compressed bomb is a 413, not memory);
+    another Content-Encoding cannot be read, which is a 400 that says to send the key in a header.
+    """
+    body = request.body
+    assert isinstance(body, bytes)
+    encoding = (request.content_encoding or b"identity").strip().lower()
+    if encoding == b"identity" or not body:
+        return body
+    if encoding not in (b"gzip", b"x-gzip", b"deflate"):
+        raise RouterError(400, f"cannot read the session key from a body with Content-Encoding "
+                               f"{encoding.decode('latin-1')}; send it in a session header", "Content-Encoding")
+    inflater = zlib.decompressobj(47 if encoding != b"deflate" else 15)  # 47: gzip or zlib header
+    try:
+        text = inflater.decompress(body, limit)
+    except zlib.error as error:
+        raise RouterError(400, f"request body is not valid {encoding.decode()} ({error})", "Content-Encoding") from None
+    if inflater.unconsumed_tail:
+        raise RouterError(413, f"request body inflates to more than maxBodyBytes={limit}")
+    return text

@@ -3,11 +3,14 @@
 llhttp (through httptools) is strict: conflicting Content-Length and
 Transfer-Encoding, duplicate lengths, bad chunk framing and bad tokens all
 fail the parse, and the client gets a JSON 400 before the connection closes.
-Heads are bounded (431), bodies by ``maxBodyBytes`` (413). While a head is
-parsed the proxy keeps only what it needs: the end-to-end headers as they
-came, the session key from the configured headers, the Content-Type.
+Heads are bounded (431), bodies by ``maxBodyBytes`` (413), and every byte
+held counts against the listener's budget (``Listener.charge``, 503 when
+full) until its request is answered. While a head is parsed the proxy keeps
+only what it needs: the end-to-end headers as they came, the session key
+from the configured headers, the Content-Type and Content-Encoding.
 Requests are answered one at a time in arrival order (keep-alive and
-pipelining); reading pauses while too many wait.
+pipelining); reading pauses while too many wait. The listener's sweep calls
+``check``: idle connections close, slow heads and bodies get 408.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ import httptools
 
 from ..errors import RouterError
 from . import wire
+from .listener import BODY_GRACE_SECONDS
 from .routes import HOP_BY_HOP, connection_tokens
 
 if TYPE_CHECKING:
-    from . import HttpProxy
+    from .listener import Limits, Listener
     from .relay import Exchange
 
 MAX_HEAD = 64 * 1024  # request line + headers; more is a 431
@@ -35,14 +39,16 @@ WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's s
 class HttpRequest:
     """One parsed request: what forwarding needs and nothing more."""
 
-    __slots__ = ("method", "target", "path", "headers", "keys", "content_type", "body", "size", "keep_alive",
-                 "head_only", "error", "close_after", "connection", "limit", "expect")
+    __slots__ = ("method", "target", "path", "headers", "keys", "content_type", "content_encoding", "body", "size",
+                 "keep_alive", "head_only", "error", "close_after", "connection", "limit", "expect", "charged")
 
     def __init__(self, limit: int) -> None:
         self.target = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.keys: dict[bytes, bytes] | None = None  # session-key headers seen, by lower-cased name
         self.content_type: bytes | None = None
+        self.content_encoding: bytes | None = None
+        self.charged = 0  # bytes counted against the listener's budget until this request is answered
         self.connection: bytes | None = None
         self.body: list[bytes] | bytes = []
         self.size, self.limit = 0, limit
@@ -52,10 +58,10 @@ class HttpRequest:
 
 
 class ClientConnection(asyncio.Protocol):
-    """Parses requests off one client connection and hands them, in order, to ``HttpProxy.handle``."""
+    """Parses requests off one client connection and hands them, in order, to ``Listener.handle``."""
 
-    def __init__(self, proxy: HttpProxy) -> None:
-        self.proxy = proxy
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None  # the attempt whose response is being relayed, if any
         self.gone = False
@@ -65,19 +71,31 @@ class ClientConnection(asyncio.Protocol):
         self._request: HttpRequest | None = None
         self._key_names: frozenset[bytes] = frozenset()
         self._busy = self._read_paused = self._broken = self._lingering = False
-        self.active_at = proxy.now  # the sweep's clock at the last byte read or answer written
+        self.active_at = listener.now  # the sweep's clock at the last byte read or answer written
         self._in_head, self._head_bytes = True, 0
+        self._head_at: float | None = None  # the sweep's clock when the head being read began
+        self._body_at: float | None = None  # ... when the body being read began
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
-        self.proxy.clients.add(self)
+        self._head_at = self.listener.now  # a new connection owes its first head as any other
+        admitted = self.listener.admit()
+        self.listener.clients.add(self)  # a refused one too, until it is closed: it holds a descriptor
+        if not admitted:
+            assert self.transport is not None
+            self.write(wire.error_answer(503, "the router has reached its client connection limit "
+                                              f"(maxConnections={self.listener.limits().max_connections}); "
+                                              "retry later", close=True))
+            self._linger(self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
-        self._queue.clear()
-        self.proxy.clients.discard(self)
+        self._drop_queue()
+        if self._request is not None:
+            self._uncharge(self._request)
+        self.listener.clients.discard(self)
         if self.exchange is not None:
             self.exchange.client_gone()
 
@@ -94,7 +112,7 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._broken:
             return  # lingering or refused: drained and dropped
-        self.active_at = self.proxy.now
+        self.active_at = self.listener.now
         if self._in_head:
             self._head_bytes += len(data)
         try:
@@ -112,16 +130,20 @@ class ClientConnection(asyncio.Protocol):
 
     # llhttp callbacks
     def on_message_begin(self) -> None:
-        self._request = HttpRequest(self.proxy.context.settings.max_body_bytes)
-        self._key_names = self.proxy.key_names()[1]
+        self._request = HttpRequest(self.listener.limits().max_body_bytes)
+        self._key_names = self.listener.key_names()[1]
+        self._head_at = self.listener.now
 
     def on_url(self, url: bytes) -> None:
         assert self._request is not None
         self._request.target += url
+        self._charge(self._request, len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._request
         assert request is not None
+        if not self._charge(request, len(name) + len(value)):
+            return
         lower = name.lower()
         if lower in HOP_BY_HOP:
             if lower == b"connection":
@@ -131,9 +153,8 @@ class ClientConnection(asyncio.Protocol):
                                                  "only chunked is accepted")
             elif lower == b"expect":
                 request.expect = value.strip().lower() == b"100-continue"
-            elif lower == b"content-length" and int(value) > request.limit:
-                request.error = RouterError(413, f"request body of {int(value)} bytes exceeds "
-                                                 f"maxBodyBytes={request.limit}")
+            elif lower == b"content-length":
+                self._check_length(request, int(value))
             return
         request.headers.append((name, value))
         if lower in self._key_names:
@@ -142,11 +163,13 @@ class ClientConnection(asyncio.Protocol):
             request.keys.setdefault(lower, value)
         elif lower == b"content-type":
             request.content_type = value
+        elif lower == b"content-encoding":
+            request.content_encoding = value
 
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None
-        self._in_head = False
+        self._in_head, self._head_at, self._body_at = False, None, self.listener.now
         parser = self._parser
         request.method = parser.get_method()
         request.head_only = request.method == b"HEAD"
@@ -158,7 +181,7 @@ class ClientConnection(asyncio.Protocol):
             named = connection_tokens(request.connection)
             if named:
                 request.headers = [(n, v) for n, v in request.headers if n.lower() not in named]
-        if request.error is not None and request.error.status == 413:
+        if request.error is not None:
             self._message_done()  # answer now without reading a body we will not forward
             self._stop_reading()
         elif request.expect and not self._busy and not self._queue and parser.get_http_version() == "1.1":
@@ -171,15 +194,48 @@ class ClientConnection(asyncio.Protocol):
         request.size += len(body)
         if request.size > request.limit:
             request.error = RouterError(413, f"request body exceeds maxBodyBytes={request.limit}")
-            self._message_done()
-            self._stop_reading()
+        elif self._charge(request, len(body)):
+            request.body.append(body)  # type: ignore[union-attr]
             return
-        request.body.append(body)  # type: ignore[union-attr]
+        self._message_done()
+        self._stop_reading()
 
     def on_message_complete(self) -> None:
         if self._request is not None:
             self._message_done()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._body_at = True, 0, None
+
+    # the budget of request bytes
+    def _check_length(self, request: HttpRequest, length: int) -> None:
+        """Refuse a declared body that cannot fit before reading any of it."""
+        if length > request.limit:
+            request.error = RouterError(413, f"request body of {length} bytes exceeds maxBodyBytes={request.limit}")
+        elif self.listener.buffered + length > self.listener.limits().max_buffered_bytes:
+            request.error = self._budget_error()
+
+    def _charge(self, request: HttpRequest, size: int) -> bool:
+        """Count ``size`` bytes held for ``request``; when the budget is full, mark it 503 instead."""
+        if request.error is not None and request.error.reason == "buffer_full":
+            return False
+        if self.listener.charge(size):
+            request.charged += size
+            return True
+        request.error = self._budget_error()
+        return False
+
+    def _budget_error(self) -> RouterError:
+        limit = self.listener.limits().max_buffered_bytes
+        return RouterError(503, f"the router holds its limit of buffered request bytes (maxBufferedBytes={limit}); "
+                                "retry later", reason="buffer_full")
+
+    def _uncharge(self, request: HttpRequest) -> None:
+        self.listener.release(request.charged)
+        request.charged = 0
+
+    def _drop_queue(self) -> None:
+        for request in self._queue:
+            self._uncharge(request)
+        self._queue.clear()
 
     # queueing and answering
     def _message_done(self) -> None:
@@ -204,14 +260,15 @@ class ClientConnection(asyncio.Protocol):
 
     async def _answer(self, request: HttpRequest) -> None:
         try:
-            await self.proxy.handle(self, request)
+            await self.listener.handle(self, request)
         finally:
+            self._uncharge(request)
             self._busy = False
-            self.active_at = self.proxy.now
+            self.active_at = self.listener.now
             transport = self.transport
             if transport is not None and not self.gone:
                 if request.close_after or not request.keep_alive:
-                    self._queue.clear()
+                    self._drop_queue()
                     self._linger(transport)
                 else:
                     if self._read_paused and len(self._queue) <= MAX_QUEUED // 2:
@@ -231,7 +288,7 @@ class ClientConnection(asyncio.Protocol):
             return
         transport.write_eof()
         self._lingering = True
-        self.active_at = self.proxy.now
+        self.active_at = self.listener.now
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
@@ -240,16 +297,46 @@ class ClientConnection(asyncio.Protocol):
         """A client's FIN means it is gone (as aiohttp and uvicorn take it): what it waits for is cancelled."""
         return False
 
-    def expired(self, now: float) -> bool:
+    def check(self, now: float, limits: Limits) -> None:
+        """The sweep's visit: close an idle connection, answer 408 to a head or body arriving too slowly."""
+        if self.gone:
+            return
+        if self._expired(now):
+            if self.transport is not None:
+                self.transport.close()
+        elif not self._broken and not self._read_paused:  # paused: the wait is ours, not the client's
+            error = self._late(now, limits)
+            if error is not None:
+                self._reject(error)
+
+    def _expired(self, now: float) -> bool:
         """Nothing in flight and no byte for too long (a lingering close waits less)."""
-        if self._busy or self._queue or self.gone:
+        if self._busy or self._queue:
             return False
         return now - self.active_at > (LINGER_SECONDS if self._lingering else IDLE_SECONDS)
 
+    def _late(self, now: float, limits: Limits) -> RouterError | None:
+        if self._head_at is not None and limits.header_timeout is not None \
+                and now - self._head_at > limits.header_timeout:
+            return RouterError(408, f"request head not complete within headerTimeoutSeconds={limits.header_timeout:g}",
+                               reason="header_timeout")
+        if self._body_at is None or self._request is None:
+            return None
+        elapsed = now - self._body_at
+        if limits.body_timeout is not None and elapsed > limits.body_timeout:
+            return RouterError(408, f"request body not complete within bodyTimeoutSeconds={limits.body_timeout:g}",
+                               reason="body_timeout")
+        rate = self._request.size / elapsed if elapsed > BODY_GRACE_SECONDS else None
+        if rate is not None and rate < limits.min_body_rate:
+            return RouterError(408, f"request body arrives at {rate:.0f} bytes/s, slower than "
+                                    f"minBodyBytesPerSecond={limits.min_body_rate}", reason="body_too_slow")
+        return None
+
     def _reject(self, error: RouterError) -> None:
-        """A request we cannot parse: answer it after those before it, then close."""
+        """A request we cannot parse or wait for: answer it after those before it, then close."""
         request = self._request or HttpRequest(0)
         request.error, request.close_after = request.error or error, True
+        self._head_at = self._body_at = None
         self._request = request
         self._message_done()
         self._stop_reading()

@@ -1,0 +1,99 @@
+"""The admin listener: ``/metrics``, ``/status``, ``DELETE /v1/sessions/{key}`` and the probes, on their own port.
+
+Loopback by default (``--admin-host 127.0.0.1 --admin-port 8081``), so a
+router started by hand exposes nothing about its fleet to the network; in a
+pod the operator binds it to all interfaces and a NetworkPolicy admits
+Prometheus only. With ``--admin-token-file`` every route but the probes wants
+``Authorization: Bearer <token>`` (401 JSON otherwise); the file is re-read
+when it changes, so a rotated Secret applies without a restart.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from pathlib import Path
+
+from ...context import RouterContext
+from .. import admin
+from . import write_admin
+from .listener import Limits, Listener
+from .server import ClientConnection, HttpRequest
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8081
+# Scrapers, probes and people: a few connections, small bodies, quick heads.
+LIMITS = Limits(max_connections=128, max_body_bytes=1 << 20, max_buffered_bytes=8 << 20, header_timeout=10.0,
+                body_timeout=30.0, min_body_rate=0)
+
+
+class TokenFile:
+    """A bearer token read from a file, re-read whenever the file changes (a mounted Secret is swapped whole)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = self._read()  # a token file missing at start is an error at start
+
+    def _read(self) -> bytes:
+        stat = self.path.stat()
+        token = self.path.read_bytes().strip()
+        if not token:
+            raise ValueError(f"admin token file {self.path} is empty")
+        self._stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        return token
+
+    def current(self) -> bytes:
+        """The token now; an unreadable new version is logged and the last good one kept."""
+        try:
+            stat = os.stat(self.path)
+            if (stat.st_ino, stat.st_mtime_ns, stat.st_size) != self._stamp:
+                self._token = self._read()
+                log.info("admin token file %s re-read", self.path)
+        except (OSError, ValueError) as error:
+            log.error("admin token file %s unreadable, keeping the previous token: %s", self.path, error)
+        return self._token
+
+    def allows(self, authorization: bytes | None) -> bool:
+        scheme, _, credentials = (authorization or b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.current())
+
+
+class AdminListener(Listener):
+    """Answers every admin route (``admin.ROUTES``); nothing here is forwarded."""
+
+    name = "admin"
+
+    def __init__(self, context: RouterContext, token: TokenFile | None = None):
+        super().__init__(context)
+        self.token = token
+
+    def limits(self) -> Limits:
+        return LIMITS
+
+    async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
+        write_admin(self, client, request, *self.answer(request))
+
+    def answer(self, request: HttpRequest) -> tuple[admin.AdminAnswer, tuple[tuple[bytes, bytes], ...]]:
+        """The answer and its extra headers; never raises for a client's input."""
+        if request.error is not None:
+            error = request.error
+            return admin.error(error.status, error.message, error.param), ()
+        path = request.path
+        found = admin.find(path)
+        if not found:
+            return admin.error(404, f"path {path} is not an admin route of this router"), ()
+        if self.token is not None and not any(route.probe for route, _ in found) \
+                and not self.token.allows(_header(request, b"authorization")):
+            return (admin.error(401, "admin routes need Authorization: Bearer <token> (--admin-token-file)"),
+                    ((b"WWW-Authenticate", b'Bearer realm="rollout-router admin"'),))
+        query = request.target.partition(b"?")[2].decode("latin-1")
+        body = request.body if isinstance(request.body, bytes) else b""
+        answer = admin.admin_answer(self.context, request.method.decode(), path, query, body)
+        assert answer is not None
+        return answer, ()
+
+
+def _header(request: HttpRequest, name: bytes) -> bytes | None:
+    return next((value for key, value in request.headers if key.lower() == name), None)

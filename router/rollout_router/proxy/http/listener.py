@@ -1,0 +1,127 @@
+"""What every HTTP listener of the router shares: a bound on connections, the request deadlines, the byte budget.
+
+A listener (the traffic port, the admin port) accepts ``ClientConnection``s
+and answers their requests in ``handle``. Here: refusing connections beyond
+``Limits.max_connections`` (503, one warning per episode, a counter), the
+budget of request bytes held at once (heads and bodies, 503 when full), and
+the sweep that once a second closes idle connections and answers 408 to heads
+and bodies that arrive too slowly (slowloris), instead of a timer per request.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ...context import RouterContext
+
+if TYPE_CHECKING:
+    from .server import ClientConnection, HttpRequest
+
+log = logging.getLogger(__name__)
+
+SWEEP_SECONDS = 1.0
+BODY_GRACE_SECONDS = 10.0  # a body's rate is judged only after this long (TCP slow start, a client's pause)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds a listener enforces on its clients (None: no deadline; 0 rate: any rate)."""
+
+    max_connections: int
+    max_body_bytes: int
+    max_buffered_bytes: int
+    header_timeout: float | None
+    body_timeout: float | None
+    min_body_rate: int
+
+
+class Listener:
+    """One listening socket of HTTP clients; subclasses answer requests (``handle``) and set ``limits``."""
+
+    name = "http"  # the ``listener`` label of its metrics
+
+    def __init__(self, context: RouterContext):
+        self.context = context
+        self.clients: set[ClientConnection] = set()
+        self.now = time.monotonic()  # the sweep's coarse clock
+        self.buffered = 0  # request bytes held now, over all clients
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task | None = None
+        self._at_limit = False
+        metrics = context.metrics
+        self._rejected = metrics.connections_rejected.labels(self.name)
+        metrics.client_connections.labels(self.name).set_function(lambda: len(self.clients))
+        metrics.buffered_bytes.labels(self.name).set_function(lambda: self.buffered)
+
+    def limits(self) -> Limits:
+        raise NotImplementedError
+
+    def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
+        """Headers holding a session key (none unless the listener forwards)."""
+        return (), frozenset()
+
+    async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
+        raise NotImplementedError
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0 picks a free port); returns the port."""
+        from .server import ClientConnection
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, backlog=1024,
+                                                reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for client in list(self.clients):
+            if client.transport is not None:
+                client.transport.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def admit(self) -> bool:
+        """Whether one more connection fits; the first refusal of an episode is logged."""
+        limit = self.limits().max_connections
+        if len(self.clients) < limit:
+            return True
+        self._rejected.inc()
+        if not self._at_limit:
+            self._at_limit = True
+            log.warning("%s listener: %d client connections open, the limit (maxConnections=%d); new connections "
+                        "get 503 until some close", self.name, len(self.clients), limit)
+        return False
+
+    def charge(self, size: int) -> bool:
+        """Count ``size`` more request bytes held; False (nothing counted) when the budget has no room."""
+        if self.buffered + size > self.limits().max_buffered_bytes:
+            return False
+        self.buffered += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.buffered -= size
+
+    async def _sweep(self) -> None:
+        """Once a second: the listener's own chores (``tick``), then every client's deadlines."""
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            self.now = time.monotonic()
+            self.tick(SWEEP_SECONDS)
+            limits = self.limits()
+            if self._at_limit and len(self.clients) < limits.max_connections:
+                self._at_limit = False
+            for client in list(self.clients):
+                client.check(self.now, limits)
+
+    def tick(self, elapsed: float) -> None:
+        """What a listener does once a sweep besides its clients' deadlines."""
