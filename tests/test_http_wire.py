@@ -113,6 +113,7 @@ class RawReplica:
 
     def __init__(self, answer):
         self.answer, self.requests, self.connections = answer, 0, 0
+        self.seen: list[tuple[bytes, bytes]] = []  # (head, body) of every request, as received
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str = "127.0.0.30") -> str:
@@ -126,7 +127,7 @@ class RawReplica:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
+                self.seen.append((head, await reader.readexactly(length)))
                 index, self.requests = self.requests, self.requests + 1
                 reply = self.answer(index, connection)
                 if reply is None:

@@ -23,6 +23,7 @@ from ..context import RouterContext
 from ..policy import NoReplicaError
 from ..replicas import Lease
 from .attempts import AllRefused, Refused, forward
+from .errors import RouterError
 from .session_key import session_key
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,11 @@ class GrpcProxy(grpc.GenericRpcHandler):
     async def _forward(self, method: str, request: _Single | _Replay, context: aio.ServicerContext) -> None:
         metadata = _forwardable(context.invocation_metadata())
         text = CIMultiDict((k, v) for k, v in metadata if isinstance(v, str))
-        key = session_key(text, b"", self._context.settings.session)
+        try:
+            key = session_key(text, b"", self._context.settings.session)
+        except RouterError as error:
+            self._context.metrics.errors.labels(error.reason).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
         try:
             await forward(self._context, key, lambda lease: self._attempt(method, request, metadata, lease, context),
                           grpc=True)

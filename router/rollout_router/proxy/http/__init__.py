@@ -107,8 +107,8 @@ class HttpProxy(Listener):
     def _session_key(self, request: HttpRequest) -> str | None:
         session = self.context.settings.session
         if request.keys:
-            for name in self.key_names()[0]:
-                value = request.keys.get(name)
+            for name, lower in zip(session.headers, self.key_names()[0]):
+                value = request.keys.get(lower)
                 if value:
                     return header_key(name, value, session)
         if not session.body_fields:
@@ -164,9 +164,8 @@ def write_admin(listener: Listener, client: ClientConnection, request: HttpReque
                              close=request.close_after or not request.keep_alive, head_only=request.head_only))
 
 
-def header_key(name: bytes, value: bytes, session: SessionSettings) -> str:
+def header_key(header: str, value: bytes, session: SessionSettings) -> str:
     """A session key from a header: UTF-8, within ``session.maxKeyBytes`` (400 otherwise, never a 500)."""
-    header = name.decode("latin-1")
     if len(value) > session.max_key_bytes:  # checked on the bytes first: a huge header is never decoded
         return checked_key(value.decode("latin-1"), header, session)
     try:

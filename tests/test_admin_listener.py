@@ -1,0 +1,115 @@
+"""The admin listener: its own port, the traffic port keeps only the probes, an optional bearer token."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from rollout_router.proxy import admin
+from rollout_router.proxy.http.admin_listener import TokenFile
+from rollout_router.serve import add_arguments
+from rollout_router.settings import RouterSettings
+from tests.support import ScriptedReplica, running_router
+from tests.test_http_wire import exchange, post
+
+
+@pytest.fixture
+async def replica():
+    started = await ScriptedReplica("127.0.0.10").start()
+    yield started
+    await started.stop()
+
+
+async def test_status_metrics_and_sessions_are_on_the_admin_port_only(replica):
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime), \
+            aiohttp.ClientSession() as http:
+        assert runtime.admin_url != base
+        [(code, _, _)] = await exchange(base, post())  # pins session "s"
+        assert code == 200
+        for method, path in (("GET", "/status"), ("GET", "/metrics"), ("DELETE", "/v1/sessions/s")):
+            async with http.request(method, base + path) as response:
+                error = (await response.json())["error"]
+                assert response.status == 404 and "admin listener" in error["message"], (path, error)
+        for path in ("/healthz", "/readyz"):  # probes answer on both
+            for url in (base, runtime.admin_url):
+                async with http.get(url + path) as response:
+                    assert response.status == 200, (url, path)
+        async with http.get(f"{runtime.admin_url}/status") as response:
+            assert response.status == 200 and (await response.json())["sessions"] == 1
+        async with http.get(f"{runtime.admin_url}/metrics") as response:
+            assert response.status == 200 and "rolloutrouter_client_connections" in await response.text()
+        async with http.delete(f"{runtime.admin_url}/v1/sessions/s") as response:
+            assert response.status == 200
+        async with http.post(f"{runtime.admin_url}/v1/chat/completions", json={}) as response:
+            assert response.status == 404  # nothing is forwarded from the admin port
+        assert not runtime.balancer.policy.sessions() and len(replica.seen) == 1
+
+
+async def test_admin_token_guards_everything_but_the_probes_and_is_reread(replica, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("first-secret\n")
+    async with running_router(RouterSettings(backends=[replica.url]), admin_token=TokenFile(token_file)) as (_, runtime), \
+            aiohttp.ClientSession() as http:
+        url = runtime.admin_url
+
+        async def status(token: str | None) -> int:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with http.get(f"{url}/status", headers=headers) as response:
+                if response.status == 401:
+                    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+                    assert (await response.json())["error"]["code"] == 401
+                return response.status
+
+        assert await status(None) == 401 and await status("wrong") == 401
+        assert await status("first-secret") == 200
+        async with http.delete(f"{url}/v1/sessions/nope") as response:
+            assert response.status == 401  # refused before it is looked up
+        async with http.get(f"{url}/metrics", headers={"Authorization": "Basic first-secret"}) as response:
+            assert response.status == 401
+        for path in ("/healthz", "/readyz"):
+            async with http.get(url + path) as response:
+                assert response.status == 200  # kubelet sends no token
+        replacement = tmp_path / "token.new"  # a Secret volume swaps the file whole
+        replacement.write_text("second-secret")
+        os.replace(replacement, token_file)
+        assert await status("first-secret") == 401 and await status("second-secret") == 200
+
+
+def test_admin_listener_defaults_to_loopback_8081():
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.admin_host, args.admin_port, args.admin_token_file) == ("127.0.0.1", 8081, None)
+
+
+def test_a_missing_token_file_is_one_line_at_start(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rollout_router.cli", "serve", "--port", "0", "--admin-port", "0",
+                             "--admin-token-file", str(tmp_path / "absent")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"rollout-router serve: --admin-token-file {tmp_path / 'absent'}: No such file or directory"]
+
+
+def test_the_route_table_takes_new_routes():
+    """Another admin endpoint is one more Route: matched with its parameters, 405 on the wrong method."""
+    seen = []
+
+    def workers(context, request):
+        seen.append((request.params, request.query, request.body))
+        return admin.AdminAnswer(200, json.dumps({"ok": True}).encode())
+
+    admin.ROUTES.append(admin.Route("/workers/{url}", ("POST",), workers))
+    try:
+        answer = admin.admin_answer(None, "POST", "/workers/http%3A%2F%2Fw%3A8000", "x=1", b"{}")  # type: ignore[arg-type]
+        assert answer is not None and answer.status == 200
+        assert seen == [({"url": "http://w:8000"}, "x=1", b"{}")]
+        wrong = admin.admin_answer(None, "GET", "/workers/a")  # type: ignore[arg-type]
+        assert wrong is not None and wrong.status == 405
+        assert admin.admin_answer(None, "POST", "/workers/") is None  # type: ignore[arg-type]
+    finally:
+        admin.ROUTES.pop()
