@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from rollout_router_operator import cli
+from rollout_router_operator.render import ROUTER_ADMIN_PORT
 from rollout_router_operator.render import render as render_children
 from rollout_router_operator.spec import DEFAULT_IMAGE
 from tests.test_chart import OPERATOR_IMAGE, RELEASE, chart, example_resource, of_kind, one, render, scenario_values  # noqa: F401
@@ -65,7 +66,8 @@ def test_servicemonitor_selects_the_router_services_the_operator_creates(chart):
     operator_service = one(manifests, "Service")
     assert not monitor["spec"]["selector"]["matchLabels"].items() <= operator_service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in router_service["spec"]["ports"]}
+    (scraped,) = [p for p in router_service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert scraped["port"] == ROUTER_ADMIN_PORT  # /metrics is served by the admin listener, not the traffic port
     assert (endpoint["path"], endpoint["interval"], endpoint["scrapeTimeout"]) == ("/metrics", "15s", "5s")
     # The dashboard filters on namespace (set by the Prometheus Operator) and rolloutrouter (this relabeling).
     label = "app.kubernetes.io/instance"
