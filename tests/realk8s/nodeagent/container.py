@@ -5,8 +5,8 @@ There is no container runtime: an image is mapped to a program installed on this
   the container's ``command``/``args`` (the image's entrypoint is ``rollout-router``, its default
   command ``serve --host 0.0.0.0 --port 8080``);
 - an image whose repository names vLLM (``vllm/vllm-openai``, ``…/vllm…``) runs
-  ``rollout-router fake-vllm --host 0.0.0.0 --port <the container's first port>`` (the
-  container's own command and args are vLLM's and are not passed on).
+  ``rollout-router fake-vllm --host 0.0.0.0 --port <the container's first port>``, passing on
+  ``--served-model-name`` from the args (the other args are vLLM's own and are not passed on).
 Anything else fails the container (reason ``UnsupportedImage``).
 
 The process starts with ``ip netns exec`` (its own network namespace and, as ``ip netns exec``
@@ -53,7 +53,9 @@ def program(container: dict, bin_dir: Path, env: dict[str, str]) -> list[str]:
         return [head, *command[1:], *args]
     if "vllm" in repository.rsplit("/", 1)[-1] or "vllm" in repository.split("/")[0]:
         ports = container.get("ports") or [{"containerPort": 8000}]
-        return [router, "fake-vllm", "--host", "0.0.0.0", "--port", str(ports[0]["containerPort"])]
+        name = args[args.index("--served-model-name") + 1:][:1] if "--served-model-name" in args else []
+        return [router, "fake-vllm", "--host", "0.0.0.0", "--port", str(ports[0]["containerPort"]),
+                *(["--served-model-name", *name] if name else [])]
     raise UnsupportedImage(f"image {container['image']!r}: the node agent runs only rollout-router and vLLM images")
 
 
