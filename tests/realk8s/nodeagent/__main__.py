@@ -23,7 +23,7 @@ from kubernetes import client, config, watch
 from .. import podnet
 from . import volumes
 from .container import Launcher, usable_uids
-from .pod import PodWorker
+from .pod import PodWorker, finish_deletion
 
 log = logging.getLogger("nodeagent")
 HEARTBEAT_SECONDS = 10
@@ -88,6 +88,9 @@ class Agent:
             return
         if worker is None:
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                return
+            if pod["metadata"].get("deletionTimestamp"):  # nothing runs for it here: finish the deletion
+                finish_deletion(self.core, pod)
                 return
             worker = PodWorker(self.core, self.tokens, self.launcher, self.pool, self.state_dir, self.base_env, pod)
             self.workers[uid] = worker

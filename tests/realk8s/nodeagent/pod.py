@@ -55,6 +55,17 @@ class Running:
     error: str = ""
 
 
+def finish_deletion(core: client.CoreV1Api, pod: dict) -> None:
+    """Remove the Pod object once nothing of it runs (gracePeriodSeconds 0, only this very pod)."""
+    meta = pod["metadata"]
+    try:
+        core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0,
+                                   body=client.V1DeleteOptions(preconditions={"uid": meta["uid"]}))
+    except client.ApiException as error:
+        if error.status not in (404, 409):
+            raise
+
+
 def http_probe(address: str, container: dict, spec: dict) -> bool:
     get = spec["httpGet"]
     url = f"http://{address}:{resolve_port(container, get['port'])}{get.get('path', '/')}"
@@ -99,7 +110,9 @@ class PodWorker:
         address = self.pool.take(self.uid)
         netns = podnet.create_pod_netns(self.uid, address)
         self.pod.setdefault("status", {})["podIP"] = address  # for fieldRefs before the status is written
-        paths = volumes.prepare(self.core, self.tokens, self.pod, self.state_dir / "pods" / self.uid / "volumes")
+        paths = self._prepare_volumes()
+        if paths is None:
+            return
         for container in self.pod["spec"]["containers"]:
             self._start(container, netns, paths, address)
         last_refresh, last_status = time.monotonic(), None
@@ -117,6 +130,16 @@ class PodWorker:
                 self._write_status(status)
                 last_status = status
             self.deleted.wait(TICK_SECONDS)
+
+    def _prepare_volumes(self) -> dict[str, Path] | None:
+        """Retry until every volume's source exists (e.g. kube-root-ca.crt in a brand-new namespace)."""
+        while not self._deleting():
+            try:
+                return volumes.prepare(self.core, self.tokens, self.pod, self.state_dir / "pods" / self.uid / "volumes")
+            except client.ApiException as error:
+                log.info("pod %s: volumes not ready yet (%s %s)", self.pod["metadata"]["name"], error.status, error.reason)
+                self.deleted.wait(1.0)
+        return None
 
     def _deleting(self) -> bool:
         return self.deleted.is_set() or bool(self.pod["metadata"].get("deletionTimestamp"))
@@ -208,11 +231,5 @@ class PodWorker:
         podnet.delete_pod_netns(self.uid)
         self.pool.give_back(self.uid)
         self.tokens.forget(self.uid)
-        meta = self.pod["metadata"]
-        if meta.get("deletionTimestamp"):
-            try:
-                self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0,
-                                                body=client.V1DeleteOptions(preconditions={"uid": self.uid}))
-            except client.ApiException as error:
-                if error.status not in (404, 409):
-                    raise
+        if self.pod["metadata"].get("deletionTimestamp"):
+            finish_deletion(self.core, self.pod)
