@@ -13,19 +13,28 @@ BIN="${REALK8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/rollout-router/k8s-${K8S_VER
 mkdir -p "$BIN"
 
 command -v go >/dev/null || { echo "build.sh: the Go toolchain (go) is not on PATH; it builds the k8s tier's components" >&2; exit 2; }
-export GOFLAGS="${GOFLAGS:+$GOFLAGS }-p=2 -trimpath"
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-p=2 -trimpath -buildvcs=false"
 export CGO_ENABLED=0
+
+# The release version, stamped as Kubernetes' own build does (hack/lib/version.sh): kubectl and helm read it
+# from the API server (the chart's kubeVersion constraint is checked against it).
+minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+K8S_LDFLAGS=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
 
 # build MODULE_DIR BINARY PACKAGE: `go build` one command unless the cache already has it.
 build() {
-    local dir="$1" name="$2" pkg="$3"
+    local dir="$1" name="$2" pkg="$3" ldflags="-s -w"
+    [[ "$dir" == kubernetes ]] && ldflags+="$K8S_LDFLAGS"
     if [[ -x "$BIN/$name" ]]; then
         echo "build.sh: $name already built ($BIN/$name)" >&2
         return
     fi
     local start=$SECONDS
     echo "build.sh: building $name from $pkg ..." >&2
-    (cd "$HERE/go/$dir" && go build -ldflags='-s -w' -o "$BIN/$name.tmp" "$pkg")
+    (cd "$HERE/go/$dir" && go build -ldflags="$ldflags" -o "$BIN/$name.tmp" "$pkg")
     mv "$BIN/$name.tmp" "$BIN/$name"
     echo "build.sh: built $name in $((SECONDS - start)) s" >&2
 }

@@ -11,7 +11,9 @@ Runs as root: it creates network namespaces and mounts.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import os
 import signal
 import sys
 import threading
@@ -38,8 +40,10 @@ def node_body(name: str) -> dict:
             "status": {"capacity": capacity, "allocatable": capacity,
                        "addresses": [{"type": "InternalIP", "address": podnet.GATEWAY},
                                      {"type": "Hostname", "address": name}],
-                       "nodeInfo": {"kubeletVersion": "rollout-router-nodeagent", "operatingSystem": "linux",
-                                    "architecture": "amd64", "containerRuntimeVersion": "process://local"}}}
+                       "nodeInfo": {"kubeletVersion": "rollout-router-nodeagent", "kubeProxyVersion": "",
+                                    "operatingSystem": "linux", "architecture": "amd64", "osImage": "local processes",
+                                    "kernelVersion": os.uname().release, "containerRuntimeVersion": "process://local",
+                                    "bootID": "", "machineID": "", "systemUUID": ""}}}
 
 
 def ready_condition() -> dict:
@@ -65,6 +69,12 @@ class Agent:
             if error.status != 409:
                 raise
         self.heartbeat()
+        # The API server taints every new node not-ready; with no node lifecycle controller running
+        # (controlplane.py), the agent lifts that taint itself once it has reported Ready.
+        taints = self.core.read_node(self.node).spec.taints or []
+        kept = [volumes.as_dict(t) for t in taints if t.key != "node.kubernetes.io/not-ready"]
+        if len(kept) != len(taints):
+            self.core.patch_node(self.node, {"spec": {"taints": kept or None}})
 
     def heartbeat(self) -> None:
         status = {**node_body(self.node)["status"], "conditions": [ready_condition()]}
@@ -80,6 +90,7 @@ class Agent:
 
     def handle(self, kind: str, pod: dict) -> None:
         uid = pod["metadata"]["uid"]
+        log.debug("event %s pod %s deleting=%s", kind, pod["metadata"]["name"], pod["metadata"].get("deletionTimestamp"))
         worker = self.workers.get(uid)
         if kind == "DELETED":
             if worker:
@@ -146,7 +157,7 @@ def main() -> None:
     parser.add_argument("--bin-dir", type=Path, required=True, help="the virtualenv's bin (rollout-router, python)")
     parser.add_argument("--api-port", type=int, required=True, help="the API server's port on the gateway")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.DEBUG if os.environ.get('NODEAGENT_DEBUG') else logging.INFO, format="%(asctime)s %(threadName)s %(levelname)s %(message)s")
     (args.state_dir / "logs").mkdir(parents=True, exist_ok=True)
     uids = usable_uids(NONROOT_UIDS, args.bin_dir / "python")
     log.info("container processes may run as uids %s (others run as root)", sorted(uids))
@@ -156,6 +167,7 @@ def main() -> None:
                 "KUBERNETES_SERVICE_HOST": podnet.GATEWAY, "KUBERNETES_SERVICE_PORT": str(args.api_port),
                 "KUBERNETES_SERVICE_PORT_HTTPS": str(args.api_port)}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds run() into shutdown()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` dumps every thread's stack to the log
     core = client.CoreV1Api(config.new_client_from_config(str(args.kubeconfig)))
     Agent(core, args.node_name, args.state_dir, launcher, base_env).run()
 

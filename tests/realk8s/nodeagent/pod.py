@@ -59,8 +59,9 @@ def finish_deletion(core: client.CoreV1Api, pod: dict) -> None:
     """Remove the Pod object once nothing of it runs (gracePeriodSeconds 0, only this very pod)."""
     meta = pod["metadata"]
     try:
-        core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0,
-                                   body=client.V1DeleteOptions(preconditions={"uid": meta["uid"]}))
+        # In the body: the API server ignores query parameters when a DeleteOptions body is sent.
+        core.delete_namespaced_pod(meta["name"], meta["namespace"], body=client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])))
     except client.ApiException as error:
         if error.status not in (404, 409):
             raise
@@ -203,6 +204,7 @@ class PodWorker:
 
     def _write_status(self, status: dict) -> None:
         now = volumes.status_time()
+        status = dict(status)
         ready = "True" if status.pop("ready") else "False"
         conditions = [{"type": kind, "status": value, "lastTransitionTime": now} for kind, value in
                       (("Initialized", "True"), ("PodScheduled", "True"), ("ContainersReady", ready), ("Ready", ready))]
