@@ -35,6 +35,13 @@ def eventually(probe: Callable[[], T | None], timeout: float, what: str, interva
     raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
 
 
+class CommandFailed(subprocess.CalledProcessError):
+    """A kubectl/helm failure whose message carries what the tool printed."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstdout: {self.stdout[-2000:]}\nstderr: {self.stderr[-2000:]}"
+
+
 @dataclass
 class Cluster:
     directory: Path
@@ -97,7 +104,7 @@ class Cluster:
         answer = subprocess.run([str(self.bin_dir / tool), *args], env=self.env(), input=stdin, capture_output=True,
                                 text=True, timeout=300, cwd=self.root)
         if check and answer.returncode != 0:
-            raise subprocess.CalledProcessError(answer.returncode, [tool, *args], answer.stdout, answer.stderr)
+            raise CommandFailed(answer.returncode, [tool, *args], answer.stdout, answer.stderr)
         return answer
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -22,6 +22,9 @@ from . import podnet
 from .pki import Pki, kubeconfig, make_pki
 
 SERVICE_CIDR = "10.96.0.0/24"
+# 443, the port of the `kubernetes` Service: in-cluster clients that use https://kubernetes.default.svc
+# (kopf does) reach it through the pods' /etc/hosts (nodeagent/pod.py); no kube-proxy runs.
+API_PORT = 443
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
@@ -40,7 +43,7 @@ class ControlPlane:
 
     def start(self) -> None:
         self.pki = make_pki(self.directory / "pki", [podnet.GATEWAY, "127.0.0.1", "10.96.0.1"])
-        self.api_port = free_port()
+        self.api_port = API_PORT
         self.kubeconfig = kubeconfig(self.directory / "admin.kubeconfig", self.server, self.pki)
         etcd_url = self._start_etcd()
         self._start_apiserver(etcd_url)

@@ -24,7 +24,7 @@ from kubernetes import client, config, watch
 
 from .. import podnet
 from . import volumes
-from .container import Launcher, usable_uids
+from .container import Launcher, image_identity_files, usable_uids
 from .pod import PodWorker, finish_deletion
 
 log = logging.getLogger("nodeagent")
@@ -161,7 +161,7 @@ def main() -> None:
     (args.state_dir / "logs").mkdir(parents=True, exist_ok=True)
     uids = usable_uids(NONROOT_UIDS, args.bin_dir / "python")
     log.info("container processes may run as uids %s (others run as root)", sorted(uids))
-    launcher = Launcher(args.bin_dir, args.state_dir / "logs", uids)
+    launcher = Launcher(args.bin_dir, args.state_dir / "logs", uids, image_identity_files(args.state_dir))
     base_env = {"PATH": f"{args.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp",
                 "KUBERNETES_SERVICE_HOST": podnet.GATEWAY, "KUBERNETES_SERVICE_PORT": str(args.api_port),

@@ -22,7 +22,7 @@ import os
 import shlex
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .fields import expand
@@ -66,6 +66,7 @@ class Launcher:
     bin_dir: Path
     log_dir: Path
     allowed_uids: frozenset[int]
+    image_files: list[tuple[Path, str, bool]] = field(default_factory=list)  # files the image has, bound over the host's
 
     def run_as(self, pod: dict, container: dict) -> int:
         """The effective uid: the pod's/container's runAsUser if that user can run Python here, else 0."""
@@ -78,13 +79,17 @@ class Launcher:
               env: dict[str, str]) -> subprocess.Popen:
         """``mounts``: (host directory, mountPath, readOnly). Returns the running process."""
         argv = program(container, self.bin_dir, env)
+        mounts = [*self.image_files, *mounts]
         uid = self.run_as(pod, container)
         gid = ((pod["spec"].get("securityContext") or {}).get("runAsGroup", uid)) if uid else 0
         ctx = container.get("securityContext") or {}
-        script = []
-        for host_dir, target, read_only in mounts:
-            script.append(f"mkdir -p {shlex.quote(target)} && mount --bind {shlex.quote(str(host_dir))} "
-                          f"{shlex.quote(target)}")
+        if len(mounts) > 7:  # fds 3-9, two of them for the identity files
+            raise UnsupportedImage(f"container {container['name']}: the node agent mounts at most 5 volumes")
+        # Every source is opened before the first mount: a mount at /tmp must not hide a source under /tmp.
+        script = [f"exec {3 + i}<{shlex.quote(str(host_dir))}" for i, (host_dir, _, _) in enumerate(mounts)]
+        for i, (source, target, read_only) in enumerate(mounts):
+            make = f"mkdir -p {shlex.quote(target)} && " if source.is_dir() else ""
+            script.append(f"{make}mount --bind /proc/self/fd/{3 + i} {shlex.quote(target)}")
             if read_only:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
         if ctx.get("readOnlyRootFilesystem"):
@@ -92,6 +97,7 @@ class Launcher:
         workdir = container.get("workingDir") or "/tmp"
         script.append(f"cd {shlex.quote(workdir)}")
         drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if uid else []
+        script += [f"exec {3 + i}<&-" for i in range(len(mounts))]
         script.append("exec " + shlex.join(drop + argv))
         meta = pod["metadata"]
         log = open(self.log_dir / f"{meta['namespace']}_{meta['name']}_{container['name']}.log", "ab")  # noqa: SIM115
@@ -111,6 +117,24 @@ def stop(process: subprocess.Popen, grace_seconds: float) -> None:
         process.wait()
     except ProcessLookupError:
         pass
+
+
+def image_identity_files(directory: Path) -> list[tuple[Path, str, bool]]:
+    """/etc/passwd and /etc/group with the image's ``nonroot`` user (65532) added, as the Dockerfile does.
+
+    Python's ``getpass.getuser()`` (kopf uses it) needs the running uid in /etc/passwd, as in the image.
+    """
+    files = []
+    for name, entry in (("passwd", "nonroot:x:65532:65532::/nonexistent:/usr/sbin/nologin"), ("group", "nonroot:x:65532:")):
+        host = Path("/etc") / name
+        lines = host.read_text().splitlines()
+        if not any(line.split(":")[2:3] == ["65532"] for line in lines):
+            lines.append(entry)
+        target = directory / name
+        target.write_text("\n".join(lines) + "\n")
+        target.chmod(0o644)
+        files.append((target, str(host), True))
+    return files
 
 
 def usable_uids(candidates: set[int], python: Path) -> frozenset[int]:

@@ -38,7 +38,7 @@ class Probe:
     ok: bool | None = None  # None: not probed yet
     streak: int = 0
     next_at: float = 0.0
-    last: bool = False  # the previous result, for the success/failure streak
+    last: bool | None = None  # the previous result, for the success/failure streak
 
     def due(self, now: float) -> bool:
         return now >= max(self.next_at, self.started + self.spec.get("initialDelaySeconds", 0))
@@ -147,7 +147,8 @@ class PodWorker:
 
     def _start(self, container: dict, netns: str, paths: dict[str, Path], address: str, restarts: int = 0) -> None:
         env = container_env(self.core, self.pod, container, {**self.base_env, "HOSTNAME": self.pod["metadata"]["name"]})
-        mounts = [(paths[m["name"]], m["mountPath"], bool(m.get("readOnly"))) for m in container.get("volumeMounts") or []]
+        mounts = [(self._hosts_file(address), "/etc/hosts", True)]
+        mounts += [(paths[m["name"]], m["mountPath"], bool(m.get("readOnly"))) for m in container.get("volumeMounts") or []]
         now = time.monotonic()
         try:
             process = self.launcher.start(self.pod, container, netns, mounts, env)
@@ -158,6 +159,15 @@ class PodWorker:
         run.readiness = Probe(container["readinessProbe"], now) if "readinessProbe" in container else None
         run.liveness = Probe(container["livenessProbe"], now) if "livenessProbe" in container else None
         self.running[container["name"]] = run
+
+    def _hosts_file(self, address: str) -> Path:
+        """The pod's /etc/hosts, as the kubelet writes one; no cluster DNS runs, so it also names the API server."""
+        path = self.state_dir / "pods" / self.uid / "etc-hosts"
+        path.write_text(f"127.0.0.1\tlocalhost\n{address}\t{self.pod['metadata']['name']}\n"
+                        f"{podnet.GATEWAY}\tkubernetes kubernetes.default kubernetes.default.svc "
+                        "kubernetes.default.svc.cluster.local\n")
+        path.chmod(0o644)
+        return path
 
     def _supervise(self, run: Running, netns: str, paths: dict[str, Path], address: str, now: float) -> None:
         """Restart an exited or unhealthy container; run the probes that are due."""
@@ -177,17 +187,16 @@ class PodWorker:
 
     @staticmethod
     def _probe(probe: Probe, address: str, container: dict, now: float) -> bool:
-        """One probe: the verdict flips after failureThreshold failures / successThreshold successes."""
+        """One probe. The verdict turns after successThreshold successes / failureThreshold failures in a row;
+        returns whether the probe passes now (before any verdict: liveness passes, readiness does not)."""
         success = http_probe(address, container, probe.spec)
         probe.next_at = now + probe.spec.get("periodSeconds", 10)
         probe.streak = probe.streak + 1 if probe.last == success else 1
         probe.last = success
         threshold = probe.spec.get("successThreshold", 1) if success else probe.spec.get("failureThreshold", 3)
-        if probe.ok is None and not success:
-            probe.ok = False
-        elif probe.streak >= threshold:
+        if probe.streak >= threshold:
             probe.ok = success
-        return bool(probe.ok) if probe.ok is not None else True
+        return probe.ok is not False
 
     def _status(self, address: str) -> dict:
         statuses = []
