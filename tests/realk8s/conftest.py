@@ -10,7 +10,9 @@ installed once per session with the real ``helm``; each test works in its own na
 """
 from __future__ import annotations
 
+import itertools
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 
 ENV = "ROLLOUT_ROUTER_REAL_K8S"
 ROOT = Path(__file__).resolve().parents[2]
+_NAMESPACES = itertools.count(1)
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
 
 
@@ -81,7 +84,8 @@ def operator_release(cluster) -> Iterator[str]:
 @pytest.fixture
 def namespace(cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, deleted afterwards (its pods are stopped by the node agent)."""
-    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].strip("-")
+    words = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())
+    name = f"t{next(_NAMESPACES)}-{words[:40]}".strip("-")  # unique: a deleted namespace lingers while it empties
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
