@@ -1,10 +1,10 @@
 """The pod network: one Linux bridge, one network namespace and veth pair per pod.
 
 Subnet 10.250.0.0/24 on bridge ``rrk8s0``: the host side (the bridge) is 10.250.0.1, the pods'
-gateway, and the API server listens there too so pods reach it as in a cluster (no kube-proxy
-runs, so Service ClusterIPs do not route; pods get the API server's own address in
-KUBERNETES_SERVICE_HOST). Pods get 10.250.0.10 and up. Every address is on this machine; nothing
-leaves it. Needs root (``ip netns``).
+gateway, and the API server listens there too (port 443) so pods reach it as in a cluster. No
+kube-proxy and no cluster DNS run, so Service ClusterIPs do not route: pods get the API server's
+own address in KUBERNETES_SERVICE_HOST and, in their /etc/hosts, for kubernetes.default.svc.
+Pods get 10.250.0.10 and up. Every address is on this machine; nothing leaves it. Needs root.
 """
 from __future__ import annotations
 
