@@ -147,6 +147,7 @@ class Agent:
             worker.deleted.set()
         for worker in self.workers.values():
             worker.gone.wait(60)
+        self.launcher.remove_mountpoints()
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ that user can run this machine's Python (else as root: see ``Launcher.run_as``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -67,6 +68,7 @@ class Launcher:
     log_dir: Path
     allowed_uids: frozenset[int]
     image_files: list[tuple[Path, str, bool]] = field(default_factory=list)  # files the image has, bound over the host's
+    made_dirs: list[Path] = field(default_factory=list)
 
     def run_as(self, pod: dict, container: dict) -> int:
         """The effective uid: the pod's/container's runAsUser if that user can run Python here, else 0."""
@@ -74,6 +76,22 @@ class Launcher:
         ctx = container.get("securityContext") or {}
         uid = ctx.get("runAsUser", pod_ctx.get("runAsUser", 0))
         return uid if uid in self.allowed_uids else 0
+
+    def _mountpoint(self, target: Path) -> None:
+        """Mount points must exist on the shared root filesystem; remember the ones made, to remove them."""
+        missing = target
+        while not missing.parent.exists():
+            missing = missing.parent
+        if not target.exists():
+            target.mkdir(parents=True)
+            self.made_dirs.append(missing)
+
+    def remove_mountpoints(self) -> None:
+        """Remove the (empty) directories made for mount points, at shutdown."""
+        for top in reversed(self.made_dirs):
+            for directory in sorted((p for p in [top, *top.rglob("*")] if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
 
     def start(self, pod: dict, container: dict, netns: str, mounts: list[tuple[Path, str, bool]],
               env: dict[str, str]) -> subprocess.Popen:
@@ -88,8 +106,9 @@ class Launcher:
         # Every source is opened before the first mount: a mount at /tmp must not hide a source under /tmp.
         script = [f"exec {3 + i}<{shlex.quote(str(host_dir))}" for i, (host_dir, _, _) in enumerate(mounts)]
         for i, (source, target, read_only) in enumerate(mounts):
-            make = f"mkdir -p {shlex.quote(target)} && " if source.is_dir() else ""
-            script.append(f"{make}mount --bind /proc/self/fd/{3 + i} {shlex.quote(target)}")
+            if source.is_dir():
+                self._mountpoint(Path(target))
+            script.append(f"mount --bind /proc/self/fd/{3 + i} {shlex.quote(target)}")
             if read_only:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
         if ctx.get("readOnlyRootFilesystem"):
