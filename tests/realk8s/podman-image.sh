@@ -34,6 +34,11 @@ if ! podman_ image exists "$BASE"; then
     echo "podman-image.sh: debootstrap bookworm from $mirror ..." >&2
     debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
         bookworm "$rootfs" "$mirror" >/dev/null
+    # The base trusts what this machine trusts (local CAs, e.g. a proxy's), so pip inside the build reaches PyPI.
+    if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+        cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+        chroot "$rootfs" update-ca-certificates >/dev/null
+    fi
     tar -C "$rootfs" -c . | podman_ import - "$BASE" >/dev/null
     rm -rf "$rootfs"
     echo "podman-image.sh: base $BASE made in $((SECONDS - start)) s" >&2
