@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck test-vllm study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck test-vllm test-k8s image study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -66,6 +66,22 @@ VLLM_VENV ?= .venv-vllm
 test-vllm: install-test
 	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash tests/realvllm/setup.sh
 	ROLLOUT_ROUTER_REAL_VLLM=1 VLLM_VENV=$(VLLM_VENV) $(BIN)/python -m pytest tests/realvllm -v -ra --durations=5
+
+# Opt-in: a real Kubernetes control plane (docs/operator.md, "The real-cluster tier"). Needs root and Go;
+# the first run builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm from their
+# Go modules into ~/.cache/rollout-router (tests/realk8s/build.sh), later runs reuse them.
+test-k8s: install-test
+	@command -v go >/dev/null 2>&1 || { echo "make test-k8s needs the Go toolchain (go on PATH) to build Kubernetes"; exit 2; }
+	@bin="$$(nice -n 10 bash tests/realk8s/build.sh)" && \
+	  ROLLOUT_ROUTER_REAL_K8S=1 REALK8S_BIN="$$bin" $(BIN)/python -m pytest tests/realk8s -v -ra --durations=10
+
+# The project's image: docker where a Docker engine runs, else podman + runc on a Debian base made with
+# debootstrap (tests/realk8s/podman-image.sh), passed to the Dockerfile as PYTHON_IMAGE.
+IMAGE ?= ghcr.io/rolloutrouter/rollout-router:0.1.0
+image:
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	  docker build -t $(IMAGE) . ; \
+	else bash tests/realk8s/podman-image.sh $(IMAGE); fi
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-model *.egg-info .pytest_cache .hypothesis

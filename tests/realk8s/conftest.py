@@ -1,0 +1,91 @@
+"""The real-Kubernetes tier is opt-in: ``ROLLOUT_ROUTER_REAL_K8S=1`` (``make test-k8s`` sets it).
+
+Without the variable nothing here is collected, so ``make test`` neither runs nor lists these tests
+and needs no Go. With it, a missing prerequisite (root, the built binaries) fails the run at
+collection, naming the command that fixes it; it is never skipped.
+
+One control plane per session (cluster.py): etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler built by build.sh, plus our node agent standing in for the kubelet. The chart is
+installed once per session with the real ``helm``; each test works in its own namespace.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ENV = "ROLLOUT_ROUTER_REAL_K8S"
+ROOT = Path(__file__).resolve().parents[2]
+_NAMESPACES = itertools.count(1)
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def bin_dir() -> Path:
+    return Path(os.environ.get("REALK8S_BIN", ""))
+
+
+def missing_prerequisites() -> list[str]:
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root (the node agent creates network namespaces and mounts)")
+    if not os.environ.get("REALK8S_BIN"):
+        problems.append("REALK8S_BIN is not set (the directory build.sh prints)")
+    else:
+        problems += [f"{bin_dir() / name} missing" for name in BINARIES if not (bin_dir() / name).exists()]
+    return problems
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"realk8s: runs against a real Kubernetes control plane (opt-in: {ENV}=1)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Off unless asked for: the files here are not even imported."""
+    if not enabled() and collection_path.name != "conftest.py":
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not enabled():
+        return
+    problems = missing_prerequisites()
+    if problems:
+        raise pytest.UsageError(f"{ENV}=1 but the k8s tier cannot run: " + "; ".join(problems)
+                                + ". Run it with `make test-k8s` (as root; it builds the components first).")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    from .cluster import Cluster
+
+    with Cluster.running(tmp_path_factory.mktemp("realk8s"), bin_dir(), ROOT) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def operator_release(cluster) -> Iterator[str]:
+    """The chart installed as the README says; yields the release namespace."""
+    namespace = "rollout-router-system"
+    cluster.helm("install", "rollout-router", str(ROOT / "charts/rollout-router"), "-n", namespace,
+                 "--create-namespace", "--set", "operator.statusInterval=2", "--wait", "--timeout", "180s")
+    yield namespace
+    cluster.helm("uninstall", "rollout-router", "-n", namespace, "--wait", check=False)
+
+
+@pytest.fixture
+def namespace(cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (its pods are stopped by the node agent)."""
+    words = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())
+    name = f"t{next(_NAMESPACES)}-{words[:40]}".strip("-")  # unique: a deleted namespace lingers while it empties
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

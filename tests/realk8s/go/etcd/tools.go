@@ -1,0 +1,6 @@
+//go:build tools
+
+// Package tools only names the command build.sh builds, so `go mod tidy` keeps its dependencies.
+package tools
+
+import _ "go.etcd.io/etcd/server/v3"

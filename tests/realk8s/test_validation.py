@@ -1,0 +1,56 @@
+"""Invalid RolloutRouters: what the API server itself rejects, and what only the operator can judge.
+
+The CRD's schema and CEL rules are evaluated by the real kube-apiserver: ``kubectl apply`` fails
+with a message naming the field. A spec the schema accepts but that cannot work (here: gRPC on the
+HTTP port, a selector matching the router's own pods) gets ``Degraded=True`` with reason
+``InvalidSpec`` from the operator, and no children.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .cluster import eventually
+
+pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(300)]
+
+
+def rollouts(spec: dict) -> str:
+    return json.dumps({"apiVersion": "rolloutrouter.dev/v1alpha1", "kind": "RolloutRouter",
+                       "metadata": {"name": "rollouts"}, "spec": spec})
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "affinityBreakMargin": -1},
+     "spec.affinityBreakMargin: Invalid value: -1: spec.affinityBreakMargin in body should be greater than or equal to 0"),
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "policy": "sticky"},
+     'spec.policy: Unsupported value: "sticky"'),
+    ({"selector": {}}, "spec.selector: Invalid value: \"object\": selector must have matchLabels or matchExpressions"),
+    ({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
+     "In and NotIn need values"),
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "affinityBreakMarginn": 3}, 'unknown field "spec.affinityBreakMarginn"'),
+], ids=["negative-margin", "unknown-policy", "empty-selector-cel", "in-without-values-cel", "unknown-field"])
+def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec, expected):
+    cluster.kubectl("apply", "-f", "crds/")  # the CRD alone, as the README's first step does
+    answer = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=rollouts(spec), check=False)
+    assert answer.returncode != 0
+    assert expected in answer.stderr, answer.stderr
+    assert not cluster.get("rr", "-n", namespace)["items"]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "grpcPort": 8000}, "spec.grpcPort: must differ from spec.backendPort"),
+    ({"selector": {"matchLabels": {"app.kubernetes.io/name": "rollout-router"}}},
+     "spec.selector: matches the router's own pods"),
+], ids=["grpc-equals-http-port", "selector-matches-router"])
+def test_operator_reports_what_only_it_can_judge_as_invalid_spec(cluster, operator_release, namespace, spec, message):
+    cluster.apply(rollouts(spec), namespace)
+
+    def degraded() -> dict | None:
+        conditions = cluster.get("rr", "rollouts", "-n", namespace).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "Degraded" and c["status"] == "True"), None)
+
+    condition = eventually(degraded, 60, "Degraded condition on the resource")
+    assert condition["reason"] == "InvalidSpec" and message in condition["message"], condition
+    assert not cluster.get("deployment,configmap", "-n", namespace, "-l", "app.kubernetes.io/instance=rollouts")["items"]
