@@ -77,11 +77,13 @@ test-k8s: install-test
 
 # The project's image: docker where a Docker engine runs, else podman + runc on a Debian base made with
 # debootstrap (tests/realk8s/podman-image.sh), passed to the Dockerfile as PYTHON_IMAGE.
+# Two images from one Dockerfile: the router (core install) and the operator ([operator] extra).
 IMAGE ?= ghcr.io/rolloutrouter/rollout-router:0.1.0
+OPERATOR_IMAGE ?= ghcr.io/rolloutrouter/rollout-router-operator:0.1.0
 image:
 	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
-	  docker build -t $(IMAGE) . ; \
-	else bash tests/realk8s/podman-image.sh $(IMAGE); fi
+	  docker build --target router -t $(IMAGE) . && docker build --target operator -t $(OPERATOR_IMAGE) . ; \
+	else bash tests/realk8s/podman-image.sh $(IMAGE) router && bash tests/realk8s/podman-image.sh $(OPERATOR_IMAGE) operator; fi
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-model *.egg-info .pytest_cache .hypothesis

@@ -2,10 +2,12 @@
 # `make image` where no Docker engine runs: the project's Dockerfile built with podman + runc.
 # No registry image can be pulled, so the base (the Dockerfile's PYTHON_IMAGE) is a Debian bookworm
 # made with debootstrap from the machine's own apt mirror, with python3 and venv; it is built once and
-# kept as localhost/rollout-router-base:bookworm. Usage: podman-image.sh [IMAGE]
+# kept as localhost/rollout-router-base:bookworm. Usage: podman-image.sh [IMAGE [TARGET]] (TARGET: the
+# Dockerfile's router (default) or operator stage).
 set -euo pipefail
 
 IMAGE="${1:-ghcr.io/rolloutrouter/rollout-router:0.1.0}"
+TARGET="${2:-router}"
 BASE="localhost/rollout-router-base:bookworm"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 APT=(env DEBIAN_FRONTEND=noninteractive apt-get)
@@ -45,5 +47,5 @@ if ! podman_ image exists "$BASE"; then
 fi
 
 start=$SECONDS
-podman_ build --network=host --build-arg "PYTHON_IMAGE=$BASE" -t "$IMAGE" "$ROOT"
+podman_ build --network=host --build-arg "PYTHON_IMAGE=$BASE" --target "$TARGET" -t "$IMAGE" "$ROOT"
 echo "podman-image.sh: $IMAGE built in $((SECONDS - start)) s" >&2

@@ -47,7 +47,7 @@ def program(container: dict, bin_dir: Path, env: dict[str, str]) -> list[str]:
     command = [expand(part, env) for part in container.get("command") or []]
     args = [expand(part, env) for part in container.get("args") or []]
     router = str(bin_dir / "rollout-router")
-    if repository.endswith("rollout-router"):
+    if repository.rsplit("/", 1)[-1] in ("rollout-router", "rollout-router-operator"):  # the two project images
         if not command:
             return [router, *(args or ROUTER_DEFAULT_ARGS)]
         head = router if command[0] in ("rollout-router", "/opt/rollout-router/bin/rollout-router") else command[0]
