@@ -11,7 +11,7 @@ import pytest
 from grpc import aio
 
 from rollout_router.settings import RouterSettings
-from tests.support import ScriptedReplica, running_router, wait_for
+from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
 
 @dataclass
@@ -91,9 +91,9 @@ async def replicas():
 
 
 def backends(replicas, http_port: int = 1) -> RouterSettings:
-    """Each gRPC replica is also named by an HTTP URL (its identity; unused here)."""
+    """Each gRPC replica is also named by an HTTP URL (its identity; nothing serves it here, so no probes)."""
     return RouterSettings(backends=[{"url": f"http://{r.host}:{http_port}", "grpc": r.target} for r in replicas],
-                          connect_retries=3)
+                          connect_retries=3, health=NO_PROBES)
 
 
 @pytest.fixture

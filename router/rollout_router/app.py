@@ -4,7 +4,7 @@
 listeners, replica sources and background tasks. It applies new settings
 without dropping pins; ``start`` opens the HTTP listener (the data path and
 the admin routes on one port), the background tasks for pin expiry,
-config-file reloads and replica discovery, and the gRPC listener beside it
+config-file reloads, replica discovery and health probes, and the gRPC listener beside it
 when asked for.
 """
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Runtime(RouterContext):
         self.port: int | None = None
         self._discovery: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
+        self._probing: asyncio.Task | None = None
         self._grpc_server = None
         self._config_mtime = _mtime(config_path)
 
@@ -106,6 +107,7 @@ class Runtime(RouterContext):
         self.apply(self.settings)
         self.port = await self.http_proxy.start(host, port)
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
+        self._probing = asyncio.get_running_loop().create_task(self.prober.run(), name="health-probes")
         if self.grpc_proxy is not None and self.grpc_address is not None:
             from .proxy.grpc import start_server
             self._grpc_server, self.grpc_port = await start_server(self.grpc_proxy, self.grpc_address)
@@ -114,7 +116,7 @@ class Runtime(RouterContext):
     async def stop(self) -> None:
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=2)
-        for task in (self._background, self._discovery):
+        for task in (self._background, self._probing, self._discovery):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
