@@ -11,7 +11,7 @@ replica answering) is a success and resets the streak. At
 by one per ``baseEjectionSeconds`` the replica spends back in rotation, as in
 Envoy. Ejection is refused (the streak stays, so the replica goes as soon as
 room frees) when it would put more than ``maxEjectionPercent`` of the
-replicas out at once; a fleet of one is never ejected.
+replicas out at once (rounded down: below 100%, a fleet of one is never ejected).
 """
 from __future__ import annotations
 
