@@ -16,6 +16,7 @@ replica (static list, discovery, registration) has it probed without more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -102,18 +103,19 @@ class Prober:
 
     async def run(self) -> None:
         while True:
+            self._wake.clear()  # a wake during the round below starts the next one at once
             settings = self._settings()
             interval = settings.probe_interval_seconds
             if interval is None:
                 for replica in self._replicas.replicas():  # probing turned off: nobody stays out for it
                     self._replicas.set_healthy(replica.id, True)
             else:
-                await self.round(settings)
-            self._wake.clear()
-            try:
+                try:
+                    await self.round(settings)
+                except Exception:  # a bug must not end probing for good: log it, try again next round
+                    log.exception("health probe round failed")
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), interval or IDLE_RECHECK)
-            except TimeoutError:
-                pass
 
     async def round(self, settings: HealthSettings) -> None:
         """Probe every live replica once, ``CONCURRENCY`` at a time."""
