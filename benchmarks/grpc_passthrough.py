@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from rollout_router.localfleet import Service, free_port, spawn, wait_healthy
@@ -88,9 +90,12 @@ def main() -> int:
     host, port = "127.0.0.40", free_port("127.0.0.40")
     replica = subprocess.Popen([sys.executable, __file__, "--serve", host, str(port), "--messages", str(args.messages)])
     http, grpc_port = free_port(), free_port()
+    config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # read by the router process
+    with config:  # the replica serves gRPC only, so nothing answers health probes on its HTTP URL
+        json.dump({"backends": [{"url": f"http://{host}:{port}", "grpc": f"{host}:{port}"}],
+                   "health": {"probeIntervalSeconds": None}}, config)
     router = spawn(["serve", "--host", "127.0.0.1", "--port", str(http), "--grpc-port", str(grpc_port),
-                    "--log-level", "warning", "--backend", f"http://{host}:{port},grpc={host}:{port}"],
-                   f"http://127.0.0.1:{http}")
+                    "--log-level", "warning", "--config", config.name], f"http://127.0.0.1:{http}")
     arms = {"direct": f"{host}:{port}", "rollout-router": f"127.0.0.1:{grpc_port}"}
     try:
         wait_healthy(router, "/readyz")
@@ -103,6 +108,7 @@ def main() -> int:
     finally:
         router.stop()
         Service("", replica).stop()
+        os.unlink(config.name)
     print(f"{'arm':<18}{'calls/s':>10}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'vs direct':>11}")
     direct = statistics.median(s["cps"] for s in samples["direct"])
     for name, runs in samples.items():

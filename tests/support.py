@@ -15,7 +15,7 @@ from aiohttp import web
 
 from rollout_router.app import Runtime
 from rollout_router.proxy.http.admin_listener import TokenFile
-from rollout_router.settings import RouterSettings
+from rollout_router.settings import HealthSettings, RouterSettings
 
 T = TypeVar("T")
 
@@ -25,7 +25,9 @@ class ScriptedReplica:
     """A replica whose behaviour a test controls: hold requests, stream, or die mid-stream.
 
     ``hold`` (when set) is awaited before answering, so tests can build exact
-    in-flight skew; ``die_after`` cuts the connection after that many chunks.
+    in-flight skew; ``die_after`` cuts the connection after that many chunks;
+    ``status`` other than 200 answers chat requests with that error; ``healthy``
+    is what its ``/health`` says (200 or 503).
     """
 
     host: str
@@ -34,6 +36,9 @@ class ScriptedReplica:
     hold: asyncio.Event | None = None
     die_after: int | None = None
     linger: float = 0.0  # pause between `data: [DONE]` and the end of the body, as uvicorn's separate writes
+    status: int = 200
+    healthy: bool = True
+    probes: int = 0
     seen: list[dict] = field(default_factory=list)
     active: int = 0
     cancelled: int = 0
@@ -48,6 +53,7 @@ class ScriptedReplica:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, handler_cancellation=True)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
@@ -59,6 +65,10 @@ class ScriptedReplica:
             await self._runner.cleanup()
             self._runner = None
 
+    async def _health(self, request: web.Request) -> web.Response:
+        self.probes += 1
+        return web.Response(status=200 if self.healthy else 503)
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
 
@@ -69,6 +79,9 @@ class ScriptedReplica:
         try:
             if self.hold is not None:
                 await self.hold.wait()
+            if self.status != 200:
+                return web.json_response({"error": {"message": "rejected", "type": "BadRequestError",
+                                                    "param": None, "code": self.status}}, status=self.status)
             if not body.get("stream") and self.die_after is not None:
                 return await self._cut_short(request)
             if not body.get("stream"):
@@ -106,6 +119,50 @@ class ScriptedReplica:
         await asyncio.sleep(self.linger)
         await response.write_eof()
         return response
+
+
+NO_PROBES = HealthSettings(probe_interval_seconds=None)  # for replicas that serve no /health, or count requests
+
+
+@dataclass
+class BrokenReplica:
+    """A replica that accepts connections, reads what it is sent and then misbehaves.
+
+    ``mode`` "hang" never answers (a wedged engine behind a live socket);
+    "garbage" answers bytes that are not HTTP and keeps the connection open.
+    """
+
+    host: str
+    mode: str = "hang"
+    port: int = 0
+    connections: int = 0
+    _server: asyncio.AbstractServer | None = None
+    _writers: list[asyncio.StreamWriter] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> "BrokenReplica":
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            if self.mode == "garbage":
+                writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+            await reader.read()  # hold the connection until the other side closes it
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in self._writers:
+                writer.transport.abort()
+            self._server = None
 
 
 @contextlib.asynccontextmanager

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollout_router.fakevllm import FakeVllmConfig, add_arguments, create_app
 from rollout_router.fakevllm.api import ENGINE
 from rollout_router.fakevllm.engine import Engine
+from rollout_router.health import probe
 from rollout_router.fakevllm.metrics import Metrics
 from rollout_router.fakevllm.cli import config_from_args
 from rollout_router.fakevllm.prefix_cache import BlockPool, extend_hashes
@@ -367,6 +368,7 @@ async def test_tokenize_health_and_models():
     async with serving(served_model_name="m1") as (url, app), aiohttp.ClientSession() as session:
         async with session.get(f"{url}/health") as response:
             assert response.status == 200
+        assert await probe(url, "/health", 5.0) is None  # what the router's health probe sees
         async with session.get(f"{url}/v1/models") as response:
             assert (await response.json())["data"][0]["id"] == "m1"
         async with session.post(f"{url}/tokenize", json={"prompt": "a b  c"}) as response:

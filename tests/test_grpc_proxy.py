@@ -11,7 +11,7 @@ import pytest
 from grpc import aio
 
 from rollout_router.settings import RouterSettings
-from tests.support import ScriptedReplica, running_router, wait_for
+from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
 
 @dataclass
@@ -91,9 +91,9 @@ async def replicas():
 
 
 def backends(replicas, http_port: int = 1) -> RouterSettings:
-    """Each gRPC replica is also named by an HTTP URL (its identity; unused here)."""
+    """Each gRPC replica is also named by an HTTP URL (its identity; nothing serves it here, so no probes)."""
     return RouterSettings(backends=[{"url": f"http://{r.host}:{http_port}", "grpc": r.target} for r in replicas],
-                          connect_retries=3)
+                          connect_retries=3, health=NO_PROBES)
 
 
 @pytest.fixture
@@ -228,3 +228,23 @@ async def test_a_removed_replica_keeps_its_channel_until_its_calls_drain(router,
     assert await call == b"released"
     runtime.grpc_proxy.prune()  # drained now: its channel can go
     assert holder.target not in runtime.replicas.grpc_targets()
+
+
+async def test_a_silent_replica_gets_deadline_exceeded_after_the_first_byte_timeout_and_is_ejected(replicas):
+    settings = backends(replicas).model_copy(update={
+        "first_byte_timeout_seconds": 0.2,
+        "health": NO_PROBES.model_copy(update={"consecutive_failures": 1})})
+    async with running_router(settings, grpc=True) as (_, runtime):
+        runtime.grpc_proxy._unary = frozenset({"/test.Echo/Hold"})  # one request message, as vLLM's Generate
+        runtime.balancer.policy.table.pin("s", url_of(replicas[0]), time.monotonic())
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            with pytest.raises(aio.AioRpcError) as raised:
+                await unary(channel, "/test.Echo/Hold", b"h", "s")
+            assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "did not answer in time" in raised.value.details()
+            await wait_for(lambda: replicas[0].cancelled == 1)  # the replica's work is stopped
+            assert url_of(replicas[0]) not in runtime.replicas.loads()
+            response, headers = await unary(channel, "/test.Echo/Unary", b"again", "s")
+            assert headers["x-rolloutrouter-replica"] != url_of(replicas[0])
+        assert runtime.balancer.repinned == {"ejected": 1} and runtime.replicas.total_inflight() == 0
+        assert runtime.balancer.policy.sessions() == 1

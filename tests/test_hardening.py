@@ -17,7 +17,7 @@ from rollout_router.policy.sessions import SessionTable
 from rollout_router.policy.base import Counters
 from rollout_router.proxy.http import server
 from rollout_router.settings import RouterSettings, SessionSettings
-from tests.support import running_router, wait_for
+from tests.support import NO_PROBES, running_router, wait_for
 from tests.test_http_wire import OK, CHAT, RawReplica, exchange, post, read_response
 
 
@@ -47,7 +47,7 @@ async def metric(runtime: Runtime, name: str, **labels: str) -> float:
     b"/v1/models/%zz",
 ])
 async def test_paths_that_could_reach_another_route_are_refused(raw, path):
-    async with running_router(RouterSettings(backends=[raw.url])) as (base, runtime):
+    async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES)) as (base, runtime):
         [(code, _, body)] = await exchange(base, post(path=path))
         assert code == 400 and error_of(body)["param"] == "path", body
         assert raw.requests == 0 and runtime.replicas.total_inflight() == 0
@@ -61,7 +61,7 @@ async def test_paths_that_could_reach_another_route_are_refused(raw, path):
     (b"/v1/responses/resp_1.json", b"/v1/responses/resp_1.json"),  # a dot inside a segment is fine
 ])
 async def test_the_replica_gets_exactly_the_path_that_was_checked(raw, sent, received):
-    async with running_router(RouterSettings(backends=[raw.url])) as (base, _):
+    async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES)) as (base, _):
         [(code, _, _)] = await exchange(base, post(path=sent))
     assert code == 200
     (head, _), = raw.seen
@@ -69,7 +69,7 @@ async def test_the_replica_gets_exactly_the_path_that_was_checked(raw, sent, rec
 
 
 async def test_session_keys_above_max_key_bytes_get_400_and_no_pin(raw):
-    settings = RouterSettings(backends=[raw.url], session=SessionSettings(body_fields=["session_id"], max_key_bytes=16))
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, session=SessionSettings(body_fields=["session_id"], max_key_bytes=16))
     async with running_router(settings) as (base, runtime):
         fits = b"k" * 16
         [(code, _, _)] = await exchange(base, post().replace(b"X-Session-ID: s", b"X-Session-ID: " + fits))
@@ -85,7 +85,7 @@ async def test_session_keys_above_max_key_bytes_get_400_and_no_pin(raw):
 
 
 async def test_a_session_header_that_is_not_utf8_is_a_400_not_a_500(raw):
-    async with running_router(RouterSettings(backends=[raw.url])) as (base, runtime):
+    async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES)) as (base, runtime):
         [(code, _, body)] = await exchange(base, post().replace(b"X-Session-ID: s", b"X-Session-ID: \xff\xfe"))
         assert code == 400 and "not valid UTF-8" in error_of(body)["message"]
         assert raw.requests == 0 and runtime.balancer.policy.sessions() == 0
@@ -103,7 +103,7 @@ async def read_one(base: str, data: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 async def test_a_head_that_never_completes_gets_408(raw):
-    async with running_router(RouterSettings(backends=[raw.url], header_timeout_seconds=1)) as (base, runtime):
+    async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES, header_timeout_seconds=1)) as (base, runtime):
         code, headers, body = await read_one(base, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Sl")
         assert code == 408 and "headerTimeoutSeconds=1" in error_of(body)["message"]
         assert headers["connection"] == "close"
@@ -114,7 +114,7 @@ async def test_a_head_that_never_completes_gets_408(raw):
 
 
 async def test_a_body_that_never_completes_gets_408_and_its_bytes_are_released(raw):
-    settings = RouterSettings(backends=[raw.url], body_timeout_seconds=1, min_body_bytes_per_second=0)
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, body_timeout_seconds=1, min_body_bytes_per_second=0)
     async with running_router(settings) as (base, runtime):
         head = post(b"x" * 1000)[:-1000]
         code, _, body = await read_one(base, head + b"x" * 10)
@@ -125,7 +125,7 @@ async def test_a_body_that_never_completes_gets_408_and_its_bytes_are_released(r
 
 async def test_a_body_slower_than_the_minimum_rate_gets_408(raw, monkeypatch):
     monkeypatch.setattr(server, "BODY_GRACE_SECONDS", 0.0)  # judged from the first sweep, not after 10 s
-    settings = RouterSettings(backends=[raw.url], body_timeout_seconds=None, min_body_bytes_per_second=10_000)
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, body_timeout_seconds=None, min_body_bytes_per_second=10_000)
     async with running_router(settings) as (base, runtime):
         code, _, body = await read_one(base, post(b"x" * 100_000)[:-99_000])
         assert code == 408 and "minBodyBytesPerSecond=10000" in error_of(body)["message"]
@@ -133,7 +133,7 @@ async def test_a_body_slower_than_the_minimum_rate_gets_408(raw, monkeypatch):
 
 
 async def test_the_buffered_bytes_budget_refuses_with_503_and_recovers(raw):
-    settings = RouterSettings(backends=[raw.url], max_buffered_bytes=64 * 1024)
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, max_buffered_bytes=64 * 1024)
     async with running_router(settings) as (base, runtime):
         [(code, _, body)] = await exchange(base, post(b"x" * 100_000))  # declared larger than the whole budget
         assert code == 503 and "maxBufferedBytes=65536" in error_of(body)["message"]
@@ -152,7 +152,7 @@ async def test_the_buffered_bytes_budget_refuses_with_503_and_recovers(raw):
 
 async def test_connections_beyond_the_bound_get_503_and_one_log_line(raw, caplog):
     caplog.set_level(logging.WARNING, logger="rollout_router.proxy.http.listener")
-    async with running_router(RouterSettings(backends=[raw.url], max_connections=3)) as (base, runtime):
+    async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES, max_connections=3)) as (base, runtime):
         host, port = base.removeprefix("http://").split(":")
         idle = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
         await wait_for(lambda: len(runtime.http_proxy.clients) == 3)
@@ -171,7 +171,7 @@ async def test_connections_beyond_the_bound_get_503_and_one_log_line(raw, caplog
 
 
 async def test_a_gzip_body_is_forwarded_as_received_and_its_key_read(raw):
-    settings = RouterSettings(backends=[raw.url], max_body_bytes=4096,
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, max_body_bytes=4096,
                               session=SessionSettings(headers=[], body_fields=["session_id"]))
     compressed = gzip.compress(json.dumps({**json.loads(CHAT), "session_id": "zipped"}).encode())
     async with running_router(settings) as (base, runtime):

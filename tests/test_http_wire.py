@@ -13,7 +13,7 @@ import pytest
 
 from rollout_router.proxy.http.server import MAX_HEAD, WRITE_HIGH_WATER
 from rollout_router.settings import RouterSettings
-from tests.support import ScriptedReplica, running_router, wait_for
+from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
 CHAT = b'{"model":"tiny","messages":[{"role":"user","content":"hi"}]}'
 
@@ -180,7 +180,7 @@ async def test_stale_pooled_connection_is_retried_once_on_a_fresh_one():
     raw = RawReplica(first_per_connection)
     url = await raw.start()
     try:
-        async with running_router(RouterSettings(backends=[url])) as (base, runtime):
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, runtime):
             first = await exchange(base, post())
             second = await exchange(base, post())  # the pooled connection is dropped: retried on a new one
         assert [code for code, _, _ in first + second] == [200, 200]
@@ -194,7 +194,7 @@ async def test_stale_retry_happens_only_once():
     raw = RawReplica(lambda index, connection: OK if index == 0 else None)  # only the very first is answered
     url = await raw.start()
     try:
-        async with running_router(RouterSettings(backends=[url])) as (base, runtime):
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, runtime):
             await exchange(base, post())
             [(code, _, body)] = await exchange(base, post())
         assert code == 502 and "closed the connection" in json.loads(body)["error"]["message"]
@@ -206,7 +206,7 @@ async def test_stale_retry_happens_only_once():
 
 async def test_silent_replica_times_out_by_the_sweep(replica):
     replica.hold = asyncio.Event()
-    settings = RouterSettings(backends=[replica.url], upstream_timeout_seconds=0.5)
+    settings = RouterSettings(backends=[replica.url], first_byte_timeout_seconds=0.5)
     async with running_router(settings) as (base, runtime):
         [(code, headers, body)] = await exchange(base, post())
         assert code == 504 and "did not answer in time" in json.loads(body)["error"]["message"]
@@ -252,7 +252,7 @@ async def test_slow_sse_reader_does_not_make_the_router_buffer_the_stream():
     server = await loop.create_server(lambda: flood, "127.0.0.31", 0)
     url = f"http://127.0.0.31:{server.sockets[0].getsockname()[1]}"
     try:
-        async with running_router(RouterSettings(backends=[url])) as (base, runtime):
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, runtime):
             host, port = base.removeprefix("http://").split(":")
             client = socket.create_connection((host, int(port)))
             client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

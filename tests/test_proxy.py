@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from rollout_router.settings import RouterSettings, SessionSettings
-from tests.support import ScriptedReplica, running_router, wait_for
+from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -147,8 +147,8 @@ async def test_replica_dying_mid_body_answers_502_json(replicas, http):
 async def test_refused_connection_is_retried_elsewhere_and_marked_down(replicas, http):
     dead = replicas[0]
     await dead.stop()
-    settings = RouterSettings(backends=[r.url for r in replicas], policy="round_robin")
-    async with running_router(settings) as (base, runtime):
+    settings = RouterSettings(backends=[r.url for r in replicas], policy="round_robin", health=NO_PROBES)
+    async with running_router(settings) as (base, runtime):  # without probes: the refusal alone marks it down
         results = [await chat(http, base) for _ in range(6)]
         assert all(code == 200 for code, _, _ in results)
         assert dead.url not in {where for _, where, _ in results}

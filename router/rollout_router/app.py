@@ -4,8 +4,8 @@
 listeners, replica sources and background tasks. It applies new settings
 without dropping pins; ``start`` opens the HTTP traffic listener, the admin
 listener (metrics, status, sessions; its own port), the background tasks for
-pin expiry, config-file reloads and replica discovery, and the gRPC listener
-beside them when asked for.
+pin expiry, config-file reloads, replica discovery and health probes, and the
+gRPC listener beside them when asked for.
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Runtime(RouterContext):
         self.port: int | None = None
         self._discovery: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
+        self._probing: asyncio.Task | None = None
         self._grpc_server = None
         self._config_mtime = _mtime(config_path)
 
@@ -129,6 +130,7 @@ class Runtime(RouterContext):
         if self.admin_address is not None:
             self.admin_port = await self.admin.start(*self.admin_address)
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
+        self._probing = asyncio.get_running_loop().create_task(self.prober.run(), name="health-probes")
         if self.grpc_proxy is not None and self.grpc_address is not None:
             from .proxy.grpc import start_server
             self._grpc_server, self.grpc_port = await start_server(self.grpc_proxy, self.grpc_address)
@@ -137,7 +139,7 @@ class Runtime(RouterContext):
     async def stop(self) -> None:
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=2)
-        for task in (self._background, self._discovery):
+        for task in (self._background, self._probing, self._discovery):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -6,11 +6,12 @@ holds no settings: ``RouterContext`` hands it the policy's name and live knobs.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from .policy import Decision, LiveConfig, Policy, Request, create
+from .policy import Decision, LiveConfig, Outcome, Policy, Request, create
 from .replicas import Lease, ReplicaSet
 
 
@@ -20,6 +21,7 @@ class Balancer:
         self.replicas = replicas
         self._clock = clock
         self.policy: Policy = _build(policy, config)
+        self.repinned: collections.Counter[str] = collections.Counter()  # re-pins by why the replica was out
 
     def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None,
                 grpc: bool = False) -> tuple[Decision, Lease]:
@@ -29,7 +31,14 @@ class Balancer:
         compared are the same shared in-flight counts either way.
         """
         decision = self.policy.route(Request(key, self.replicas.loads(grpc), self._clock(), prefix))
+        if decision.outcome is Outcome.REPINNED and decision.previous is not None:
+            self.repinned[self.replicas.why_unroutable(decision.previous, grpc)] += 1
         return decision, self.replicas.acquire(decision.replica)
+
+    def forget(self, key: str | None, decision: Decision) -> None:
+        """The replica did not accept the request ``decision`` routed: undo what it did to the pin."""
+        if key is not None:
+            self.policy.forget(key, decision, self._clock())
 
     def release_session(self, key: str) -> bool:
         return self.policy.release(key)

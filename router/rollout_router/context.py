@@ -1,6 +1,6 @@
 """The one holder of a running router's live state.
 
-Settings, the replica set, the balancer and the metrics live here, and every
+Settings, the replica set, the balancer, replica health and the metrics live here, and every
 listener and admin route reads them from here per request. A reload replaces
 ``settings`` in one assignment and re-configures the balancer in the same call,
 so no component can keep an older copy.
@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from .balancer import Balancer
+from .health import OutlierDetector, Prober
 from .observability import Metrics
 from .replicas import ReplicaSet
 from .settings import RouterSettings
@@ -18,10 +19,12 @@ from .settings import RouterSettings
 
 class RouterContext:
     def __init__(self, settings: RouterSettings, clock: Callable[[], float] = time.monotonic):
-        self.settings = settings
+        self.settings, self.clock = settings, clock
         self.replicas = ReplicaSet(clock)
         self.balancer = Balancer(self.replicas, settings.policy, settings.live_config(), clock)
         self.metrics = Metrics(self)
+        self.outliers = OutlierDetector(self.replicas, lambda: self.settings.health, self.metrics.ejected, clock)
+        self.prober = Prober(self.replicas, lambda: self.settings.health, self.metrics.probe_failed)
 
     def configure(self, settings: RouterSettings) -> None:
         """Take new settings: the policy's knobs apply live and pins are kept."""

@@ -5,6 +5,7 @@ policy and the replica set, so /metrics and /status can never disagree.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from .context import RouterContext
+    from .replicas import Replica
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -51,6 +53,19 @@ class _LiveCollector(Collector):
         for replica in context.replicas.replicas():
             inflight.add_metric([replica.id], replica.inflight)
         yield inflight
+        repinned = CounterMetricFamily("rolloutrouter_repinned", "Sessions re-pinned because their replica was "
+                                       "not routable, by why: removed, ejected, unhealthy, down, no_grpc.",
+                                       labels=["reason"])
+        for reason, count in context.balancer.repinned.items():
+            repinned.add_metric([reason], count)
+        yield repinned
+        healthy = GaugeMetricFamily("rolloutrouter_backend_healthy",
+                                    "1 while the replica's last health probe passed.", labels=["backend"])
+        for replica in context.replicas.replicas():
+            healthy.add_metric([replica.id], 1 if replica.healthy else 0)
+        yield healthy
+        yield GaugeMetricFamily("rolloutrouter_backends_ejected", "Replicas ejected now (passive health).",
+                                value=context.replicas.ejected())
         yield GaugeMetricFamily("rolloutrouter_sessions", "Sessions currently pinned.",
                                 value=context.balancer.policy.sessions())
         yield GaugeMetricFamily("rolloutrouter_backends_ready", "Replicas that can take requests now.",
@@ -87,8 +102,21 @@ class Metrics:
                                     "Request bytes (heads and bodies) held now, per listener; bounded by maxBufferedBytes.",
                                     ["listener"], registry=self.registry)
 
+        self.ejections = Counter("rolloutrouter_replica_ejections", "Replicas ejected after failures in a row, "
+                                 "by the last failure: timeout, invalid_response, closed.",
+                                 ["backend", "reason"], registry=self.registry)
+        self.probe_failures = Counter("rolloutrouter_health_probe_failures", "Failed health probes, by why: "
+                                      "timeout, connection_failed, bad_status, invalid_response, closed.",
+                                      ["backend", "reason"], registry=self.registry)
+
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
         self._children: dict[tuple[str, int | str], tuple[Callable[[], None], Callable[[float], None]]] = {}
+
+    def ejected(self, backend: str, reason: str) -> None:
+        self.ejections.labels(backend, reason).inc()
+
+    def probe_failed(self, backend: str, reason: str) -> None:
+        self.probe_failures.labels(backend, reason).inc()
 
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
         """Count one finished request; the labelled children are looked up once per (backend, code)."""
@@ -104,6 +132,7 @@ def status(context: RouterContext) -> dict:
     """verl's get_status() plus the decision counters."""
     balancer, replicas, settings = context.balancer, context.replicas, context.settings
     loads = replicas.loads()
+    now, wall = context.clock(), time.time()
     return {
         **balancer.policy.counters.as_dict(),
         "policy": balancer.policy.name,
@@ -112,6 +141,16 @@ def status(context: RouterContext) -> dict:
         "sessions": balancer.policy.sessions(),
         "total_inflight": replicas.total_inflight(),
         "backends_ready": len(loads),
-        "backends": [{"url": r.id, "inflight": r.inflight, "ready": r.id in loads} for r in replicas.replicas()],
+        "backends_ejected": replicas.ejected(),
+        "repinned": dict(balancer.repinned),
+        "backends": [_backend(r, r.id in loads, now, wall) for r in replicas.replicas()],
         "config_reloads": dict(context.metrics.config_reloads),
     }
+
+
+def _backend(replica: Replica, ready: bool, now: float, wall: float) -> dict:
+    """One replica in /status; ``ejected_until`` is Unix time, null when not ejected."""
+    ejected = replica.ejected_until > now
+    return {"url": replica.id, "inflight": replica.inflight, "ready": ready, "healthy": replica.healthy,
+            "ejected_until": round(wall + replica.ejected_until - now, 3) if ejected else None,
+            "consecutive_failures": replica.failures}

@@ -7,6 +7,13 @@ removed replica keeps its count while its last requests drain, so a lease
 always releases into the object it was taken from and counts never go negative.
 Routable replicas are kept in ``LoadIndex``es (one for HTTP, one for gRPC),
 updated as counts move, so routing never scans the whole set.
+
+A replica is routable unless it is marked down (it refused a connection),
+ejected (passive health, ``health.outliers``) or failed its last probe (active
+health, ``health.probes``); each takes it out of the indexes the same way, so
+a session pinned to it is re-placed on its next turn. Any source of replicas
+(static list, discovery, registration) only calls ``add``/``remove``: the
+prober probes every live replica each round.
 """
 from __future__ import annotations
 
@@ -27,7 +34,11 @@ class Replica:
     id: str
     grpc_target: str | None = None
     inflight: int = 0
-    down_until: float = 0.0
+    down_until: float = 0.0  # out of rotation until then: refused a connection, or ejected
+    ejected_until: float = 0.0  # the end of its last ejection (passive health)
+    ejections: int = 0  # the ejection multiplier: grows with each ejection, decays while it behaves
+    failures: int = 0  # consecutive failures (passive health); a success resets it
+    healthy: bool = True  # the last active probe passed (or none has run yet)
 
 
 class Lease:
@@ -65,9 +76,16 @@ class ReplicaSet:
     def replicas(self) -> list[Replica]:
         return list(self._live.values())
 
-    def add(self, replica_id: str, grpc_target: str | None = None) -> Replica:
-        """Add (or update) a replica; one that is still draining keeps its count."""
-        replica = self._live.get(replica_id) or self._draining.pop(replica_id, None) or Replica(replica_id)
+    def add(self, replica_id: str, grpc_target: str | None = None, healthy: bool = True) -> Replica:
+        """Add (or update) a replica; one that is still draining keeps its count.
+
+        A new replica starts routable unless ``healthy=False`` (a source that
+        wants it out of rotation until its first probe passes); an existing
+        one keeps its health.
+        """
+        replica = self._live.get(replica_id) or self._draining.pop(replica_id, None)
+        if replica is None:
+            replica = Replica(replica_id, healthy=healthy)
         replica.grpc_target = grpc_target
         self._live[replica_id] = replica
         if replica.down_until > self._clock():  # back from draining while still marked down
@@ -108,12 +126,54 @@ class ReplicaSet:
         self._recount(replica)
         return Lease(self, replica)
 
+    def get(self, replica_id: str) -> Replica | None:
+        return self._live.get(replica_id)
+
     def mark_down(self, replica_id: str, seconds: float) -> None:
-        """Passive health: skip a replica that refused a connection for a while."""
+        """Skip a replica that refused a connection for a while."""
         replica = self._live.get(replica_id)
         if replica is not None:
-            replica.down_until = self._down[replica_id] = self._clock() + seconds
+            self._take_out(replica, self._clock() + seconds)
+
+    def eject(self, replica: Replica, seconds: float) -> None:
+        """Passive health: take a failing replica out of rotation for ``seconds``."""
+        replica.ejected_until = self._clock() + seconds
+        if self._live.get(replica.id) is replica:
+            self._take_out(replica, replica.ejected_until)
+
+    def set_healthy(self, replica_id: str, healthy: bool) -> bool:
+        """Active health: a probe's verdict. Returns True when it changed the replica's state."""
+        replica = self._live.get(replica_id)
+        if replica is None or replica.healthy == healthy:
+            return False
+        replica.healthy = healthy
+        if healthy:
+            self._index(replica)
+        else:
             self._unindex(replica_id)
+        return True
+
+    def ejected(self) -> int:
+        """Live replicas ejected now."""
+        now = self._clock()
+        return sum(1 for r in self._live.values() if r.ejected_until > now)
+
+    def why_unroutable(self, replica_id: str, grpc: bool = False) -> str:
+        """Why a replica is not routable now: removed, ejected, unhealthy, down, or no_grpc."""
+        replica = self._live.get(replica_id)
+        if replica is None:
+            return "removed"
+        if replica.ejected_until > self._clock():
+            return "ejected"
+        if not replica.healthy:
+            return "unhealthy"
+        if replica_id in self._down:
+            return "down"
+        return "no_grpc" if grpc else "routable"
+
+    def _take_out(self, replica: Replica, until: float) -> None:
+        replica.down_until = self._down[replica.id] = max(until, self._down.get(replica.id, 0.0))
+        self._unindex(replica.id)
 
     def grpc_targets(self) -> set[str]:
         """gRPC targets still in use: live replicas and those draining their last requests."""
@@ -139,7 +199,7 @@ class ReplicaSet:
                 self._grpc.set(replica.id, replica.inflight)
 
     def _index(self, replica: Replica) -> None:
-        if replica.id in self._down:
+        if replica.id in self._down or not replica.healthy:
             return
         self._http.set(replica.id, replica.inflight)
         if replica.grpc_target is not None:

@@ -17,7 +17,7 @@ from pydantic.alias_generators import to_camel
 from .policy import LiveConfig
 
 __all__ = [
-    "Backend", "DiscoverySettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
+    "Backend", "DiscoverySettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
     "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
 ]
 
@@ -115,6 +115,25 @@ class Backend(Model):
         return target
 
 
+class HealthSettings(Model):
+    """Passive health (outlier ejection, as Envoy's) and the active probe of each replica's HTTP health path."""
+
+    consecutive_failures: StrictInt = Field(
+        3, ge=1, description="Failures in a row (no answer within firstByteTimeoutSeconds, unparseable HTTP, "
+                             "a connection closed before the answer) that eject a replica.")
+    base_ejection_seconds: Seconds = Field(
+        30.0, description="First ejection's length; each further ejection adds as much, up to maxEjectionSeconds.")
+    max_ejection_seconds: Seconds = Field(300.0, description="Longest ejection.")
+    max_ejection_percent: StrictInt = Field(
+        50, ge=0, le=100, description="At most this share of the replicas is ejected at once (rounded down), "
+                                      "so a fleet-wide slowdown never ejects the whole fleet.")
+    probe_path: str = Field("/health", pattern=r"^/", description="Path probed on each replica's HTTP URL.")
+    probe_interval_seconds: Seconds | None = Field(
+        5.0, description="Time between probe rounds; null turns active probing off.")
+    probe_timeout_seconds: Seconds = Field(
+        5.0, description="A probe that takes longer fails; the replica is out of rotation until one passes.")
+
+
 class RouterSettings(PolicySettings):
     """Everything ``rollout-router serve`` reads from ``--config``."""
 
@@ -124,7 +143,11 @@ class RouterSettings(PolicySettings):
     max_body_bytes: StrictInt = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     connect_retries: StrictInt = Field(2, ge=0, description="Other replicas tried when one refuses the connection.")
     down_seconds: Seconds = Field(5.0, description="How long a replica that refused a connection is skipped.")
-    upstream_timeout_seconds: Seconds | None = Field(600.0, description="Longest silence from a replica mid-response.")
+    upstream_timeout_seconds: Seconds | None = Field(
+        600.0, description="Longest silence from a replica once its response head has arrived (mid-stream).")
+    first_byte_timeout_seconds: Seconds | None = Field(
+        600.0, description="Longest wait for a replica's response head after the request was sent (504, and a "
+                           "failure towards ejection); a non-streaming answer's head comes only when generation ends.")
     max_connections: StrictInt = Field(10_000, ge=1, description="Client connections open at once on the traffic "
                                        "port; beyond it a new connection gets 503 and is closed.")
     max_buffered_bytes: StrictInt = Field(256 * 1024 * 1024, ge=1024, description="Request bytes (heads and bodies) "
@@ -135,6 +158,7 @@ class RouterSettings(PolicySettings):
                                                  "long of its head, else 408.")
     min_body_bytes_per_second: StrictInt = Field(1024, ge=0, description="Slowest request body accepted, averaged "
                                                  "after its first 10 s (0: any rate), else 408.")
+    health: HealthSettings = Field(default_factory=HealthSettings)
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -110,6 +110,13 @@ class Policy(abc.ABC):
     not, ``new_sessions`` a key seen for the first time. Stateless policies
     (least_loaded, round_robin, power_of_two) remember no key: they count every
     request as ``unkeyed``.
+
+    A request the chosen replica did not accept (an error status, or no answer
+    at all) leaves the session table as it was before the request: the caller
+    hands the decision back to ``forget``. A new session gets no pin (a bad
+    first request does not tie a conversation to a replica); a moved session
+    (broken, re-pinned) goes back to the replica of its previous turn; a kept
+    one is unchanged. Counters are not rolled back: they count decisions.
     """
 
     name: ClassVar[str]
@@ -126,6 +133,9 @@ class Policy(abc.ABC):
     def release(self, key: str) -> bool:
         """Drop ``key``'s pin now; False if it had none."""
         return False
+
+    def forget(self, key: str, decision: Decision, now: float) -> None:
+        """Undo what ``decision`` did to ``key``'s pin: its replica did not accept the request."""
 
     def sessions(self) -> int:
         """Pins currently held."""

@@ -10,6 +10,7 @@ from .base import Counters, Decision, LiveConfig, Outcome, Policy
 from .unkeyed import Unkeyed
 
 
+_MOVES = frozenset({Outcome.NEW, Outcome.BROKEN, Outcome.REPINNED})  # decisions that (re)pin a session
 _SLOT_BITS = 20  # up to 2**20 distinct replica ids over the table's life
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
 
@@ -76,6 +77,10 @@ class SessionTable:
         if len(self._pins) > self.max_sessions:
             self._evict_over_size()
 
+    def drop(self, key: str) -> None:
+        """Remove a pin that should not have been made (not counted as released)."""
+        self._pins.pop(key, None)
+
     def release(self, key: str) -> bool:
         if self._pins.pop(key, None) is None:
             return False
@@ -132,6 +137,15 @@ class SessionPolicy(Policy):
 
     def release(self, key: str) -> bool:
         return self.table.release(key)
+
+    def forget(self, key: str, decision: Decision, now: float) -> None:
+        """See ``Policy``; a pin another request of the session has moved since is left alone."""
+        if decision.outcome not in _MOVES or self.table.get(key, now) != decision.replica:
+            return
+        if decision.previous is None:
+            self.table.drop(key)
+        else:
+            self.table.pin(key, decision.previous, now)
 
     def sessions(self) -> int:
         return len(self.table)

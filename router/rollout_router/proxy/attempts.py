@@ -3,18 +3,18 @@
 Route, take a lease, send one attempt, release the lease; if the replica
 refused before a byte was exchanged, mark it down for a while and try another.
 A listener supplies only ``send``: one attempt on the leased replica, which
-raises ``Refused`` when retrying elsewhere is safe. The lease is released
-exactly once whatever ends the attempt.
+returns whether the replica accepted the request and raises ``Refused`` when
+retrying elsewhere is safe. The lease is released exactly once whatever ends
+the attempt. An attempt the replica did not accept (refused, an error status,
+no answer) hands its decision back to the policy (``Policy.forget``), so a
+rejected request leaves the session's pin as it was.
 """
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
 
 from ..context import RouterContext
 from ..replicas import Lease
-
-T = TypeVar("T")
 
 
 class Refused(Exception):
@@ -28,8 +28,8 @@ class AllRefused(Exception):
         super().__init__(f"replicas refused the connection on all {attempts} attempts")
 
 
-async def forward(context: RouterContext, key: str | None, send: Callable[[Lease], Awaitable[T]],
-                  grpc: bool = False, prefix: Sequence[int] | str | None = None) -> T:
+async def forward(context: RouterContext, key: str | None, send: Callable[[Lease], Awaitable[bool]],
+                  grpc: bool = False, prefix: Sequence[int] | str | None = None) -> None:
     """``send`` on a routed replica, retried on others while replicas refuse.
 
     Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
@@ -38,12 +38,17 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
     settings = context.settings  # one snapshot for every attempt of this request
     attempts = settings.connect_retries + 1
     for _ in range(attempts):
-        _, lease = context.balancer.acquire(key, prefix, grpc=grpc)
+        decision, lease = context.balancer.acquire(key, prefix, grpc=grpc)
         try:
-            return await send(lease)
+            accepted = await send(lease)
         except Refused:
             context.replicas.mark_down(lease.replica_id, settings.down_seconds)
             context.metrics.retries.labels(lease.replica_id).inc()
+            context.balancer.forget(key, decision)
+            continue
         finally:
             lease.release()
+        if not accepted:
+            context.balancer.forget(key, decision)
+        return
     raise AllRefused(attempts)

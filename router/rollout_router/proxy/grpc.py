@@ -14,12 +14,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from grpc import aio
 from multidict import CIMultiDict
 
 from ..context import RouterContext
+from ..health import TIMEOUT
 from ..policy import NoReplicaError
 from ..replicas import Lease
 from .attempts import AllRefused, Refused, forward
@@ -33,6 +35,8 @@ REPLICA_METADATA = "x-rolloutrouter-replica"
 _RESERVED = ("user-agent", "te", "content-type", "host", "grpc-")
 
 Metadata = tuple[tuple[str, str | bytes], ...]
+# Codes the transport or the router produce; any other code is the replica answering (passive health).
+_TRANSPORT_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
 
 
 def unary_request_methods() -> frozenset[str]:
@@ -150,18 +154,25 @@ class GrpcProxy(grpc.GenericRpcHandler):
         return channel.stream_stream(method)(request.messages(), metadata=metadata, timeout=timeout)
 
     async def _attempt(self, method: str, request: _Single | _Replay, metadata: Metadata, lease: Lease,
-                       context: aio.ServicerContext) -> None:
-        """One upstream call relayed to the client; raises Refused if refused before answering."""
+                       context: aio.ServicerContext) -> bool:
+        """One upstream call relayed to the client; whether the replica accepted it. Raises Refused if refused
+        before answering."""
         assert lease.replica.grpc_target is not None  # acquire(grpc=True) only leases gRPC replicas
         call = self._call(method, request, metadata, lease.replica.grpc_target, context)
         started, answered = time.monotonic(), False
         code: str | None = "CANCELLED"
         try:
-            async for response in call:
+            response = await self._first(call, request)
+            if response is None:
+                code = "DEADLINE_EXCEEDED"
+                self._timed_out(lease, context)
+                return False
+            while response is not aio.EOF:
                 if not answered:
                     answered = True
                     await context.send_initial_metadata(_headers(await call.initial_metadata(), lease))
                 await context.write(response)
+                response = await call.read()
             code = (await call.code()).name
             if not answered:
                 await context.send_initial_metadata(_headers(await call.initial_metadata(), lease))
@@ -180,6 +191,28 @@ class GrpcProxy(grpc.GenericRpcHandler):
             call.cancel()  # no-op when finished; stops the replica's work when the client went away
             if code is not None:
                 self._context.metrics.observe(lease.replica_id, code, time.monotonic() - started)
+        if answered or code not in _TRANSPORT_CODES:
+            self._context.outliers.success(lease.replica)
+        return answered or code == "OK"
+
+    async def _first(self, call: Any, request: _Single | _Replay) -> Any:
+        """The call's first message (or ``aio.EOF``); None when a one-message request got none within
+        ``firstByteTimeoutSeconds``. A streamed request is not timed: its replica may wait for the client."""
+        limit = self._context.settings.first_byte_timeout_seconds
+        if limit is None or not isinstance(request, _Single):
+            return await call.read()
+        try:
+            async with asyncio.timeout(limit):
+                return await call.read()
+        except TimeoutError:
+            return None
+
+    def _timed_out(self, lease: Lease, context: aio.ServicerContext) -> None:
+        """The replica sent nothing within the first-byte timeout: DEADLINE_EXCEEDED, and a failure in its streak."""
+        self._context.metrics.errors.labels("timeout").inc()
+        self._context.outliers.failure(lease.replica, TIMEOUT)
+        context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+        context.set_details(f"replica {lease.replica_id} did not answer in time (firstByteTimeoutSeconds)")
 
     def _channel(self, target: str) -> aio.Channel:
         channel = self._channels.get(target)

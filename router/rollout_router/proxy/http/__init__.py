@@ -24,7 +24,7 @@ from ..errors import RouterError
 from ..session_key import body_key, checked_key
 from . import wire
 from .listener import SWEEP_SECONDS, Limits, Listener
-from .relay import CLIENT_CLOSED, Exchange, attempt
+from .relay import CLIENT_CLOSED, WAITING, Exchange, attempt
 from .routes import FORWARDED_PATHS, REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import KEEPALIVE_SECONDS, Pools
@@ -90,11 +90,12 @@ class HttpProxy(Listener):
         headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
         metrics = self.context.metrics
 
-        async def send(lease) -> None:
+        async def send(lease) -> bool:
             started = time.monotonic()
-            code = await attempt(self, client, request, headers, lease)
+            code, accepted = await attempt(self, client, request, headers, lease)
             if code is not None:
                 metrics.observe(lease.replica.id, code, time.monotonic() - started)
+            return accepted
 
         try:
             await forward(self.context, key, send)
@@ -142,16 +143,21 @@ class HttpProxy(Listener):
         self.expire_silent(elapsed)
 
     def expire_silent(self, elapsed: float) -> None:
-        """Count ``elapsed`` seconds of silence against each exchange that received nothing since last time."""
-        limit = self.context.settings.upstream_timeout_seconds
-        if limit is None:
+        """Count ``elapsed`` seconds of silence against each exchange that received nothing since last time.
+
+        Before the response head the limit is ``firstByteTimeoutSeconds``, after it ``upstreamTimeoutSeconds``.
+        """
+        settings = self.context.settings
+        first_byte, idle = settings.first_byte_timeout_seconds, settings.upstream_timeout_seconds
+        if first_byte is None and idle is None:
             return
         for exchange in list(self.active):
             if exchange.seen != exchange.swept or exchange.paused:  # bytes arrived, or a slow client paused us
                 exchange.swept, exchange.silent = exchange.seen, 0.0
                 continue
             exchange.silent += elapsed
-            if exchange.silent >= limit:
+            limit = first_byte if exchange.state == WAITING else idle
+            if limit is not None and exchange.silent >= limit:
                 exchange.timeout()
 
 

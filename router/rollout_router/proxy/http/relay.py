@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
 from ...replicas import Lease
 from ..errors import error_body
 from . import wire
@@ -46,7 +47,7 @@ class Exchange:
 
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
-                 "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out")
+                 "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool) -> None:
@@ -61,6 +62,7 @@ class Exchange:
         self.out: list[bytes] = []
         self.chunked = self.sse = self.done_seen = self.interim = self.until_close = False
         self.paused = self.timed_out = False
+        self.failure: str | None = None  # why the replica failed before its response head (passive health)
         self.tail = b""
         self.seen, self.swept, self.silent = 0, 0, 0.0
 
@@ -75,10 +77,10 @@ class Exchange:
         try:
             self.conn.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self.fail("switched protocols, which the router does not relay")
+            self.fail("switched protocols, which the router does not relay", None)
         except httptools.HttpParserError as error:
             if self.state != DONE:
-                self.fail(f"sent an invalid response ({error})")
+                self.fail(f"sent an invalid response ({error})", INVALID_RESPONSE)
         self.flush()
 
     def on_headers_complete(self) -> None:
@@ -166,9 +168,10 @@ class Exchange:
         self.flush()
 
     def timeout(self) -> None:
-        """The sweep found the replica silent for longer than ``upstreamTimeoutSeconds``."""
+        """The sweep found the replica silent too long (``firstByteTimeoutSeconds`` before the head, else
+        ``upstreamTimeoutSeconds``)."""
         self.timed_out = True
-        self.fail("timed out")
+        self.fail("timed out", TIMEOUT)
         self.flush()
 
     def client_gone(self) -> None:
@@ -179,14 +182,18 @@ class Exchange:
         self.code = self.status if self.done_seen else CLIENT_CLOSED
         self.finish(reusable=False)
 
-    def fail(self, what: str) -> None:
-        """The replica failed this exchange: tell the client as well as the state of its response allows."""
+    def fail(self, what: str, reason: str | None = CLOSED) -> None:
+        """The replica failed this exchange: tell the client as well as the state of its response allows.
+
+        ``reason`` is what passive health counts against the replica when no response head had arrived.
+        """
         if self.state == DONE:
             return
         metrics, replica = self.proxy.context.metrics, self.replica
         if self.state == WAITING:
+            self.failure = reason
             status = 504 if self.timed_out else 502
-            message = (f"replica {replica} did not answer in time" if self.timed_out
+            message = (f"replica {replica} did not answer in time (firstByteTimeoutSeconds)" if self.timed_out
                        else f"replica {replica} failed: {what}")
             metrics.errors.labels("timeout" if self.timed_out else "upstream_error").inc()
             self.out.append(self.proxy.error_bytes(status, message, self.request, replica))
@@ -262,8 +269,10 @@ def request_bytes(request: HttpRequest, pool: ReplicaPool, headers: bytes) -> by
 
 
 async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpRequest, headers: bytes,
-                  lease: Lease) -> int | None:
-    """One attempt on the leased replica; the code to record, or None. Raises ``Refused`` (retry elsewhere).
+                  lease: Lease) -> tuple[int | None, bool]:
+    """One attempt on the leased replica: the code to record (or None) and whether the replica accepted the
+    request (its response head said < 400, or the client left first). Raises ``Refused`` (retry elsewhere:
+    the connection was refused or timed out, nothing was sent).
 
     A reused keep-alive connection that the replica closed before answering is
     retried once on a fresh connection to the same replica.
@@ -271,7 +280,7 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
     from ..attempts import Refused
     replica = lease.replica.id
     if client.gone:
-        return CLIENT_CLOSED
+        return CLIENT_CLOSED, True
     pool = proxy.pools.get(replica)
     conn = pool.take()
     for reused in ((True, False) if conn is not None else (False,)):
@@ -280,16 +289,31 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
                 conn = await pool.connect()
             except OSError as error:
                 raise Refused(str(error)) from None
-            except TimeoutError:
-                proxy.context.metrics.errors.labels("timeout").inc()
-                client.write(proxy.error_bytes(504, f"replica {replica} did not answer in time", request, replica))
-                return 504
+            except TimeoutError:  # nothing was sent: as safe to retry elsewhere as a refusal
+                proxy.context.outliers.failure(lease.replica, TIMEOUT)
+                raise Refused(f"connecting to {replica} timed out") from None
             if client.gone:
                 conn.close()
-                return CLIENT_CLOSED
+                return CLIENT_CLOSED, True
         assert conn is not None
         exchange = Exchange(proxy, client, request, replica, conn, reused)
         exchange.start(request_bytes(request, pool, headers))
         if await exchange.done != STALE:
-            return exchange.code
+            _report(proxy, lease, exchange)
+            return exchange.code, _accepted(exchange)
     raise AssertionError("unreachable: a fresh connection is never stale")
+
+
+def _report(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> None:
+    """Passive health: a response head is a success, a failure before it counts towards ejection."""
+    if exchange.failure is not None:
+        proxy.context.outliers.failure(lease.replica, exchange.failure)
+    elif exchange.status:
+        proxy.context.outliers.success(lease.replica)
+
+
+def _accepted(exchange: Exchange) -> bool:
+    """The replica's own head said < 400, or the client left before any verdict (which rejects nothing)."""
+    if exchange.status:
+        return exchange.status < 400
+    return exchange.failure is None and exchange.code == CLIENT_CLOSED

@@ -1,0 +1,145 @@
+"""Active health: probe each replica's HTTP health path (vLLM's ``/health``) in rounds.
+
+A probe is one ``GET`` on a fresh connection; it passes on a 200 response head
+and fails on anything else: refused or reset connection, no head within
+``probeTimeoutSeconds``, another status, bytes that are not HTTP. A failed
+probe takes the replica out of rotation until a probe passes (a probe never
+ends an ejection early: a replica whose engine hangs can still answer
+``/health``). Every replica is probed on its HTTP URL, gRPC-only ones too;
+a replica whose URL serves no health path needs ``probeIntervalSeconds: null``.
+
+Rounds run on the router's event loop, at most ``CONCURRENCY`` probes at a
+time, so 1,000 replicas cost a few hundred small connections per interval.
+The replicas are read from the ``ReplicaSet`` at each round: whatever adds a
+replica (static list, discovery, registration) has it probed without more.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import httptools
+
+from ..replicas import ReplicaSet
+from ..settings import HealthSettings
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY = 64  # probes in flight at once
+MAX_HEAD = 64 * 1024  # a health answer's head is a few hundred bytes; more is not a health answer
+IDLE_RECHECK = 1.0  # with probing off, how often the settings are looked at again
+
+Failure = tuple[str, str]  # (reason for metrics, detail for the log)
+
+
+class _Head:
+    """httptools callbacks: the status of the final (not 1xx) response head, once it is complete."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status >= 200:
+            self.status = status
+
+
+async def probe(url: str, path: str, timeout: float, context: ssl.SSLContext | None = None) -> Failure | None:
+    """Probe ``url`` + ``path`` once: None when it answered 200, else (reason, detail)."""
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    host, port = parts.hostname or "localhost", parts.port or (443 if https else 80)
+    request = (b"GET %s%s HTTP/1.1\r\nHost: %s\r\nUser-Agent: rollout-router-probe\r\nConnection: close\r\n\r\n"
+               % (parts.path.rstrip("/").encode(), path.encode(), parts.netloc.encode("idna")))
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=(context or ssl.create_default_context()) if https else None)
+            try:
+                writer.write(request)
+                return await _verdict(reader)
+            finally:
+                writer.transport.abort()
+    except TimeoutError:
+        return "timeout", f"no answer within {timeout:g} s"
+    except OSError as error:
+        return "connection_failed", str(error) or type(error).__name__
+
+
+async def _verdict(reader: asyncio.StreamReader) -> Failure | None:
+    head = _Head()
+    seen = 0
+    while not head.status:
+        data = await reader.read(4096)
+        if not data:
+            return "closed", "closed the connection before answering"
+        seen += len(data)
+        try:
+            head.parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            return "invalid_response", f"answered something that is not HTTP ({error})"
+        if not head.status and seen > MAX_HEAD:
+            return "invalid_response", f"response head exceeds {MAX_HEAD} bytes"
+    return None if head.status == 200 else ("bad_status", f"answered {head.status}")
+
+
+class Prober:
+    """Probes every live replica each ``probeIntervalSeconds``; ``wake`` starts a round now."""
+
+    def __init__(self, replicas: ReplicaSet, settings: Callable[[], HealthSettings],
+                 on_failure: Callable[[str, str], None]):
+        self._replicas, self._settings, self._on_failure = replicas, settings, on_failure
+        self._wake = asyncio.Event()
+        self._ssl: ssl.SSLContext | None = None
+
+    def wake(self) -> None:
+        """Probe now rather than at the end of the interval (e.g. after replicas were registered)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()  # a wake during the round below starts the next one at once
+            settings = self._settings()
+            interval = settings.probe_interval_seconds
+            if interval is None:
+                for replica in self._replicas.replicas():  # probing turned off: nobody stays out for it
+                    self._replicas.set_healthy(replica.id, True)
+            else:
+                try:
+                    await self.round(settings)
+                except Exception:  # a bug must not end probing for good: log it, try again next round
+                    log.exception("health probe round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval or IDLE_RECHECK)
+
+    async def round(self, settings: HealthSettings) -> None:
+        """Probe every live replica once, ``CONCURRENCY`` at a time."""
+        pending = iter([replica.id for replica in self._replicas.replicas()])
+
+        async def worker() -> None:
+            for replica_id in pending:  # one iterator shared by the workers: each replica is probed once
+                self.record(replica_id, await probe(replica_id, settings.probe_path,
+                                                    settings.probe_timeout_seconds, self._context()))
+
+        await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, len(self._replicas)))))
+
+    def record(self, replica_id: str, failure: Failure | None) -> None:
+        """Apply one probe's verdict; state changes are logged."""
+        if failure is not None:
+            self._on_failure(replica_id, failure[0])
+        if self._replicas.set_healthy(replica_id, failure is None):
+            if failure is None:
+                log.info("replica %s passed its health probe: back in rotation", replica_id)
+            else:
+                log.warning("replica %s failed its health probe (%s): out of rotation", replica_id, failure[1])
+
+    def _context(self) -> ssl.SSLContext:
+        """One TLS context for every https probe (making one loads the CA store)."""
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
