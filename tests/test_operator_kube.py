@@ -1,6 +1,8 @@
 """API error handling: what is retried with backoff, what is final."""
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import kopf
 import pytest
@@ -86,6 +88,26 @@ async def test_paths_for_every_child_kind(cluster, monkeypatch):  # noqa: F811
             "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/p"
     finally:
         await kube.close()
+
+
+async def test_concurrent_first_calls_share_one_client(cluster, monkeypatch):  # noqa: F811
+    """The reconcile handler and the status timer start together: one client (one session) for both,
+    the other closed, never a session left open behind the one kept."""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    made: list = []
+    connect = kube.Client.connect
+
+    async def counted() -> kube.Client:
+        made.append(await connect())
+        return made[-1]
+    monkeypatch.setattr(kube.Client, "connect", counted)
+    try:
+        clients = await asyncio.gather(*(kube.api_client() for _ in range(3)))
+        assert len({id(client) for client in clients}) == 1 and len(made) == 3
+        assert [client._session.closed for client in made if client is not clients[0]] == [True, True]
+    finally:
+        await kube.close()
+    assert all(client._session.closed for client in made)
 
 
 def test_kopf_retries_its_own_api_calls_for_ever():

@@ -39,7 +39,9 @@ async def api_client() -> Client:
     """In-cluster service account, else KUBECONFIG (or ~/.kube/config); created on first use."""
     loop = asyncio.get_running_loop()
     if loop not in _clients:
-        _clients[loop] = await Client.connect()
+        client = await Client.connect()
+        if _clients.setdefault(loop, client) is not client:  # a concurrent first call connected too: keep one
+            await client.close()
     return _clients[loop]
 
 
