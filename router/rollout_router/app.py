@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .context import RouterContext
+from .proxy.auth import TokenFile
 from .proxy.http import HttpProxy
+from .replicas import DISCOVERED, STATIC
 from .settings import DiscoverySettings, RouterSettings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -34,12 +36,12 @@ class Runtime(RouterContext):
 
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
-                 grpc_address: str | None = None):
+                 grpc_address: str | None = None, admin_token: TokenFile | None = None):
         super().__init__(settings)
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
-        self.http_proxy = HttpProxy(self)
+        self.http_proxy = HttpProxy(self, admin_token)
         self.grpc_proxy: GrpcProxy | None = None
         if grpc_address is not None:
             from .proxy.grpc import GrpcProxy  # grpc (about 25 MiB) is loaded only by routers that serve it
@@ -56,7 +58,8 @@ class Runtime(RouterContext):
         self.configure(settings)
         if settings.discovery is None:
             self._stop_discovery()
-            self.replicas.replace((b.url, b.grpc) for b in settings.backends)
+            self.replicas.replace(((b.url, b.grpc) for b in settings.backends), STATIC)
+            self.replicas.replace((), DISCOVERED)  # after the static list is in: no moment without replicas
         elif settings.discovery != previous.discovery or self._discovery is None:
             self._stop_discovery()
             self._start_discovery(settings.discovery)

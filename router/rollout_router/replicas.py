@@ -7,6 +7,11 @@ removed replica keeps its count while its last requests drain, so a lease
 always releases into the object it was taken from and counts never go negative.
 Routable replicas are kept in ``LoadIndex``es (one for HTTP, one for gRPC),
 updated as counts move, so routing never scans the whole set.
+
+Each replica remembers which sources name it (the static list, discovery,
+the worker API): a source adds and removes only its own entries, and a
+replica leaves when no source names it any more, so a static reload never
+drops a worker registered over the API, nor the API a static one.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from .policy.loads import LoadIndex
 
 log = logging.getLogger(__name__)
 
+STATIC, DISCOVERED, API = "static", "discovered", "api"  # where a replica came from
+
 
 @dataclasses.dataclass(slots=True)
 class Replica:
@@ -28,6 +35,7 @@ class Replica:
     grpc_target: str | None = None
     inflight: int = 0
     down_until: float = 0.0
+    sources: dict[str, str | None] = dataclasses.field(default_factory=dict)  # source -> the gRPC target it named
 
 
 class Lease:
@@ -62,33 +70,45 @@ class ReplicaSet:
     def __len__(self) -> int:
         return len(self._live)
 
-    def replicas(self) -> list[Replica]:
-        return list(self._live.values())
+    def replicas(self, source: str | None = None) -> list[Replica]:
+        """Live replicas, or those ``source`` names."""
+        return [r for r in self._live.values() if source is None or source in r.sources]
 
-    def add(self, replica_id: str, grpc_target: str | None = None) -> Replica:
-        """Add (or update) a replica; one that is still draining keeps its count."""
+    def add(self, replica_id: str, grpc_target: str | None = None, source: str = STATIC) -> Replica:
+        """Add (or update) ``source``'s entry for a replica; one that is still draining keeps its count."""
         replica = self._live.get(replica_id) or self._draining.pop(replica_id, None) or Replica(replica_id)
-        replica.grpc_target = grpc_target
+        replica.sources[source] = grpc_target
+        replica.grpc_target = _grpc_target(replica)
         self._live[replica_id] = replica
         if replica.down_until > self._clock():  # back from draining while still marked down
             self._down[replica_id] = replica.down_until
         self._index(replica)
         return replica
 
-    def remove(self, replica_id: str) -> None:
-        replica = self._live.pop(replica_id, None)
+    def remove(self, replica_id: str, source: str = STATIC) -> None:
+        """Drop ``source``'s entry; the replica leaves (draining its requests) once no source names it."""
+        replica = self._live.get(replica_id)
+        if replica is None or source not in replica.sources:
+            return
+        del replica.sources[source]
+        if replica.sources:
+            replica.grpc_target = _grpc_target(replica)
+            self._index(replica)
+            return
+        del self._live[replica_id]
         self._unindex(replica_id)
         self._down.pop(replica_id, None)
-        if replica is not None and replica.inflight > 0:
+        if replica.inflight > 0:
             self._draining[replica_id] = replica
 
-    def replace(self, endpoints: Iterable[tuple[str, str | None]]) -> None:
-        """Make the live set exactly these (replica id, gRPC target) pairs (static lists, reloads)."""
+    def replace(self, endpoints: Iterable[tuple[str, str | None]], source: str = STATIC) -> None:
+        """Make ``source``'s entries exactly these (replica id, gRPC target) pairs (static lists, reloads)."""
         wanted = dict(endpoints)
-        for replica_id in set(self._live) - set(wanted):
-            self.remove(replica_id)
+        for replica in self.replicas(source):
+            if replica.id not in wanted:
+                self.remove(replica.id, source)
         for replica_id, grpc_target in wanted.items():
-            self.add(replica_id, grpc_target)
+            self.add(replica_id, grpc_target, source)
 
     def loads(self, grpc: bool = False) -> LoadIndex:
         """In-flight counts of the replicas that may take a request now (with ``grpc``: over gRPC).
@@ -107,6 +127,9 @@ class ReplicaSet:
         replica.inflight += 1
         self._recount(replica)
         return Lease(self, replica)
+
+    def get(self, replica_id: str) -> Replica | None:
+        return self._live.get(replica_id)
 
     def mark_down(self, replica_id: str, seconds: float) -> None:
         """Passive health: skip a replica that refused a connection for a while."""
@@ -159,3 +182,8 @@ class ReplicaSet:
                 replica = self._live.get(replica_id)
                 if replica is not None:
                     self._index(replica)
+
+
+def _grpc_target(replica: Replica) -> str | None:
+    """The first gRPC target any of its sources named (a worker registered by URL names none)."""
+    return next((target for target in replica.sources.values() if target is not None), None)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import listening
 from .app import Runtime
+from .proxy.auth import TokenFile
 from .settings import RouterSettings, SettingsError, load_settings, parse_settings
 
 
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="HTTP port (0 picks a free one).")
     parser.add_argument("--grpc-port", type=int, help="Also serve gRPC (vLLM's VllmEngine and any other "
                         "service, passed through) on this port (0 picks a free one); replicas need a gRPC target.")
+    parser.add_argument("--admin-token-file", type=Path, metavar="PATH",
+                        help="Require 'Authorization: Bearer TOKEN' on the routes that change routing (the worker "
+                        "API, DELETE /v1/sessions/KEY); TOKEN is this file's content, re-read when it changes.")
     listening.add_arguments(parser)
     parser.add_argument("--config", type=Path, help="YAML/JSON RouterSettings; reloaded on change and on SIGHUP.")
     parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]",
@@ -101,9 +105,15 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "command-line flags override %s of %s: edits to these fields in the file are not applied on reload",
             ", ".join(overridden(args)), args.config)
+    try:
+        token = TokenFile(args.admin_token_file) if args.admin_token_file else None
+    except (OSError, ValueError) as error:
+        print(f"rollout-router serve: --admin-token-file {args.admin_token_file}: "
+              f"{getattr(error, 'strerror', None) or error}", file=sys.stderr)
+        return 2
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
-    runtime = Runtime(settings, args.config, overrides, grpc_address)
+    runtime = Runtime(settings, args.config, overrides, grpc_address, admin_token=token)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file))
     return 0
 

@@ -17,8 +17,10 @@ from ...context import RouterContext
 from ...policy import NoReplicaError
 from ..admin import admin_answer
 from ..attempts import AllRefused, forward
+from ..auth import TokenFile
 from ..errors import RouterError
 from ..session_key import body_key
+from ..workers import changes_routing, worker_answer
 from . import wire
 from .relay import CLIENT_CLOSED, Exchange, attempt
 from .routes import FORWARDED_PATHS, REPLICA_HEADER, forwarded, unkeyed
@@ -35,8 +37,9 @@ SWEEP_SECONDS = 1.0
 class HttpProxy:
     """Serves one port: forwards the OpenAI-compatible paths, answers the admin routes."""
 
-    def __init__(self, context: RouterContext):
+    def __init__(self, context: RouterContext, admin_token: TokenFile | None = None):
         self.context = context
+        self.admin_token = admin_token  # when set, routes that change routing want it as a bearer token
         self.pools = Pools()
         self.active: set[Exchange] = set()
         self.clients: set[ClientConnection] = set()
@@ -123,7 +126,15 @@ class HttpProxy:
 
     def _admin(self, client: ClientConnection, request: HttpRequest) -> None:
         method = request.method.decode()
-        answer = admin_answer(self.context, method, request.path)
+        if not self._authorized(method, request):
+            self.context.metrics.errors.labels("http_401").inc()
+            return client.write(wire.error_answer(
+                401, "this route changes routing and needs Authorization: Bearer <token> (--admin-token-file)",
+                close=request.close_after or not request.keep_alive, head_only=request.head_only,
+                extra=((b"WWW-Authenticate", b'Bearer realm="rollout-router admin"'),)))
+        query = request.target.partition(b"?")[2].decode("latin-1")
+        answer = admin_answer(self.context, method, request.path) or worker_answer(
+            self.context, method, request.path, query, request.body)  # type: ignore[arg-type]  # joined by now
         if answer is None:
             return self._refuse(client, request, RouterError(
                 404, f"path {request.path} is not an OpenAI-compatible endpoint this router forwards"))
@@ -131,6 +142,12 @@ class HttpProxy:
             self.context.metrics.errors.labels(f"http_{answer.status}").inc()
         client.write(wire.answer(answer.status, answer.body, answer.content_type.encode(),
                                  close=request.close_after or not request.keep_alive, head_only=request.head_only))
+
+    def _authorized(self, method: str, request: HttpRequest) -> bool:
+        """No token configured, a route that does not change routing, or the right bearer token."""
+        if self.admin_token is None or not changes_routing(method, request.path):
+            return True
+        return self.admin_token.allows(next((v for n, v in request.headers if n.lower() == b"authorization"), None))
 
     def _refuse(self, client: ClientConnection, request: HttpRequest, error: RouterError,
                 reason: str | None = None) -> None:
