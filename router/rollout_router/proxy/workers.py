@@ -168,7 +168,7 @@ def get_worker(context: RouterContext, path: str, query: str, body: bytes) -> Ad
     replica = _find(context, path)
     if replica is None:
         return _error(404, f"Worker {unquote(path[len(WORKERS_PREFIX):])} not found", "worker_id")
-    return _json(_entry(context, replica))
+    return _json({**_entry(context, replica), "job_status": None})  # SGLang's pending add/remove; ours are done
 
 
 def delete_worker(context: RouterContext, path: str, query: str, body: bytes) -> AdminAnswer:
