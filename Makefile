@@ -36,9 +36,16 @@ $(VENV)/.installed-verl: Makefile | $(VENV)/.installed-test
 	$(BIN)/pip install --quiet --no-deps verl==$(VERL_VERSION)
 	touch $@
 
+# The routers whose worker API ours serves too, pinned, for tests/test_workers_peers.py (run as processes
+# beside ours: their wheels ship the Rust binaries, about 120 MB).
+PEER_ROUTERS := sglang-router==0.3.2 vllm-router==0.1.17
+$(VENV)/.installed-peers: Makefile | $(VENV)/.installed-test
+	$(BIN)/pip install --quiet $(PEER_ROUTERS)
+	touch $@
+
 install: $(VENV)/.installed
 install-sim: $(VENV)/.installed-sim
-install-test: $(VENV)/.installed-test $(VENV)/.installed-verl
+install-test: $(VENV)/.installed-test $(VENV)/.installed-verl $(VENV)/.installed-peers
 
 # Debian packages the tests use (a real Prometheus server); installed once.
 system-deps:

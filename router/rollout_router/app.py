@@ -20,6 +20,7 @@ from .context import RouterContext
 from .listening import address
 from .proxy.http import HttpProxy
 from .proxy.http.admin_listener import AdminListener, TokenFile
+from .replicas import DISCOVERED, STATIC
 from .settings import DiscoverySettings, RouterSettings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ class Runtime(RouterContext):
         self.configure(settings)
         if settings.discovery is None:
             self._stop_discovery()
-            self.replicas.replace((b.url, b.grpc) for b in settings.backends)
+            self.replicas.replace(((b.url, b.grpc) for b in settings.backends), STATIC)
+            self.replicas.replace((), DISCOVERED)  # after the static list is in: no moment without replicas
         elif settings.discovery != previous.discovery or self._discovery is None:
             self._stop_discovery()
             self._start_discovery(settings.discovery)

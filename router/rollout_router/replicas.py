@@ -14,6 +14,11 @@ health, ``health.probes``); each takes it out of the indexes the same way, so
 a session pinned to it is re-placed on its next turn. Any source of replicas
 (static list, discovery, registration) only calls ``add``/``remove``: the
 prober probes every live replica each round.
+
+Each replica remembers which sources name it (the static list, discovery,
+the worker API): a source adds and removes only its own entries, and a
+replica leaves when no source names it any more, so a static reload never
+drops a worker registered over the API, nor the API a static one.
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ from collections.abc import Callable, Iterable
 from .policy.loads import LoadIndex
 
 log = logging.getLogger(__name__)
+
+STATIC, DISCOVERED, API = "static", "discovered", "api"  # where a replica came from
 
 
 @dataclasses.dataclass(slots=True)
@@ -39,6 +46,7 @@ class Replica:
     ejections: int = 0  # the ejection multiplier: grows with each ejection, decays while it behaves
     failures: int = 0  # consecutive failures (passive health); a success resets it
     healthy: bool = True  # the last active probe passed (or none has run yet)
+    sources: dict[str, str | None] = dataclasses.field(default_factory=dict)  # source -> the gRPC target it named
 
 
 class Lease:
@@ -73,11 +81,13 @@ class ReplicaSet:
     def __len__(self) -> int:
         return len(self._live)
 
-    def replicas(self) -> list[Replica]:
-        return list(self._live.values())
+    def replicas(self, source: str | None = None) -> list[Replica]:
+        """Live replicas, or those ``source`` names."""
+        return [r for r in self._live.values() if source is None or source in r.sources]
 
-    def add(self, replica_id: str, grpc_target: str | None = None, healthy: bool = True) -> Replica:
-        """Add (or update) a replica; one that is still draining keeps its count.
+    def add(self, replica_id: str, grpc_target: str | None = None, source: str = STATIC,
+            healthy: bool = True) -> Replica:
+        """Add (or update) ``source``'s entry for a replica; one that is still draining keeps its count.
 
         A new replica starts routable unless ``healthy=False`` (a source that
         wants it out of rotation until its first probe passes); an existing
@@ -86,27 +96,38 @@ class ReplicaSet:
         replica = self._live.get(replica_id) or self._draining.pop(replica_id, None)
         if replica is None:
             replica = Replica(replica_id, healthy=healthy)
-        replica.grpc_target = grpc_target
+        replica.sources[source] = grpc_target
+        replica.grpc_target = _grpc_target(replica)
         self._live[replica_id] = replica
         if replica.down_until > self._clock():  # back from draining while still marked down
             self._down[replica_id] = replica.down_until
         self._index(replica)
         return replica
 
-    def remove(self, replica_id: str) -> None:
-        replica = self._live.pop(replica_id, None)
+    def remove(self, replica_id: str, source: str = STATIC) -> None:
+        """Drop ``source``'s entry; the replica leaves (draining its requests) once no source names it."""
+        replica = self._live.get(replica_id)
+        if replica is None or source not in replica.sources:
+            return
+        del replica.sources[source]
+        if replica.sources:
+            replica.grpc_target = _grpc_target(replica)
+            self._index(replica)
+            return
+        del self._live[replica_id]
         self._unindex(replica_id)
         self._down.pop(replica_id, None)
-        if replica is not None and replica.inflight > 0:
+        if replica.inflight > 0:
             self._draining[replica_id] = replica
 
-    def replace(self, endpoints: Iterable[tuple[str, str | None]]) -> None:
-        """Make the live set exactly these (replica id, gRPC target) pairs (static lists, reloads)."""
+    def replace(self, endpoints: Iterable[tuple[str, str | None]], source: str = STATIC) -> None:
+        """Make ``source``'s entries exactly these (replica id, gRPC target) pairs (static lists, reloads)."""
         wanted = dict(endpoints)
-        for replica_id in set(self._live) - set(wanted):
-            self.remove(replica_id)
+        for replica in self.replicas(source):
+            if replica.id not in wanted:
+                self.remove(replica.id, source)
         for replica_id, grpc_target in wanted.items():
-            self.add(replica_id, grpc_target)
+            self.add(replica_id, grpc_target, source)
 
     def loads(self, grpc: bool = False) -> LoadIndex:
         """In-flight counts of the replicas that may take a request now (with ``grpc``: over gRPC).
@@ -219,3 +240,8 @@ class ReplicaSet:
                 replica = self._live.get(replica_id)
                 if replica is not None:
                     self._index(replica)
+
+
+def _grpc_target(replica: Replica) -> str | None:
+    """The first gRPC target any of its sources named (a worker registered by URL names none)."""
+    return next((target for target in replica.sources.values() if target is not None), None)

@@ -18,7 +18,7 @@ from ..kube.pods import container_port, is_ready
 from ..kube.resources import PODS
 from ..kube.selectors import matches, to_query
 from ..kube.watching import Listing, follow
-from ..replicas import ReplicaSet
+from ..replicas import DISCOVERED, STATIC, ReplicaSet
 from ..settings import DiscoverySettings
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,9 @@ class PodTracker:
     def __init__(self, settings: DiscoverySettings, replicas: ReplicaSet):
         self.settings, self.replicas = settings, replicas
         self._pods: dict[str, Endpoint] = {}  # pod name -> endpoint, serving pods only
-        # url -> grpc target, as last written to the set. It starts as whatever the set holds (a previous
-        # watch's pods, static backends), so the first listing removes what no longer matches.
-        self._applied: dict[str, str | None] = {r.id: r.grpc_target for r in replicas.replicas()}
+        # url -> grpc target, as last written to the set. It starts as what a previous watch left, so the
+        # first listing removes what no longer matches.
+        self._applied: dict[str, str | None] = {r.id: r.sources[DISCOVERED] for r in replicas.replicas(DISCOVERED)}
 
     def reset(self, pods: Iterable[dict]) -> None:
         """A full listing: pods not in it are gone."""
@@ -61,6 +61,7 @@ class PodTracker:
         for pod in pods:
             self._store(pod)
         self._sync()
+        self.replicas.replace((), STATIC)  # the pods take over from a static list (workers added by API stay)
 
     def apply(self, event_type: str, pod: dict) -> None:
         if event_type == "DELETED":
@@ -80,11 +81,11 @@ class PodTracker:
     def _sync(self) -> None:
         wanted = {e.url: e.grpc_target for e in self._pods.values()}
         for url in self._applied.keys() - wanted.keys():
-            self.replicas.remove(url)
+            self.replicas.remove(url, DISCOVERED)
             log.info("replica removed: %s", url)
         for url, grpc_target in wanted.items():
             if url not in self._applied or self._applied[url] != grpc_target:
-                self.replicas.add(url, grpc_target)
+                self.replicas.add(url, grpc_target, DISCOVERED)
                 log.info("replica added: %s", url)
         self._applied = wanted
 

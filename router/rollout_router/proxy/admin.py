@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -112,10 +112,10 @@ ROUTES: list[Route] = [
 ]
 
 
-def find(path: str, probes_only: bool = False) -> list[tuple[Route, dict[str, str]]]:
+def find(path: str, probes_only: bool = False, routes: Sequence[Route] = ROUTES) -> list[tuple[Route, dict[str, str]]]:
     """The routes matching ``path`` with their parameters (several when they differ by method)."""
     found = []
-    for route in ROUTES:
+    for route in routes:
         if probes_only and not route.probe:
             continue
         params = route.match(path)
@@ -125,9 +125,9 @@ def find(path: str, probes_only: bool = False) -> list[tuple[Route, dict[str, st
 
 
 def admin_answer(context: RouterContext, method: str, path: str, query: str = "", body: bytes = b"",
-                 probes_only: bool = False) -> AdminAnswer | None:
+                 probes_only: bool = False, routes: Sequence[Route] = ROUTES) -> AdminAnswer | None:
     """The answer to an admin route, a 405 for a wrong method on one, None for any other path."""
-    found = find(path, probes_only)
+    found = find(path, probes_only, routes)
     if not found:
         return None
     for route, params in found:

@@ -44,7 +44,17 @@ def body_key(body: bytes, content_type: str | None, settings: SessionSettings) -
     if not isinstance(document, dict):
         raise RouterError(400, "request body must be a JSON object")
     for field in settings.body_fields:
-        value = document.get(field)
+        value = field_value(document, field)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
             return checked_key(str(value), field, settings)
     return None
+
+
+def field_value(document: dict, field: str) -> object:
+    """The value at ``field`` in a JSON object; dots step into nested objects (``session_params.id``)."""
+    value: object = document
+    for name in field.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(name)
+    return value

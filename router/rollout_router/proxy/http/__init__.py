@@ -18,7 +18,7 @@ import zlib
 from ...context import RouterContext
 from ...policy import NoReplicaError
 from ...settings import SessionSettings
-from .. import admin
+from .. import admin, workers
 from ..attempts import AllRefused, forward
 from ..errors import RouterError
 from ..session_key import body_key, checked_key
@@ -121,7 +121,8 @@ class HttpProxy(Listener):
         """Answer the probes here; any other path is a 404 that names where admin routes live."""
         answer = admin.admin_answer(self.context, request.method.decode(), path, probes_only=True)
         if answer is None:
-            where = " (admin routes are served on the admin listener, --admin-port)" if admin.find(path) else ""
+            where = (" (admin routes are served on the admin listener, --admin-port)"
+                     if admin.find(path, routes=(*admin.ROUTES, *workers.ROUTES)) else "")
             raise RouterError(404, f"path {path} is not an OpenAI-compatible endpoint this router forwards{where}")
         write_admin(self, client, request, answer)
 

@@ -15,10 +15,13 @@ import os
 from pathlib import Path
 
 from ...context import RouterContext
-from .. import admin
+from .. import admin, workers
 from . import write_admin
 from .listener import Limits, Listener
 from .server import ClientConnection, HttpRequest
+
+# What the admin listener serves: the router's own routes and the worker API of SGLang's router / vllm-router.
+ROUTES = (*admin.ROUTES, *workers.ROUTES)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ class AdminListener(Listener):
             error = request.error
             return admin.error(error.status, error.message, error.param), ()
         path = request.path
-        found = admin.find(path)
+        found = admin.find(path, routes=ROUTES)
         if not found:
             return admin.error(404, f"path {path} is not an admin route of this router"), ()
         if self.token is not None and not any(route.probe for route, _ in found) \
@@ -90,7 +93,7 @@ class AdminListener(Listener):
                     ((b"WWW-Authenticate", b'Bearer realm="rollout-router admin"'),))
         query = request.target.partition(b"?")[2].decode("latin-1")
         body = request.body if isinstance(request.body, bytes) else b""
-        answer = admin.admin_answer(self.context, request.method.decode(), path, query, body)
+        answer = admin.admin_answer(self.context, request.method.decode(), path, query, body, routes=ROUTES)
         assert answer is not None
         return answer, ()
 
