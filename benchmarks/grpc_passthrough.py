@@ -89,14 +89,14 @@ def main() -> int:
         return 0
     host, port = "127.0.0.40", free_port("127.0.0.40")
     replica = subprocess.Popen([sys.executable, __file__, "--serve", host, str(port), "--messages", str(args.messages)])
-    http, grpc_port = free_port(), free_port()
     config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # read by the router process
     with config:  # the replica serves gRPC only, so nothing answers health probes on its HTTP URL
         json.dump({"backends": [{"url": f"http://{host}:{port}", "grpc": f"{host}:{port}"}],
                    "health": {"probeIntervalSeconds": None}}, config)
-    router = spawn(["serve", "--host", "127.0.0.1", "--port", str(http), "--grpc-port", str(grpc_port),
-                    "--log-level", "warning", "--config", config.name], f"http://127.0.0.1:{http}")
-    arms = {"direct": f"{host}:{port}", "rollout-router": f"127.0.0.1:{grpc_port}"}
+    router = spawn(["serve", "--grpc-port", "0", "--log-level", "warning", "--config", config.name],
+                   "127.0.0.1").bound()
+    assert router.grpc_target is not None
+    arms = {"direct": f"{host}:{port}", "rollout-router": router.grpc_target}
     try:
         wait_healthy(router, "/readyz")
         for target in arms.values():

@@ -63,30 +63,39 @@ def start_raw_replica(host: str) -> Service:
 
 def start_ours(backends: list[str], source: Path | None = None) -> Service:
     """``rollout-router serve``; with ``source``, the package from that directory (an older checkout)."""
-    port = free_port()
-    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-            *[a for u in backends for a in ("--backend", u)]]
+    args = ["serve", "--log-level", "warning", *[a for u in backends for a in ("--backend", u)]]
     if source is None:
-        return wait_healthy(spawn(args, f"http://127.0.0.1:{port}"), "/readyz")
+        return wait_healthy(spawn(args, "127.0.0.1").bound(), "/readyz")
+    port = free_port()  # an older checkout may not report a port-0 bind
+    args += ["--host", "127.0.0.1", "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": str(source)}
     process = subprocess.Popen(command(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return wait_healthy(Service(f"http://127.0.0.1:{port}", process), "/readyz")
 
 
 def start_vllm_router(backends: list[str]) -> Service:
-    port = free_port()
-    args = [tool("vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy", "consistent_hash",
+    port, binary = free_port(), tool("vllm-router")
+    assert binary is not None, "vllm-router is not installed"
+    args = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "consistent_hash",
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--worker-urls", *backends]
     service = Service(f"http://127.0.0.1:{port}", subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                                                     stderr=subprocess.PIPE, text=True))
     return wait_healthy(service, "/health", timeout=60)
 
 
+def _find(pattern: str, text: str, flags: int = 0) -> str:
+    """The first group of ``pattern`` in a load tool's output; fails naming what was missing."""
+    found = re.search(pattern, text, flags)
+    if found is None:
+        raise RuntimeError(f"no {pattern!r} in the load tool's output:\n{text[-2000:]}")
+    return found.group(1)
+
+
 def wrk(url: str, script: Path, seconds: int, connections: int = 32) -> dict[str, float]:
     out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
                          capture_output=True, text=True, check=True).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+    return {"rps": float(_find(r"Requests/sec:\s+([\d.]+)", out)),
             "non2xx": float(errors.group(1)) if errors else 0.0}
 
 
@@ -96,10 +105,10 @@ def hey(url: str, seconds: int, rate: int = 1000, workers: int = 10) -> dict[str
                           "-m", "POST", "-T", "application/json", "-H", "X-Session-ID: s1", "-d", CHAT,
                           f"{url}/v1/chat/completions"], capture_output=True, text=True, check=True).stdout
     def percentile(p: int) -> float:
-        return float(re.search(rf"^\s+{p}% in ([\d.]+) secs", out, re.M).group(1)) * 1000
+        return float(_find(rf"^\s+{p}% in ([\d.]+) secs", out, re.M)) * 1000
     codes = re.findall(r"\[(\d+)\]\s+(\d+) responses", out)
     return {"p50": percentile(50), "p99": percentile(99),
-            "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "rps": float(_find(r"Requests/sec:\s+([\d.]+)", out)),
             "non2xx": float(sum(int(n) for code, n in codes if not code.startswith("2")))}
 
 
@@ -157,7 +166,7 @@ def main() -> int:
         print("\n" + table("fixed 1,000 req/s", latency,
                            {"rps": "req/s", "p50": "p50 ms", "p99": "p99 ms", "non2xx": "non-2xx"}), flush=True)
         if args.fake_vllm:
-            fakes = [wait_healthy(spawn_replica(10 + i), "/health") for i in range(2)]
+            fakes = [wait_healthy(spawn_replica(10 + i).bound(), "/health") for i in range(2)]
             services += fakes
             arms = start_arms([f.url for f in fakes], fakes[0], services, args.baseline_src)
             fake = run_rounds(arms, lambda url: wrk(url, work / "chat.lua", args.seconds), args.rounds)

@@ -37,10 +37,10 @@ def per_decision(policy: str, size: int, keys: list[str | None]) -> float:
 
 
 def main() -> None:
-    cases = {"sticky hit": [f"s{i % 256}" for i in range(N)], "unkeyed": [None] * N}
+    cases: dict[str, list[str | None]] = {"sticky hit": [f"s{i % 256}" for i in range(N)], "unkeyed": [None] * N}
     print(f"{'policy':<18}{'request':<14}" + "".join(f"{f'{n} us':>10}" for n in SIZES) + f"{'ratio':>8}")
     for policy in ("affinity", "least_loaded", "consistent_hash", "round_robin", "power_of_two"):
-        rows = dict(cases, **{"new session": [f"n{i}" for i in range(N)]})
+        rows: dict[str, list[str | None]] = {**cases, "new session": [f"n{i}" for i in range(N)]}
         for name, keys in rows.items():
             if name == "new session":  # every key new in every run
                 costs = [per_decision_new(policy, size) for size in SIZES]

@@ -20,12 +20,6 @@ async def good():
         await replica.stop()
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def chat(http, base, session=None):
     headers = {"X-Session-ID": session} if session else {}
     async with http.post(f"{base}/v1/chat/completions", json=CHAT, headers=headers) as response:

@@ -26,6 +26,7 @@ from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, emulated_resource
 from tests.k8s.emulator import Emulator, EmulatorServer
 from tests.k8s.faults import Faults
 from tests.k8s.resources import object_path
+from tests.support import wait_until
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
 NAME = "flaky"
@@ -70,18 +71,7 @@ def get_object(c: Cluster, api_version: str, kind: str, name: str) -> dict | Non
 
 
 def wait_for(check: Callable[[], object], what: str, timeout: float = 30.0) -> object:
-    """Poll ``check`` until it returns something truthy (exceptions count as not yet)."""
-    last: object = None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as error:  # noqa: BLE001  (not there yet)
-            last = error
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    return wait_until(check, what, timeout)
 
 
 def refreshing(faulty: Faulty, name: str = NAME, times: int = 2) -> None:

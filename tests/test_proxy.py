@@ -22,12 +22,6 @@ async def replicas():
         await replica.stop()
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def chat(http, base, session=None, body=None, **kw):
     headers = {"X-Session-ID": session} if session else {}
     async with http.post(f"{base}/v1/chat/completions", json=body or CHAT, headers=headers, **kw) as response:

@@ -46,14 +46,14 @@ async def test_convention_pins_the_session_under_its_key(session, headers, field
     replicas = [await ScriptedReplica(f"127.0.0.{30 + i}").start() for i in range(3)]
     settings = RouterSettings(backends=[r.url for r in replicas], session=SessionSettings(**session))
     try:
-        async with running_router(settings) as (base, _), aiohttp.ClientSession() as http:
+        async with running_router(settings) as (base, runtime), aiohttp.ClientSession() as http:
             served = set()
             for _ in range(3):
                 async with http.post(f"{base}/v1/chat/completions", json={**CHAT, **fields}, headers=headers) as r:
                     assert r.status == 200
                     served.add(r.headers["X-RolloutRouter-Replica"])
             assert len(served) == 1
-            async with http.delete(f"{base}/v1/sessions/{key}") as released:
+            async with http.delete(f"{runtime.admin_url}/v1/sessions/{key}") as released:
                 assert released.status == 200, await released.text()
     finally:
         for replica in replicas:

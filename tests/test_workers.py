@@ -26,12 +26,6 @@ async def replicas():
         await replica.stop()
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def call(http, method, url, **kw) -> tuple[int, object]:
     async with http.request(method, url, **kw) as response:
         is_json = response.content_type == "application/json"
