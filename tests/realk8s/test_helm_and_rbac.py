@@ -86,13 +86,24 @@ def test_helm_upgrade_with_a_changed_value_rolls_the_operator(cluster, operator_
 
 
 def test_helm_uninstall_leaves_only_the_crd(cluster, operator_release):
-    """A second, namespaced release (its own objects), installed and uninstalled."""
+    """A second, namespaced release (its own objects), installed and uninstalled.
+
+    Namespaced (the chart's default): the documented rules in the watched namespace only, nothing
+    cluster-wide but the admission policy and its binding.
+    """
     cluster.kubectl("create", "namespace", "second-watched")
     cluster.helm("install", "second", str(ROOT / "charts/rollout-router"), "-n", "second-system", "--create-namespace",
                  "--set", "operator.watchNamespaces={second-watched}", "--wait", "--timeout", "180s")
-    kinds = "deployment,service,serviceaccount,configmap,role,rolebinding,clusterrole,clusterrolebinding"
+    kinds = ("deployment,service,serviceaccount,configmap,networkpolicy,role,rolebinding,clusterrole,"
+             "clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding")
     installed = cluster.get(kinds, "-A", "-l", "app.kubernetes.io/instance=second")["items"]
-    assert {i["kind"] for i in installed} >= {"Deployment", "ServiceAccount", "Role", "RoleBinding", "ClusterRole"}
+    assert {i["kind"] for i in installed} >= {"Deployment", "ServiceAccount", "NetworkPolicy", "Role", "RoleBinding",
+                                              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert not {"ClusterRole", "ClusterRoleBinding"} & {i["kind"] for i in installed}
+    assert {i["metadata"]["namespace"] for i in installed if i["kind"] in ("Role", "RoleBinding")} == {"second-watched"}
+    user = "system:serviceaccount:second-system:second-rollout-router-operator"
+    assert can_i_list(cluster, user, "second-watched") == documented_operator_rules()
+    assert can_i_list(cluster, user, "default") == {}
     cluster.helm("uninstall", "second", "-n", "second-system", "--wait")
     eventually(lambda: not cluster.get(kinds + ",pod", "-A", "-l", "app.kubernetes.io/instance=second")["items"],
                120, "nothing of the release is left")
