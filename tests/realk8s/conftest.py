@@ -73,10 +73,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
 
 @pytest.fixture(scope="session")
 def operator_release(cluster) -> Iterator[str]:
-    """The chart installed as the README says; yields the release namespace."""
+    """The chart installed as the README says (every namespace: each test has its own); yields the release namespace."""
     namespace = "rollout-router-system"
     cluster.helm("install", "rollout-router", str(ROOT / "charts/rollout-router"), "-n", namespace,
-                 "--create-namespace", "--set", "operator.statusInterval=2", "--wait", "--timeout", "180s")
+                 "--create-namespace", "--set", "operator.watchAllNamespaces=true",
+                 "--set", "operator.statusInterval=2", "--wait", "--timeout", "180s")
     yield namespace
     cluster.helm("uninstall", "rollout-router", "-n", namespace, "--wait", check=False)
 

@@ -40,11 +40,17 @@ def deploy_rollouts(cluster: Cluster, namespace: str, vllm_replicas: int = 3) ->
 
 
 def router_url(pod: dict) -> str:
+    """The router pod's traffic port (forwarding, /healthz and /readyz only)."""
     return f"http://{pod['status']['podIP']}:8080"
 
 
+def router_admin_url(pod: dict) -> str:
+    """The router pod's admin listener (/status, /metrics, session deletion), as the operator's poller reads it."""
+    return f"http://{pod['status']['podIP']}:8081"
+
+
 def router_status(pod: dict) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{router_url(pod)}/status", timeout=5) as response:
+    with urllib.request.urlopen(f"{router_admin_url(pod)}/status", timeout=5) as response:
         return json.load(response)
 
 
