@@ -108,8 +108,8 @@ def main() -> None:
     with local_fleet(2, router_args=["--session-body-field", "session_id"]) as (router, _):
         assert router.admin_url is not None
         rows = asyncio.run(run(args, router.url, router.admin_url, router.process.pid))
-    print(f"\n| phase | router RSS (MiB) | vs idle | client connections | buffered request bytes | "
-          f"connections refused | errors answered |")
+    print("\n| phase | router RSS (MiB) | vs idle | client connections | buffered request bytes | "
+          "connections refused | errors answered |")
     print("|---|---|---|---|---|---|---|")
     idle = rows[0][1]
     for phase, rss, values in rows:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 
-import aiohttp
 import pytest
 
 from rollout_router.settings import HealthSettings, RouterSettings
