@@ -29,6 +29,7 @@ from pathlib import Path
 from .fields import expand
 
 ROUTER_DEFAULT_ARGS = ["serve", "--host", "0.0.0.0", "--port", "8080"]
+CHECKOUT = Path(__file__).resolve().parents[3]  # the repository: the editable install's source roots live here
 
 
 class UnsupportedImage(ValueError):
@@ -111,6 +112,11 @@ class Launcher:
             script.append(f"mount --bind /proc/self/fd/{3 + i} {shlex.quote(target)}")
             if read_only:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+        # A volume at /tmp hides a checkout under /tmp (CI's clone, say): bind the program's own files back from
+        # the host's view of the filesystem (pid 1's root), so the pod still runs what the image stands for.
+        for path in self._hidden_program_dirs(mounts):
+            quoted = shlex.quote(str(path))
+            script += [f"mkdir -p {quoted}", f"mount --bind /proc/1/root{quoted} {quoted}"]
         if ctx.get("readOnlyRootFilesystem"):
             script.append("mount -o remount,bind,ro /")
         workdir = container.get("workingDir") or "/tmp"
@@ -122,6 +128,13 @@ class Launcher:
         log = open(self.log_dir / f"{meta['namespace']}_{meta['name']}_{container['name']}.log", "ab")  # noqa: SIM115
         return subprocess.Popen(["ip", "netns", "exec", netns, "sh", "-ec", " && ".join(script)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+
+
+    def _hidden_program_dirs(self, mounts: list[tuple[Path, str, bool]]) -> list[Path]:
+        """The virtualenv and the checkout (the editable install's sources) that a mount target would hide."""
+        program = {self.bin_dir.resolve().parent, CHECKOUT}
+        targets = [Path(target) for _, target, _ in mounts]
+        return sorted(p for p in program if any(p == t or t in p.parents for t in targets))
 
 
 def stop(process: subprocess.Popen, grace_seconds: float) -> None:
