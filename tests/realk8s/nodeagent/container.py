@@ -30,6 +30,7 @@ from .fields import expand
 
 ROUTER_DEFAULT_ARGS = ["serve", "--host", "0.0.0.0", "--port", "8080"]
 CHECKOUT = Path(__file__).resolve().parents[3]  # the repository: the editable install's source roots live here
+HIDDEN_FD = 10  # fds 3-9 hold the volumes' sources; bash (not sh) opens two-digit fds
 
 
 class UnsupportedImage(ValueError):
@@ -104,29 +105,32 @@ class Launcher:
         ctx = container.get("securityContext") or {}
         if len(mounts) > 7:  # fds 3-9, two of them for the identity files
             raise UnsupportedImage(f"container {container['name']}: the node agent mounts at most 5 volumes")
-        # Every source is opened before the first mount: a mount at /tmp must not hide a source under /tmp.
+        # Every source is opened before the first mount, and bound by its fd (not its path: mount would resolve
+        # that again), so a mount at /tmp cannot hide a source under /tmp. So are
+        # the program's own files (the virtualenv, the checkout) when a mount would hide them (CI's clone in /tmp).
+        hidden = self._hidden_program_dirs(mounts)
         script = [f"exec {3 + i}<{shlex.quote(str(host_dir))}" for i, (host_dir, _, _) in enumerate(mounts)]
+        script += [f"exec {HIDDEN_FD + i}<{shlex.quote(str(path))}" for i, path in enumerate(hidden)]
         for i, (source, target, read_only) in enumerate(mounts):
             if source.is_dir():
                 self._mountpoint(Path(target))
-            script.append(f"mount --bind /proc/self/fd/{3 + i} {shlex.quote(target)}")
+            script.append(f"mount --no-canonicalize --bind /proc/self/fd/{3 + i} {shlex.quote(target)}")
             if read_only:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
-        # A volume at /tmp hides a checkout under /tmp (CI's clone, say): bind the program's own files back from
-        # the host's view of the filesystem (pid 1's root), so the pod still runs what the image stands for.
-        for path in self._hidden_program_dirs(mounts):
+        for i, path in enumerate(hidden):  # bound back where the volume hid them
             quoted = shlex.quote(str(path))
-            script += [f"mkdir -p {quoted}", f"mount --bind /proc/1/root{quoted} {quoted}"]
+            script += [f"mkdir -p {quoted}", f"mount --no-canonicalize --bind /proc/self/fd/{HIDDEN_FD + i} {quoted}"]
         if ctx.get("readOnlyRootFilesystem"):
             script.append("mount -o remount,bind,ro /")
         workdir = container.get("workingDir") or "/tmp"
         script.append(f"cd {shlex.quote(workdir)}")
         drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if uid else []
         script += [f"exec {3 + i}<&-" for i in range(len(mounts))]
+        script += [f"exec {HIDDEN_FD + i}<&-" for i in range(len(hidden))]
         script.append("exec " + shlex.join(drop + argv))
         meta = pod["metadata"]
         log = open(self.log_dir / f"{meta['namespace']}_{meta['name']}_{container['name']}.log", "ab")  # noqa: SIM115
-        return subprocess.Popen(["ip", "netns", "exec", netns, "sh", "-ec", " && ".join(script)], env=env,
+        return subprocess.Popen(["ip", "netns", "exec", netns, "bash", "-ec", " && ".join(script)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
 
