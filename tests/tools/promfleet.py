@@ -27,6 +27,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from rollout_router.localfleet import stop
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,12 +118,7 @@ def prometheus(router: str, replicas: list[str], interval: str = "1s") -> Iterat
             server.wait_scraped_after(0.0, timeout=30.0)
             yield server
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
             log.close()
 
 
