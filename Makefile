@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck test-vllm test-k8s image study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck test-vllm test-k8s image image-podman study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -76,10 +76,15 @@ test-vllm: install-test
 
 # Opt-in: a real Kubernetes control plane (docs/operator.md, "The real-cluster tier"). Needs root and Go;
 # the first run builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm from their
-# Go modules into ~/.cache/rollout-router (tests/realk8s/build.sh), later runs reuse them.
+# Go modules into ~/.cache/rollout-router (tests/realk8s/build.sh), later runs reuse them. Then the project's
+# images with podman (image-podman: installs podman, runc and debootstrap; rebuilt only when their sources
+# change), which the router and operator pods run from; if they cannot be built, the pods run as processes
+# and the run's first and last lines say so.
 test-k8s: install-test
 	@command -v go >/dev/null 2>&1 || { echo "make test-k8s needs the Go toolchain (go on PATH) to build Kubernetes"; exit 2; }
 	@bin="$$(nice -n 10 bash tests/realk8s/build.sh)" && \
+	  { nice -n 10 $(MAKE) --no-print-directory image-podman || \
+	    echo "make test-k8s: the images could not be built with podman (above); the pods run as processes"; } && \
 	  ROLLOUT_ROUTER_REAL_K8S=1 REALK8S_BIN="$$bin" $(BIN)/python -m pytest tests/realk8s -v -ra --durations=10
 
 # The project's image: docker where a Docker engine runs, else podman + runc on a Debian base made with
@@ -90,7 +95,14 @@ OPERATOR_IMAGE ?= ghcr.io/rolloutrouter/rollout-router-operator:0.1.0
 image:
 	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
 	  docker build --target router -t $(IMAGE) . && docker build --target operator -t $(OPERATOR_IMAGE) . ; \
-	else bash tests/realk8s/podman-image.sh $(IMAGE) router && bash tests/realk8s/podman-image.sh $(OPERATOR_IMAGE) operator; fi
+	else $(MAKE) --no-print-directory image-podman; fi
+
+# Both images with podman + runc (what the k8s tier runs); each is skipped when its inputs are unchanged.
+image-podman:
+	@start=$$(date +%s); \
+	  bash tests/realk8s/podman-image.sh $(IMAGE) router && \
+	  bash tests/realk8s/podman-image.sh $(OPERATOR_IMAGE) operator && \
+	  echo "make image-podman: $(IMAGE) and $(OPERATOR_IMAGE) ready in $$(( $$(date +%s) - start )) s"
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-model *.egg-info .pytest_cache .hypothesis

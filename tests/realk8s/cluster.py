@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import podnet
+from . import podnet, runtime
 from .controlplane import ControlPlane
 
 T = TypeVar("T")
@@ -48,15 +48,16 @@ class Cluster:
     bin_dir: Path
     root: Path
     plane: ControlPlane
+    runtime: runtime.Runtime
     agent: subprocess.Popen | None = None
 
     @classmethod
     @contextlib.contextmanager
-    def running(cls, directory: Path, bin_dir: Path, root: Path) -> Iterator[Cluster]:
+    def running(cls, directory: Path, bin_dir: Path, root: Path, kind: runtime.Runtime) -> Iterator[Cluster]:
         podnet.bridge_up()
         plane = ControlPlane(directory / "controlplane", bin_dir)
         plane.directory.mkdir(parents=True)
-        cluster = cls(directory, bin_dir, root, plane)
+        cluster = cls(directory, bin_dir, root, plane, kind)
         try:
             plane.start()
             cluster.start_agent()
@@ -64,6 +65,8 @@ class Cluster:
         finally:
             cluster.stop_agent()
             plane.stop()
+            if kind.name == "podman":
+                runtime.remove_leftover_containers()
             for ns in podnet.leftover_namespaces():
                 subprocess.run(["ip", "netns", "del", ns], check=False)
             podnet.bridge_down()
@@ -74,7 +77,7 @@ class Cluster:
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "tests.realk8s.nodeagent", "--kubeconfig", str(self.plane.kubeconfig),
              "--node-name", NODE, "--state-dir", str(self.directory / "node"), "--bin-dir", str(Path(sys.executable).parent),
-             "--api-port", str(self.plane.api_port)],
+             "--api-port", str(self.plane.api_port), "--runtime", self.runtime.name],
             cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         eventually(lambda: self.node_ready(), 60, "node registered and Ready")
 

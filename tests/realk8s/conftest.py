@@ -21,6 +21,7 @@ import pytest
 ENV = "ROLLOUT_ROUTER_REAL_K8S"
 ROOT = Path(__file__).resolve().parents[2]
 _NAMESPACES = itertools.count(1)
+RUNTIME = pytest.StashKey["object"]()  # runtime.Runtime, decided once per run
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
 
 
@@ -63,11 +64,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                 + ". Run it with `make test-k8s` (as root; it builds the components first).")
 
 
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """The runtime, first thing in the output: podman from the images, or the processes fallback and why."""
+    if not enabled():
+        return None
+    from .runtime import detect
+
+    config.stash[RUNTIME] = detect()
+    return [config.stash[RUNTIME].describe()]
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001 - pytest's type
+    if enabled() and RUNTIME in config.stash:
+        terminalreporter.write_sep("-", config.stash[RUNTIME].describe())
+
+
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+def runtime(pytestconfig: pytest.Config):  # noqa: ANN201 - runtime.Runtime, imported only when enabled
+    from .runtime import detect
+
+    if RUNTIME not in pytestconfig.stash:
+        pytestconfig.stash[RUNTIME] = detect()
+    return pytestconfig.stash[RUNTIME]
+
+
+@pytest.fixture(autouse=True)
+def _report_runtime(request: pytest.FixtureRequest, runtime) -> None:
+    """Each test's report says which runtime ran its pods (a junit-xml property)."""
+    request.node.user_properties.append(("runtime", runtime.name))
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory, runtime) -> Iterator:
     from .cluster import Cluster
 
-    with Cluster.running(tmp_path_factory.mktemp("realk8s"), bin_dir(), ROOT) as running:
+    with Cluster.running(tmp_path_factory.mktemp("realk8s"), bin_dir(), ROOT, runtime) as running:
         yield running
 
 

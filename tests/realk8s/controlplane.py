@@ -36,6 +36,7 @@ class ControlPlane:
     api_port: int = 0
     kubeconfig: Path | None = None
     processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    arguments: dict[str, list[str]] = field(default_factory=dict)  # each component's flags, to restart it
 
     @property
     def server(self) -> str:
@@ -51,11 +52,28 @@ class ControlPlane:
         self._start_scheduler()
 
     def _launch(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.directory / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.directory / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen([str(self.bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-        self.processes.append((name, process))
+        self.processes = [(n, p) for n, p in self.processes if n != name] + [(name, process)]
+        self.arguments[name] = args
         return process
+
+    def process(self, name: str) -> subprocess.Popen:
+        return next(p for n, p in self.processes if n == name)
+
+    def stop_apiserver(self) -> None:
+        """SIGTERM the API server and wait for it to exit: clients get refused connections until it is back."""
+        _terminate(self.process("kube-apiserver"))
+
+    def start_apiserver(self) -> None:
+        """Start it again with the same flags (etcd kept everything) and wait until it is ready."""
+        self._launch("kube-apiserver", self.arguments["kube-apiserver"])
+        self._wait(f"{self.server}/readyz", "kube-apiserver", tls=True)
+
+    def freeze_apiserver(self, frozen: bool) -> None:
+        """SIGSTOP/SIGCONT: while frozen the kernel still accepts connections, but nothing answers (unreachable)."""
+        os.killpg(self.process("kube-apiserver").pid, signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def _start_etcd(self) -> str:
         client, peer = free_port(), free_port()
@@ -123,11 +141,17 @@ class ControlPlane:
 
     def stop(self) -> None:
         for _, process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            _terminate(process)
         self.processes.clear()
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    """SIGTERM (SIGCONT too, in case it is frozen), SIGKILL after 15 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGCONT)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

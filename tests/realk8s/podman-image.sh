@@ -4,6 +4,8 @@
 # made with debootstrap from the machine's own apt mirror, with python3 and venv; it is built once and
 # kept as localhost/rollout-router-base:bookworm. Usage: podman-image.sh [IMAGE [TARGET]] (TARGET: the
 # Dockerfile's router (default) or operator stage).
+# Cached: the image carries a label with a hash of what goes into it (the Dockerfile, the build context's files,
+# the target and the base's id); when an image of that name already has the same hash, nothing is built.
 set -euo pipefail
 
 IMAGE="${1:-ghcr.io/rolloutrouter/rollout-router:0.1.0}"
@@ -21,10 +23,7 @@ if ((${#missing[@]})); then
 fi
 
 # crun (podman's default) fails on these machines (cgroups in hybrid mode, setrlimit not permitted).
-conf="$(mktemp)"
-trap 'rm -f "$conf"' EXIT
-printf '[containers]\ndefault_ulimits = []\n' > "$conf"
-export CONTAINERS_CONF="$conf"
+export CONTAINERS_CONF="$ROOT/tests/realk8s/containers.conf"
 podman_() { podman --runtime runc --cgroup-manager cgroupfs "$@"; }
 
 if ! podman_ image exists "$BASE"; then
@@ -41,11 +40,26 @@ if ! podman_ image exists "$BASE"; then
         cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
         chroot "$rootfs" update-ca-certificates >/dev/null
     fi
-    tar -C "$rootfs" -c . | podman_ import - "$BASE" >/dev/null
+    tar -C "$rootfs" -c . | podman_ import --quiet - "$BASE" >/dev/null
     rm -rf "$rootfs"
     echo "podman-image.sh: base $BASE made in $((SECONDS - start)) s" >&2
 fi
 
+# What the image is made of: the files the build context holds (.dockerignore keeps only these), the
+# Dockerfile, the target and the base.
+inputs_hash() {
+    (cd "$ROOT" && find Dockerfile pyproject.toml README.md router operator -type f \
+        ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+     echo "target=$TARGET base=$(podman_ image inspect --format '{{.Id}}' "$BASE")") | sha256sum | cut -c1-16
+}
+
 start=$SECONDS
-podman_ build --network=host --build-arg "PYTHON_IMAGE=$BASE" --target "$TARGET" -t "$IMAGE" "$ROOT"
-echo "podman-image.sh: $IMAGE built in $((SECONDS - start)) s" >&2
+inputs="$(inputs_hash)"
+label="io.rolloutrouter.build-inputs"
+if [[ "$(podman_ image inspect --format "{{index .Labels \"$label\"}}" "$IMAGE" 2>/dev/null)" == "$inputs" ]]; then
+    echo "podman-image.sh: $IMAGE is up to date (inputs $inputs), not rebuilt; checked in $((SECONDS - start)) s" >&2
+    exit 0
+fi
+podman_ build --network=host --build-arg "PYTHON_IMAGE=$BASE" --target "$TARGET" --label "$label=$inputs" \
+    -t "$IMAGE" "$ROOT"
+echo "podman-image.sh: $IMAGE built in $((SECONDS - start)) s (inputs $inputs)" >&2

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 
-from .. import podnet
+from .. import podnet, runtime
 from . import volumes
 from .container import Launcher, image_identity_files, usable_uids
 from .pod import PodWorker, finish_deletion
@@ -157,12 +157,18 @@ def main() -> None:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--bin-dir", type=Path, required=True, help="the virtualenv's bin (rollout-router, python)")
     parser.add_argument("--api-port", type=int, required=True, help="the API server's port on the gateway")
+    parser.add_argument("--runtime", choices=("podman", "processes"), default="processes",
+                        help="podman: the project's images run from their images (tests/realk8s/runtime.py)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.DEBUG if os.environ.get('NODEAGENT_DEBUG') else logging.INFO, format="%(asctime)s %(threadName)s %(levelname)s %(message)s")
     (args.state_dir / "logs").mkdir(parents=True, exist_ok=True)
     uids = usable_uids(NONROOT_UIDS, args.bin_dir / "python")
     log.info("container processes may run as uids %s (others run as root)", sorted(uids))
-    launcher = Launcher(args.bin_dir, args.state_dir / "logs", uids, image_identity_files(args.state_dir))
+    launcher = Launcher(args.bin_dir, args.state_dir / "logs", uids, image_identity_files(args.state_dir),
+                        use_podman=args.runtime == "podman")
+    if launcher.use_podman:
+        runtime.remove_leftover_containers()
+    log.info("runtime: %s", args.runtime)
     base_env = {"PATH": f"{args.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp",
                 "KUBERNETES_SERVICE_HOST": podnet.GATEWAY, "KUBERNETES_SERVICE_PORT": str(args.api_port),

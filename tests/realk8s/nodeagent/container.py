@@ -1,6 +1,8 @@
-"""Run one container as a local process inside its pod's network namespace.
+"""Run one container inside its pod's network namespace: from its image, or as a local process.
 
-There is no container runtime: an image is mapped to a program installed on this machine.
+With podman (the agent's ``--runtime podman``), the project's two images run from the images
+``make image`` built (podman.py). Every other image, and the project's images under ``--runtime
+processes``, is mapped to a program installed on this machine:
 - an image whose repository ends in ``rollout-router`` runs the installed ``rollout-router`` with
   the container's ``command``/``args`` (the image's entrypoint is ``rollout-router``, its default
   command ``serve --host 0.0.0.0 --port 8080``);
@@ -26,6 +28,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import podman
 from .fields import expand
 
 ROUTER_DEFAULT_ARGS = ["serve", "--host", "0.0.0.0", "--port", "8080"]
@@ -43,13 +46,22 @@ def image_repository(image: str) -> str:
     return name.rsplit(":", 1)[0] if ":" in last else name
 
 
+def is_project_image(image: str) -> bool:
+    return image_repository(image).rsplit("/", 1)[-1] in ("rollout-router", "rollout-router-operator")
+
+
+def command_and_args(container: dict, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The container's command and args with ``$(VAR)`` references expanded."""
+    return ([expand(part, env) for part in container.get("command") or []],
+            [expand(part, env) for part in container.get("args") or []])
+
+
 def program(container: dict, bin_dir: Path, env: dict[str, str]) -> list[str]:
     """The argv the image stands for on this machine (see the module docstring)."""
     repository = image_repository(container["image"])
-    command = [expand(part, env) for part in container.get("command") or []]
-    args = [expand(part, env) for part in container.get("args") or []]
+    command, args = command_and_args(container, env)
     router = str(bin_dir / "rollout-router")
-    if repository.rsplit("/", 1)[-1] in ("rollout-router", "rollout-router-operator"):  # the two project images
+    if is_project_image(container["image"]):
         if not command:
             return [router, *(args or ROUTER_DEFAULT_ARGS)]
         head = router if command[0] in ("rollout-router", "/opt/rollout-router/bin/rollout-router") else command[0]
@@ -64,13 +76,28 @@ def program(container: dict, bin_dir: Path, env: dict[str, str]) -> list[str]:
 
 @dataclass
 class Launcher:
-    """Starts container processes; ``allowed_uids`` are the users that can run the installed Python."""
+    """Starts containers; ``allowed_uids`` are the users that can run the installed Python (processes)."""
 
     bin_dir: Path
     log_dir: Path
     allowed_uids: frozenset[int]
     image_files: list[tuple[Path, str, bool]] = field(default_factory=list)  # files the image has, bound over the host's
     made_dirs: list[Path] = field(default_factory=list)
+    use_podman: bool = False  # run the project's images with podman (runtime.py decides)
+
+    def from_image(self, container: dict) -> bool:
+        """Whether this container runs from its image (podman) rather than as a process."""
+        return self.use_podman and is_project_image(container["image"])
+
+    def base_env(self, container: dict, process_env: dict[str, str]) -> dict[str, str]:
+        """The environment before the container's ``env``: the image's own under podman (plus the service
+        variables and HOSTNAME, as the kubelet adds them), else this machine's for the installed program."""
+        if not self.from_image(container):
+            return process_env
+        if not podman.image_exists(container["image"]):
+            return {}  # start() says why it cannot run
+        image_env = dict(item.split("=", 1) for item in podman.image_config(container["image"]).get("Env") or [])
+        return {**image_env, **{k: v for k, v in process_env.items() if k.startswith("KUBERNETES_") or k == "HOSTNAME"}}
 
     def run_as(self, pod: dict, container: dict) -> int:
         """The effective uid: the pod's/container's runAsUser if that user can run Python here, else 0."""
@@ -96,8 +123,10 @@ class Launcher:
                     directory.rmdir()
 
     def start(self, pod: dict, container: dict, netns: str, mounts: list[tuple[Path, str, bool]],
-              env: dict[str, str]) -> subprocess.Popen:
-        """``mounts``: (host directory, mountPath, readOnly). Returns the running process."""
+              env: dict[str, str], restarts: int = 0) -> subprocess.Popen:
+        """``mounts``: (host directory, mountPath, readOnly); ``restarts``: how many times it ran before."""
+        if self.from_image(container):
+            return self._start_podman(pod, container, netns, mounts, env, restarts)
         argv = program(container, self.bin_dir, env)
         mounts = [*self.image_files, *mounts]
         uid = self.run_as(pod, container)
@@ -124,15 +153,31 @@ class Launcher:
             script.append("mount -o remount,bind,ro /")
         workdir = container.get("workingDir") or "/tmp"
         script.append(f"cd {shlex.quote(workdir)}")
-        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] if uid else []
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"] if uid else []
+        if ctx.get("allowPrivilegeEscalation") is False:
+            drop = [*(drop or ["setpriv"]), "--no-new-privs"]
+        drop += ["--"] if drop else []
         script += [f"exec {3 + i}<&-" for i in range(len(mounts))]
         script += [f"exec {HIDDEN_FD + i}<&-" for i in range(len(hidden))]
         script.append("exec " + shlex.join(drop + argv))
-        meta = pod["metadata"]
-        log = open(self.log_dir / f"{meta['namespace']}_{meta['name']}_{container['name']}.log", "ab")  # noqa: SIM115
         return subprocess.Popen(["ip", "netns", "exec", netns, "bash", "-ec", " && ".join(script)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                                stdout=self._log(pod, container), stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True)
 
+
+    def _start_podman(self, pod: dict, container: dict, netns: str, mounts: list[tuple[Path, str, bool]],
+                      env: dict[str, str], restarts: int) -> podman.PodmanRun:
+        if not podman.image_exists(container["image"]):  # what the kubelet calls ErrImageNeverPull
+            raise UnsupportedImage(f"image {container['image']!r} is not in podman's storage (make image builds it)")
+        command, args = command_and_args(container, env)
+        try:
+            return podman.start(pod, container, netns, mounts, env, command, args, restarts, self._log(pod, container))
+        except podman.RefusedContainer as refused:
+            raise UnsupportedImage(str(refused)) from refused
+
+    def _log(self, pod: dict, container: dict):  # noqa: ANN202 - a binary file the process writes to
+        meta = pod["metadata"]
+        return open(self.log_dir / f"{meta['namespace']}_{meta['name']}_{container['name']}.log", "ab")  # noqa: SIM115
 
     def _hidden_program_dirs(self, mounts: list[tuple[Path, str, bool]]) -> list[Path]:
         """The virtualenv and the checkout (the editable install's sources) that a mount target would hide."""
@@ -144,6 +189,9 @@ class Launcher:
 def stop(process: subprocess.Popen, grace_seconds: float) -> None:
     """SIGTERM, up to ``grace_seconds`` to exit, then SIGKILL (the kubelet's order)."""
     if process.poll() is not None:
+        return
+    if isinstance(process, podman.PodmanRun):
+        podman.stop(process, grace_seconds)
         return
     try:
         os.killpg(process.pid, signal.SIGTERM)

@@ -19,10 +19,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import urllib3
 from kubernetes import client
 
 from .. import podnet
-from . import volumes
+from . import podman, volumes
 from .container import Launcher, UnsupportedImage, stop
 from .fields import container_env, resolve_port
 
@@ -65,6 +66,13 @@ def finish_deletion(core: client.CoreV1Api, pod: dict) -> None:
     except client.ApiException as error:
         if error.status not in (404, 409):
             raise
+
+
+def container_id(process: subprocess.Popen) -> str:
+    """``podman://<container name>`` for a container run from its image, ``process://<pid>`` for a process."""
+    if isinstance(process, podman.PodmanRun):
+        return f"podman://{process.name}"
+    return f"process://{process.pid}"
 
 
 def http_probe(address: str, container: dict, spec: dict) -> bool:
@@ -116,20 +124,29 @@ class PodWorker:
             return
         for container in self.pod["spec"]["containers"]:
             self._start(container, netns, paths, address)
-        last_refresh, last_status = time.monotonic(), None
+        last_refresh, last_status, api_down = time.monotonic(), None, False
         while not self._deleting():
             now = time.monotonic()
             for run in self.running.values():
                 self._supervise(run, netns, paths, address, now)
-            if now - last_refresh >= REFRESH_SECONDS:
-                changed = volumes.refresh(self.core, self.tokens, self.pod, paths)
-                if changed:
-                    log.info("pod %s: volumes %s updated", self.pod["metadata"]["name"], changed)
-                last_refresh = now
-            status = self._status(address)
-            if status != last_status:
-                self._write_status(status)
-                last_status = status
+            try:  # the API server can be away (restarted, unreachable): the containers keep running, as with a kubelet
+                if now - last_refresh >= REFRESH_SECONDS:
+                    last_refresh = now
+                    changed = volumes.refresh(self.core, self.tokens, self.pod, paths)
+                    if changed:
+                        log.info("pod %s: volumes %s updated", self.pod["metadata"]["name"], changed)
+                status = self._status(address)
+                if status != last_status:
+                    self._write_status(status)
+                    last_status = status
+                if api_down:
+                    log.info("pod %s: API server answers again", self.pod["metadata"]["name"])
+                api_down = False
+            except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+                if not api_down:
+                    log.warning("pod %s: API server unreachable or failing (%s); retrying",
+                                self.pod["metadata"]["name"], error)
+                api_down = True
             self.deleted.wait(TICK_SECONDS)
 
     def _prepare_volumes(self) -> dict[str, Path] | None:
@@ -146,12 +163,13 @@ class PodWorker:
         return self.deleted.is_set() or bool(self.pod["metadata"].get("deletionTimestamp"))
 
     def _start(self, container: dict, netns: str, paths: dict[str, Path], address: str, restarts: int = 0) -> None:
-        env = container_env(self.core, self.pod, container, {**self.base_env, "HOSTNAME": self.pod["metadata"]["name"]})
+        base = self.launcher.base_env(container, {**self.base_env, "HOSTNAME": self.pod["metadata"]["name"]})
+        env = container_env(self.core, self.pod, container, base)
         mounts = [(self._hosts_file(address), "/etc/hosts", True)]
         mounts += [(paths[m["name"]], m["mountPath"], bool(m.get("readOnly"))) for m in container.get("volumeMounts") or []]
         now = time.monotonic()
         try:
-            process = self.launcher.start(self.pod, container, netns, mounts, env)
+            process = self.launcher.start(self.pod, container, netns, mounts, env, restarts)
             error = ""
         except UnsupportedImage as problem:
             process, error = subprocess.Popen(["true"]), str(problem)
@@ -206,7 +224,9 @@ class PodWorker:
                      else {"running": {"startedAt": run.started_at}})
             statuses.append({"name": name, "image": run.container["image"], "imageID": "", "ready": ready,
                              "started": not run.error, "restartCount": run.restarts, "state": state,
-                             "containerID": f"process://{run.process.pid}"})
+                             "containerID": container_id(run.process)})
+            if isinstance(run.process, podman.PodmanRun):
+                statuses[-1]["imageID"] = run.process.image_id
         all_ready = all(s["ready"] for s in statuses)
         return {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}], "hostIP": podnet.GATEWAY,
                 "containerStatuses": statuses, "ready": all_ready}
