@@ -33,6 +33,12 @@ from tests.support import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "rollout-router" / "dashboards" / "rollout-router.json"
 NAMESPACE, ROLLOUTROUTER = "llm-rollouts", "rollouts"
+# The session-ownership metrics (issue 11, docs/fleet.md), one place for every test that names them. They
+# come from the router's fleet module, which a router without peers does not run: the single-router run of
+# tests/test_prometheus.py cannot give the panels that read them data.
+FLEET_METRICS = ("rolloutrouter_forwarded_total", "rolloutrouter_handoffs_total", "rolloutrouter_owner_unreachable_total",
+                 "rolloutrouter_sessions_replaced_total", "rolloutrouter_peer_load_age_seconds",
+                 "rolloutrouter_fleet_members")
 LISTENING = re.compile(r'"Listening on".*?\baddress=(\S+)')
 VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]")
 
@@ -223,6 +229,11 @@ def targets(dashboard: dict) -> list[tuple[str, str, str]]:
     """(panel title, refId, expr) of every query in the dashboard."""
     return [(panel["title"], target["refId"], target["expr"]) for panel in panels(dashboard)
             for target in panel.get("targets", [])]
+
+
+def reads_fleet_metrics(expr: str) -> bool:
+    """Whether ``expr`` reads one of ``FLEET_METRICS``."""
+    return any(re.search(rf"\b{name}\b", expr) for name in FLEET_METRICS)
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:
