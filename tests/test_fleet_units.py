@@ -45,17 +45,21 @@ def test_removing_a_member_moves_only_its_keys_and_adding_one_moves_keys_only_to
         assert before == after or before == gone  # adding `gone` back: keys move only to it
 
 
-def test_history_names_the_previous_owner_after_a_member_leaves_and_after_joining():
+def test_history_names_the_previous_owner_after_joining_and_after_a_member_leaves():
     me, a, b = ROUTERS[:3]
     history = History(me, window=60.0)
     assert history.previous_owners("k", 0.0) == []  # alone: nobody to ask
-    history.update({me, a, b}, now=1.0)  # joined a fleet of a and b: ask whoever owned keys before us
-    moved = [k for k in KEYS[:300] if owner(k, {me, a, b}) == me]
-    assert moved and all(history.previous_owners(k, 2.0) == [owner(k, {a, b})] for k in moved)
+    history.update({me, a}, now=1.0)  # found a, then b: the keys that came to us were a's or b's before
+    history.update({me, a, b}, now=1.5)
+    mine = [k for k in KEYS[:300] if owner(k, {me, a, b}) == me]
+    assert mine and all(history.previous_owners(k, 2.0)[-1] == owner(k, {a, b}) for k in mine)
     history.update({me, a}, now=3.0)  # b left: its keys came to us or to a
     from_b = [k for k in KEYS[:300] if owner(k, {me, a, b}) == b and owner(k, {me, a}) == me]
-    assert from_b and all(b in history.previous_owners(k, 4.0) for k in from_b)
+    assert from_b and all(history.previous_owners(k, 4.0)[0] == b for k in from_b)
     assert history.previous_owners(from_b[0], 100.0) == []  # past the window: no pin can have survived
+    stable = History(me, window=60.0)
+    stable.update({me, a}, now=0.0)
+    assert stable.previous_owners(mine[0], 61.0) == []  # a fleet that did not change: nobody is asked
 
 
 def test_membership_members_answer_and_leave_after_the_timeout():

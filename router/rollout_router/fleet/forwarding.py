@@ -31,7 +31,8 @@ def hop_line(fleet: Fleet) -> bytes:
 async def to_owner(proxy: HttpProxy, fleet: Fleet, client: ClientConnection, request: HttpRequest,
                    headers: bytes, member: Member) -> bool:
     """Relay ``request`` through the owner ``member``; False when it could not be reached (decide locally)."""
-    assert member.http is not None
+    if member.http is None:
+        return False
     pool = proxy.pools.get(member.http)
     conn = pool.take()
     data: bytes | None = None

@@ -33,25 +33,27 @@ class Handoff:
         self.gone: set[str] = set()  # previous owners that could not be reached: not asked again
         self._pending: dict[str, asyncio.Future[None]] = {}
 
-    def needed(self, key: str) -> bool:
-        """Whether ``key`` (owned here) may have a pin elsewhere: not pinned here and the fleet changed lately."""
-        return bool(self.history.previous_owners(key, self._clock())) and self.balancer.pinned(key) is None
+    def needed(self, key: str, believed: str | None = None) -> bool:
+        """Whether ``key`` may have a pin elsewhere: not pinned here, and the fleet changed lately (or
+        ``believed``, the key's owner in this router's view, sent it here: the views differ for a moment)."""
+        return self.balancer.pinned(key) is None and bool(believed or self.history.previous_owners(key, self._clock()))
 
-    async def fetch(self, key: str) -> None:
+    async def fetch(self, key: str, believed: str | None = None) -> None:
         """Bring ``key``'s pin here if a previous owner holds it; count a handoff or a replaced session."""
         pending = self._pending.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
         future = self._pending[key] = asyncio.get_running_loop().create_future()
         try:
-            await self._fetch(key)
+            await self._fetch(key, believed)
         finally:
             del self._pending[key]
             future.set_result(None)
 
-    async def _fetch(self, key: str) -> None:
+    async def _fetch(self, key: str, believed: str | None) -> None:
         lost = False
-        for previous in self.history.previous_owners(key, self._clock()):
+        candidates = self.history.previous_owners(key, self._clock())
+        for previous in ([believed] if believed else []) + [c for c in candidates if c != believed]:
             if previous in self.gone:
                 lost = True
                 continue

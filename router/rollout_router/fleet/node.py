@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..settings import FleetSettings
@@ -174,6 +174,28 @@ class Fleet:
                 self._owners.clear()
             owner_id = self._owners[key] = owner(key, members)
         return None if owner_id == self.self_id else self.membership.get(owner_id)
+
+    async def via_owner(self, key: str, hopped: bool, attempt: Callable[[Member], Awaitable[bool]]) -> bool:
+        """Send a keyed request through its owner: True when an owner answered it, False to decide here.
+
+        An owner gone for good (refused, reset) leaves the membership at once,
+        and the request goes to the key's owner without it (nothing reached the
+        first). Deciding here as the key's owner, the pin is first fetched from
+        a previous owner (``handoff``); a request another router sent here
+        (``hopped``) is decided here even when this router's view names another owner.
+        """
+        owner = self.owner_of(key)
+        if owner is not None and not hopped:
+            for _ in range(2):
+                if await attempt(owner):
+                    return True
+                failed, owner = owner, self.owner_of(key)
+                if owner is None or owner is failed:
+                    break
+        believed = owner.id if owner is not None and hopped else None
+        if (owner is None or believed) and self.handoff.needed(key, believed):
+            await self.handoff.fetch(key, believed)
+        return False
 
     def unreachable(self, member: Member, gone: bool) -> None:
         """Forwarding to ``member`` failed before any byte came back; ``gone``: refused or reset, not slow."""

@@ -21,26 +21,26 @@ class History:
     """Recent member sets, newest last, each with the time it was replaced; entries older than ``window`` go.
 
     ``previous_owners`` lists whom a key's pin may be held by when it is not
-    here: the key's owner under each earlier member set, newest first, without
-    this router and without repeats. When this router joins a fleet, the set
-    before it is the current one without it, so a newcomer asks the routers
-    that owned its keys before.
+    here: the key's owner under each earlier member set, newest first, then,
+    for ``window`` after this router first saw a peer, its owner among the
+    current members but this router (the "runner-up": who owned the key before
+    this router joined, whose member set it never saw), without this router
+    and without repeats.
     """
 
     def __init__(self, self_id: str, window: float):
         self.self_id, self.window = self_id, window
         self.current: frozenset[str] = frozenset({self_id})
         self._earlier: list[tuple[frozenset[str], float]] = []  # (member set, when it ended)
-        self._joined = False
+        self._joined: float | None = None  # when this router first saw a peer
 
     def update(self, members: Collection[str], now: float) -> bool:
         """Record the member set now (self is added); True when it changed."""
         members = frozenset(members) | {self.self_id}
         if members == self.current:
             return False
-        if not self._joined:  # alone until now: the fleet before us is what we see, minus us
-            self._joined = True
-            self._earlier.append((members - {self.self_id}, now))
+        if self._joined is None:
+            self._joined = now
         else:
             self._earlier.append((self.current, now))
         self.current = members
@@ -56,8 +56,7 @@ class History:
         for members, ended in reversed(self._earlier):
             if now - ended > self.window:
                 break
-            if members:
-                candidate = owner(key, members)
-                if candidate != self.self_id and candidate not in found:
-                    found.append(candidate)
-        return found
+            found.append(owner(key, members))
+        if self._joined is not None and now - self._joined <= self.window and len(self.current) > 1:
+            found.append(owner(key, self.current - {self.self_id}))
+        return [m for i, m in enumerate(found) if m != self.self_id and m not in found[:i]]

@@ -142,17 +142,20 @@ class GrpcProxy(grpc.GenericRpcHandler):
             self._context.metrics.errors.labels(error.reason).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
         fleet = self._context.fleet
-        if fleet is not None and key is not None and not any(name == HOP_METADATA for name, _ in metadata):
-            owner = fleet.owner_of(key)
-            if owner is None:
-                if fleet.handoff.needed(key):
-                    await fleet.handoff.fetch(key)
-            elif owner.grpc is not None:
-                hop = ((HOP_METADATA, fleet.self_id),)
+        if fleet is not None and key is not None:
+            hop = ((HOP_METADATA, fleet.self_id),)
+
+            async def to_owner(owner) -> bool:
+                if owner.grpc is None:
+                    return False
                 if await self._to_owner(method, request, (*metadata, *hop), owner.grpc, context):
                     fleet.forwarded += 1
-                    return
+                    return True
                 fleet.unreachable(owner, gone=True)
+                return False
+
+            if await fleet.via_owner(key, any(name == HOP_METADATA for name, _ in metadata), to_owner):
+                return
         try:
             await forward(self._context, key, lambda lease: self._attempt(method, request, metadata, lease, context),
                           grpc=True)

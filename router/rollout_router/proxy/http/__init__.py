@@ -93,13 +93,10 @@ class HttpProxy(Listener):
         headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
         metrics = self.context.metrics
         fleet = self.context.fleet
-        if fleet is not None and key is not None and not (request.keys and HOP in request.keys):
-            owner = fleet.owner_of(key)
-            if owner is None:
-                if fleet.handoff.needed(key):
-                    await fleet.handoff.fetch(key)
-            elif owner.http is not None and await to_owner(self, fleet, client, request, headers, owner):
-                return
+        if fleet is not None and key is not None and await fleet.via_owner(
+                key, bool(request.keys and HOP in request.keys),
+                lambda owner: to_owner(self, fleet, client, request, headers, owner)):
+            return
 
         async def send(lease) -> bool:
             started = time.monotonic()
