@@ -175,3 +175,22 @@ def test_fleet_peers_must_be_urls(bad):
     from rollout_router.settings import SettingsError, parse_settings
     with pytest.raises(SettingsError, match="fleet.peers"):
         parse_settings({"fleet": {"peers": bad}})
+
+
+def _pod(name: str, ip: str | None, ready: bool = True, port_name: str = "admin") -> dict:
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8080},
+                                               {"name": port_name, "containerPort": 8081}]}]},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_router_pods_are_members_while_ready_at_their_admin_port():
+    from rollout_router.fleet.peerpods import PodPeers
+    pods = PodPeers()
+    assert pods.reset([_pod("a", "10.0.0.1"), _pod("b", "10.0.0.2", ready=False), _pod("c", None),
+                       _pod("d", "fd00::4"), _pod("e", "10.0.0.5", port_name="metrics")]) == \
+        {"http://10.0.0.1:8081", "http://[fd00::4]:8081"}
+    assert pods.apply("MODIFIED", _pod("b", "10.0.0.2")) == \
+        {"http://10.0.0.1:8081", "http://10.0.0.2:8081", "http://[fd00::4]:8081"}
+    assert pods.apply("DELETED", _pod("a", "10.0.0.1")) == {"http://10.0.0.2:8081", "http://[fd00::4]:8081"}
