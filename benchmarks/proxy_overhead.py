@@ -99,10 +99,10 @@ def wrk(url: str, script: Path, seconds: int, connections: int = 32) -> dict[str
             "non2xx": float(errors.group(1)) if errors else 0.0}
 
 
-def hey(url: str, seconds: int, rate: int = 1000, workers: int = 10) -> dict[str, float]:
-    """Latency at a fixed request rate (hey paces each worker at rate/workers per second)."""
+def hey(url: str, seconds: int, rate: int = 1000, workers: int = 10, key: str = "s1") -> dict[str, float]:
+    """Latency at a fixed request rate (hey paces each worker at rate/workers per second), one session ``key``."""
     out = subprocess.run(["hey", "-z", f"{seconds}s", "-c", str(workers), "-q", str(rate // workers),
-                          "-m", "POST", "-T", "application/json", "-H", "X-Session-ID: s1", "-d", CHAT,
+                          "-m", "POST", "-T", "application/json", "-H", f"X-Session-ID: {key}", "-d", CHAT,
                           f"{url}/v1/chat/completions"], capture_output=True, text=True, check=True).stdout
     def percentile(p: int) -> float:
         return float(_find(rf"^\s+{p}% in ([\d.]+) secs", out, re.M)) * 1000

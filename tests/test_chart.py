@@ -283,8 +283,8 @@ def test_defaults_render_the_operator_namespaced_locked_down(chart):
     cluster-wide but the admission policy that narrows those writes further."""
     manifests = render(chart, {})
     assert sorted(m["kind"] for m in manifests) == sorted(
-        ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "ConfigMap", "NetworkPolicy",
-         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
+        ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "ConfigMap", "NetworkPolicy", "Secret",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])  # the Secret: the admin token key
     for manifest in manifests:
         assert manifest["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
         if manifest["kind"] not in CLUSTER_SCOPED:
@@ -296,7 +296,8 @@ def test_defaults_render_the_operator_namespaced_locked_down(chart):
     assert container["image"] == OPERATOR_IMAGE and container["imagePullPolicy"] == "IfNotPresent"
     assert container["command"] == ["rollout-router", "operator", f"--namespace={NAMESPACE}", "--status-interval=10",
                                     "--liveness=http://0.0.0.0:8081/healthz", "--metrics-port=8080",
-                                    f"--router-image={DEFAULT_IMAGE}"]
+                                    f"--router-image={DEFAULT_IMAGE}",
+                                    "--admin-token-key-file=/var/run/secrets/rollout-router-operator/key"]
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
                                       "seccompProfile": {"type": "RuntimeDefault"}}
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,

@@ -56,7 +56,11 @@ def test_crd_shape():
     assert crd["spec"]["names"]["shortNames"] == ["rr"] and crd["spec"]["scope"] == "Namespaced"
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Margin", "Backends", "Kept", "Broken", "Ready", "Age"]
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == ["Margin", "Backends", "Kept", "Broken", "Ready", "Age"]
+    assert {c["name"]: c["jsonPath"] for c in columns if c.get("priority") == 1} == {  # kubectl get rr -o wide
+        "Forwarded": ".status.fleet.forwarded", "Handoffs": ".status.fleet.handoffs",
+        "Unreachable": ".status.fleet.ownerUnreachable"}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["required"] == ["selector"]
     assert spec["properties"]["backendPort"] == {"x-kubernetes-int-or-string": True, "default": 8000,
@@ -95,6 +99,8 @@ BAD = [  # (change to the minimal example, the field the schema must name)
     (lambda s: s.update(session={"maxSessions": 0}), "spec.session.maxSessions"),
     (lambda s: s.update(session={"idleTimeoutSeconds": 0}), "spec.session.idleTimeoutSeconds"),
     (lambda s: s.update(router={"replicas": -1}), "spec.router.replicas"),
+    (lambda s: s.update(router={"sessionOwnership": "false"}), "spec.router.sessionOwnership"),
+    (lambda s: s.update(router={"adminToken": 0}), "spec.router.adminToken"),
     (lambda s: s.update(router={"service": {"type": "ExternalName"}}), "spec.router.service.type"),
     (lambda s: s.update(router={"service": {"port": 70000}}), "spec.router.service.port"),
     (lambda s: s.update(router={"tolerations": [{"effect": "Sometimes"}]}), "spec.router.tolerations.0.effect"),

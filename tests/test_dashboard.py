@@ -99,6 +99,31 @@ def test_covers_what_a_vllm_fleet_operator_needs():
     assert len(per_replica) == 8  # in-flight, requests, errors, latency, and the four vLLM panels
 
 
+def test_the_fleet_row_plots_every_session_ownership_metric():
+    """Issue 11's counters, peer-load age and membership, in the fleet row and nowhere else."""
+    need = {
+        "Forwarded, handed off, owner unreachable, re-placed": [
+            "rolloutrouter_forwarded_total", "rolloutrouter_handoffs_total", "rolloutrouter_owner_unreachable_total",
+            "rolloutrouter_sessions_replaced_total"],
+        "Forwarded share": ["rolloutrouter_forwarded_total", "rolloutrouter_requests_total"],
+        "Fleet members": ["min(rolloutrouter_fleet_members", "max(rolloutrouter_fleet_members"],
+        "Peer load age": ["max by (peer) (rolloutrouter_peer_load_age_seconds"],
+    }
+    by_title = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in PANELS}
+    for title, fragments in need.items():
+        for fragment in fragments:
+            assert fragment in by_title[title], (title, fragment)
+    (row,) = [p for p in RAW["panels"] if p["type"] == "row" and "fleet" in p["title"].lower()]
+    in_row = {p["title"] for p in RAW["panels"] if p["type"] != "row" and p["gridPos"]["y"] > row["gridPos"]["y"]}
+    assert in_row == set(need)
+    reading = {title for title, _, expr in TARGETS if promfleet.reads_fleet_metrics(expr)}
+    assert reading == set(need)
+    plotted = {name for name in promfleet.FLEET_METRICS if any(name in expr for _, _, expr in TARGETS)}
+    assert plotted == set(promfleet.FLEET_METRICS)
+    assert promfleet.reads_fleet_metrics("sum(rate(rolloutrouter_forwarded_total[1m]))")
+    assert not promfleet.reads_fleet_metrics("sum(rate(rolloutrouter_forwarded_totals[1m]))")
+
+
 def test_promql_parses(tmp_path):
     """promtool parses every expression (as recording rules), with the variables substituted."""
     if shutil.which("promtool") is None:

@@ -1,10 +1,11 @@
 """The load index the router routes from agrees with a plain scan of the replica set, whatever happens."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from rollout_router.policy import AffinityPolicy, LoadIndex, Request
-from rollout_router.policy.hashing import least_loaded, lowest
+from rollout_router.policy import AffinityPolicy, LoadIndex, Request, create
+from rollout_router.policy.hashing import least_loaded, lowest, ordered, total
 from rollout_router.replicas import ReplicaSet
 
 R = [f"http://r{i}" for i in range(5)]
@@ -18,13 +19,19 @@ index_ops = st.lists(st.tuples(st.sampled_from(["set", "discard"]), st.sampled_f
 def test_load_index_is_the_mapping_it_was_told_with_its_minimum(ops, key):
     index, model = LoadIndex(), {}
     for op, replica, load in ops:
+        names = index.ordered()
         if op == "set":
+            joins = replica not in model
             index.set(replica, load)
             model[replica] = load
         else:
+            joins = replica in model  # a leave changes membership too
             index.discard(replica)
             model.pop(replica, None)
         assert dict(index) == model and len(index) == len(model)
+        assert index.total() == total(model) == sum(model.values())
+        assert index.ordered() == tuple(ordered(model)) == tuple(sorted(model))
+        assert joins or index.ordered() is names  # same membership: the very same tuple, for caches
         if model:
             assert index.min() == lowest(model) == min(model.values())
             assert model[index.least(key)] == index.min() and index.least(key) == least_loaded(index, key)
@@ -66,17 +73,36 @@ def test_replica_set_loads_match_a_scan_of_the_live_replicas(ops):
             assert dict(replicas.loads(grpc)) == scan
 
 
-def test_routing_cost_does_not_grow_with_the_fleet():
-    """The decision at 1,024 idle replicas touches the same few entries as at 16 (counted, not timed)."""
+@pytest.mark.parametrize("policy", ["affinity", "consistent_hash", "round_robin", "power_of_two"])
+def test_routing_cost_does_not_grow_with_the_fleet(policy):
+    """The decision at 1,024 idle replicas touches the same few entries as at 16 (counted, not timed).
+
+    Keyed and unkeyed requests, each key seen twice (a new session, then a sticky hit).
+    """
     for size in (16, 1024):
         replicas = ReplicaSet(clock=lambda: 0.0)
         for i in range(size):
             replicas.add(f"http://r{i}")
-        policy = AffinityPolicy(margin=2)
+        routing = AffinityPolicy(margin=2) if policy == "affinity" else create(policy)
         counting = _CountingIndex(replicas.loads())
-        for i in range(50):
-            policy.route(Request(f"k{i}", counting, 0.0))
-        assert counting.reads <= 50 * 4, (size, counting.reads)
+        keys = [f"k{i % 25}" for i in range(50)] + [None] * 10
+        for key in keys:
+            routing.route(Request(key, counting, 0.0))
+        assert counting.reads <= len(keys) * 4, (policy, size, counting.reads)
+
+
+@settings(max_examples=100, deadline=None)
+@given(loads=st.dictionaries(st.sampled_from(R), st.integers(0, 6), min_size=1), keys=st.lists(st.text(max_size=4),
+                                                                                                 max_size=8))
+def test_policies_choose_the_same_from_an_index_as_from_a_plain_mapping(loads, keys):
+    """The router (a LoadIndex) and the simulator (a dict) must get the same decision from every policy."""
+    index = LoadIndex()
+    for replica, load in loads.items():
+        index.set(replica, load)
+    for name in ("consistent_hash", "round_robin", "power_of_two"):
+        live, plain = create(name), create(name)
+        for key in [*keys, None]:
+            assert live.route(Request(key, index, 0.0)).replica == plain.route(Request(key, loads, 0.0)).replica
 
 
 class _CountingIndex:
@@ -111,3 +137,9 @@ class _CountingIndex:
 
     def least(self, key):
         return self._index.least(key)
+
+    def total(self):
+        return self._index.total()
+
+    def ordered(self):
+        return self._index.ordered()

@@ -8,6 +8,7 @@ alone, in any order; each step waits for its condition with a bounded loop.
 from __future__ import annotations
 
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,14 +98,18 @@ async def test_traffic_flows_and_status_matches_the_router(stack: Stack):
                 await chat(session, stack.router_url, f"s{index}")
     router = stack.status()
     assert router["new_sessions"] == 6 and router["affinity_kept"] == 12 and router["sessions"] == 6
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the router wants the token the operator rendered
+        urllib.request.urlopen(f"{stack.admin_url}/status", timeout=3)
+    assert refused.value.code == 401
 
     def matches() -> bool:
         status = stack.rr().get("status", {})
         affinity = status.get("affinity", {})
         return (affinity.get("kept") == router["affinity_kept"] and affinity.get("broken") == router["affinity_broken"]
                 and affinity.get("newSessions") == 6 and status["backends"]["summary"] == "3/3"
-                and status["routers"]["summary"] == "1/1")
-    wait_for(matches, "the resource status to show the router's counters")
+                and status["routers"]["summary"] == "1/1" and affinity.get("unreachable") == [])
+    wait_for(matches, "the resource status to show the router's counters (read with the token)")
+    assert stack.rr()["status"]["fleet"] == {"forwarded": 0, "handoffs": 0, "ownerUnreachable": 0, "replaced": 0}
     conditions = {c["type"]: c for c in stack.rr()["status"]["conditions"]}
     assert conditions["Ready"]["status"] == "True" and conditions["Degraded"]["status"] == "False"
 
@@ -170,8 +175,7 @@ async def test_an_unready_pod_stops_receiving_requests(stack: Stack):
 
 
 def _served_by(stack: Stack, backend: str) -> float:
-    with urllib.request.urlopen(f"{stack.admin_url}/metrics", timeout=3) as response:
-        text = response.read().decode()
+    text = stack.admin_get("/metrics").decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("rolloutrouter_requests_total{") and f'backend="{backend}"' in line)
 

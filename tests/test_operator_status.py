@@ -1,6 +1,7 @@
 """The status document: counters summed, conditions per Kubernetes conventions."""
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 from rollout_router_operator.status import (MAX_STATUS_BYTES, BadStatus, Observation, conditions, invalid, parse_report,
@@ -121,7 +122,7 @@ def cluster_of(monkeypatch):
         async def list_replicasets(namespace, selector):
             return replicasets
 
-        async def fake_poll(session, pod):
+        async def fake_poll(session, pod, token=None):
             polled.append(pod["metadata"]["name"])
             return {"affinity_kept": 1}
         monkeypatch.setattr(status_module.kube, "list_pods", list_pods)
@@ -169,9 +170,36 @@ def test_a_status_that_is_not_a_routers_is_refused(body, problem):
         parse_report(body)
 
 
+NO_FLEET = {"forwarded": 0, "handoffs": 0, "ownerUnreachable": 0, "replaced": 0}
+
+
 def test_a_routers_status_gives_its_counters():
     assert parse_report(b'{"affinity_kept": 3, "affinity_broken": 1, "sessions": 9, "backends": []}') == \
-        {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0}
+        {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0, "fleet": NO_FLEET}
+    assert parse_report(b'{"affinity_kept": 3, "fleet": null}')["fleet"] == NO_FLEET  # a router without ownership
+    owned = b'{"fleet": {"self": "http://10.0.0.1:8081", "members": ["a", "b"], "forwarded": 4, "handoffs": 2, ' \
+            b'"ownerUnreachable": 1, "replaced": 3, "loadView": "exchange", "peerLoadAgeSeconds": {"b": 0.1}}}'
+    assert parse_report(owned)["fleet"] == {"forwarded": 4, "handoffs": 2, "ownerUnreachable": 1, "replaced": 3}
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (b'{"fleet": [1]}', "fleet is not a JSON object"),
+    (b'{"fleet": {"forwarded": "4"}}', "fleet.forwarded is not a count"),
+    (b'{"fleet": {"handoffs": -2}}', "fleet.handoffs is not a count"),
+    (b'{"fleet": {"replaced": true}}', "fleet.replaced is not a count"),
+])
+def test_fleet_counters_that_are_not_counts_are_refused(body, problem):
+    with pytest.raises(BadStatus, match=problem):
+        parse_report(body)
+
+
+def test_fleet_counters_are_summed_over_router_pods_missing_or_null_as_zero():
+    reports = {"r0": parse_report(b'{"fleet": {"forwarded": 5, "handoffs": 1, "ownerUnreachable": 2, "replaced": 0}}'),
+               "r1": parse_report(b'{"fleet": {"forwarded": 7, "handoffs": 0, "ownerUnreachable": 0, "replaced": 4}}'),
+               "r2": parse_report(b'{"fleet": null}'), "r3": {"affinity_kept": 1}}  # an older router: no fleet at all
+    status = summarize(obs(reports=reports), {}, 1)
+    assert status["fleet"] == {"forwarded": 12, "handoffs": 1, "ownerUnreachable": 2, "replaced": 4}
+    assert summarize(obs(), {}, 1)["fleet"] == NO_FLEET and status["affinity"]["routersRead"] == 4
 
 
 async def test_an_oversized_status_is_read_no_further_than_the_limit(monkeypatch):
@@ -202,5 +230,36 @@ async def test_an_oversized_status_is_read_no_further_than_the_limit(monkeypatch
         async with aiohttp.ClientSession() as session:
             with pytest.raises(BadStatus, match="larger than"):
                 await status_module._poll(session, {"status": {"podIP": "127.0.0.1"}})
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_poller_sends_the_resources_admin_token():
+    """Over real HTTP: a router that wants a token answers the poller that sends it, and no one else."""
+    from aiohttp import ClientResponseError, web
+
+    from rollout_router.localfleet import free_port
+    from rollout_router_operator import status as status_module
+
+    async def guarded(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer s3cret":
+            return web.json_response({"error": "token"}, status=401)
+        return web.json_response({"affinity_kept": 4, "fleet": {"forwarded": 2}})
+    app = web.Application()
+    app.router.add_get("/status", guarded)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port("127.0.0.1")
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    pod = {"status": {"podIP": "127.0.0.1"}}
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(status_module, "ROUTER_ADMIN_PORT", port)
+            async with aiohttp.ClientSession() as session:
+                report = await status_module._poll(session, pod, "s3cret")
+                assert report["affinity_kept"] == 4 and report["fleet"]["forwarded"] == 2
+                with pytest.raises(ClientResponseError) as refused:
+                    await status_module._poll(session, pod)
+                assert refused.value.status == 401
     finally:
         await runner.cleanup()

@@ -65,9 +65,9 @@ def test_router_pods_are_locked_down_and_probed():
                                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert container["command"] == ["rollout-router", "serve", "--config", "/etc/rollout-router/config.yaml",
-                                    "--host", "0.0.0.0", "--port", "8080", "--admin-host", "0.0.0.0",
-                                    "--admin-port", "8081"]
+    assert container["command"][:12] == ["rollout-router", "serve", "--config", "/etc/rollout-router/config.yaml",
+                                         "--host", "0.0.0.0", "--port", "8080", "--admin-host", "0.0.0.0",
+                                         "--admin-port", "8081"]  # then the fleet flags (tests/test_render_fleet.py)
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "admin": 8081}
     service = by_kind(render(resource()))["Service"]["spec"]
     assert [(p["name"], p["port"], p["targetPort"]) for p in service["ports"]] == [
@@ -120,9 +120,12 @@ def test_every_optional_field_lands():
     assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
 
 
-def test_service_keeps_each_client_on_one_router_pod():
-    """Pins are per router pod, so a client's turns must keep meeting the same router."""
-    assert by_kind(render(resource({"router": {"replicas": 3}})))["Service"]["spec"]["sessionAffinity"] == "ClientIP"
+def test_service_keeps_each_client_on_one_router_pod_without_session_ownership():
+    """Without ownership pins are per router pod, so a client's turns must keep meeting the same router;
+    with it (the default) any pod reaches the owner, and ClientIP affinity would only skew the pods' load."""
+    alone = resource({"router": {"replicas": 3, "sessionOwnership": False}})
+    assert by_kind(render(alone))["Service"]["spec"]["sessionAffinity"] == "ClientIP"
+    assert "sessionAffinity" not in by_kind(render(resource({"router": {"replicas": 3}})))["Service"]["spec"]
 
 
 @pytest.mark.parametrize("grpc_port", [None, 50051, "grpc"])
@@ -151,7 +154,8 @@ POLICY_CHANGES = [{"affinityBreakMargin": 0}, {"affinityBreakMargin": 9}, {"full
                   {"session": {"headers": ["X-B"]}}, {"session": {"maxSessions": 5}}, {"policy": "least_loaded"},
                   {"selector": {"matchLabels": {"app": "other"}}}, {"backendPort": 9000}]
 ROLLING_CHANGES = [{"router": {"image": "x/y:2"}}, {"router": {"resources": {"requests": {"cpu": "2"}}}},
-                   {"router": {"env": [{"name": "A", "value": "b"}]}}, {"router": {"nodeSelector": {"a": "b"}}}]
+                   {"router": {"env": [{"name": "A", "value": "b"}]}}, {"router": {"nodeSelector": {"a": "b"}}},
+                   {"router": {"sessionOwnership": False}}]
 
 
 @pytest.mark.parametrize("change", POLICY_CHANGES)
@@ -198,4 +202,5 @@ def test_render_is_pure(margin, determinism, replicas):
     frozen = copy.deepcopy(body)
     assert render(body) == render(body)
     assert render(body, default_image="m/rr:1") == render(body, default_image="m/rr:1")
+    assert render(body, token_key=b"k" * 32) == render(body, token_key=b"k" * 32)  # the token is derived, not drawn
     assert body == frozen

@@ -37,19 +37,23 @@ def test_network_policy_admits_the_clients_to_traffic_and_prometheus_to_the_admi
     assert policy["metadata"]["name"] == "rr1-router"
     assert policy["spec"]["podSelector"] == {"matchLabels": router_labels("rr1")}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    traffic, metrics = policy["spec"]["ingress"]
+    traffic, metrics, peers = policy["spec"]["ingress"]
     assert traffic["from"] == CLIENTS
     assert traffic["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 50051}]
     assert metrics == {"from": [PROMETHEUS, OPERATOR], "ports": [{"protocol": "TCP", "port": 8081}]}
+    assert peers["from"] == [{"podSelector": {"matchLabels": router_labels("rr1")}}]  # session ownership's peers
+    assert peers["ports"] == [*traffic["ports"], *metrics["ports"]]
     deployment = next(m for m in render(body) if m["kind"] == "Deployment")
     ports = {p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert ports == {8080, 8081, 50051}  # the policy names every port the router listens on
 
 
 def test_network_policy_without_clients_lets_only_prometheus_in_and_is_off_by_default():
-    only_prometheus = policy_of(render(resource({"networkPolicy": {"enabled": True, "prometheus": PROMETHEUS}})))
+    alone = {"sessionOwnership": False}  # with it, the router pods also reach each other (tests/test_render_fleet.py)
+    only_prometheus = policy_of(render(resource({"networkPolicy": {"enabled": True, "prometheus": PROMETHEUS},
+                                                 "router": alone})))
     assert only_prometheus["spec"]["ingress"] == [{"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 8081}]}]
-    closed = policy_of(render(resource({"networkPolicy": {"enabled": True}})))
+    closed = policy_of(render(resource({"networkPolicy": {"enabled": True}, "router": alone})))
     assert closed["spec"]["ingress"] == []  # enabled with no peers: nothing reaches the routers
     assert policy_of(render(resource())) is None
     assert policy_of(render(resource({"networkPolicy": {"enabled": False, "clients": CLIENTS}}))) is None

@@ -6,8 +6,10 @@ import asyncio
 import itertools
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import kopf
 
@@ -19,6 +21,7 @@ from .spec import DEFAULT_IMAGE
 
 IMAGE_ENV = "ROLLOUT_ROUTER_IMAGE"
 ALLOWED_IMAGES_ENV = "ROLLOUT_ROUTER_ALLOWED_IMAGES"
+TOKEN_KEY_ENV = "ROLLOUT_ROUTER_ADMIN_TOKEN_KEY_FILE"
 LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
 METRICS_PORT = 8080  # as controller-runtime operators: metrics on 8080, health on 8081
 
@@ -45,12 +48,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Router images RolloutRouters may name in spec.router.image, as shell patterns "
                              "(e.g. 'registry.example.com/rollout-router:*'; repeatable; default: "
                              f"${ALLOWED_IMAGES_ENV}, comma-separated; unset: any image).")
+    parser.add_argument("--admin-token-key-file", type=Path, metavar="PATH",
+                        default=Path(os.environ[TOKEN_KEY_ENV]) if os.environ.get(TOKEN_KEY_ENV) else None,
+                        help="Secret key the routers' admin tokens are derived from, one per RolloutRouter (the "
+                             f"Helm chart mounts one; default: ${TOKEN_KEY_ENV}; unset: a random key per operator "
+                             "process, so tokens change when the operator restarts).")
     parser.add_argument("--verbose", "-v", action="store_true", help="Debug logging (the same as --log-level debug).")
     parser.add_argument("--log-level", type=str.lower, default="info", choices=LOG_LEVELS,
                         help="Log level (default info).")
 
 
 
+
+
+def token_key(path: Path | None) -> bytes:
+    """The key of --admin-token-key-file; a random one without it. OSError/ValueError: a bad file."""
+    if path is None:
+        logging.getLogger(__name__).warning(
+            "no --admin-token-key-file: the routers' admin tokens are derived from a random key and change "
+            "when the operator restarts (docs/security.md)")
+        return secrets.token_bytes(32)
+    key = path.read_bytes().strip()
+    if len(key) < 16:
+        raise ValueError("the key must hold at least 16 bytes")
+    return key
 
 
 def _env_list(name: str) -> list[str]:
@@ -95,8 +116,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     level = "debug" if args.verbose else args.log_level
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        key = token_key(args.admin_token_key_file)
+    except (OSError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        print(f"rollout-router operator: --admin-token-key-file {args.admin_token_key_file}: {reason}", file=sys.stderr)
+        return 2
     registry = kopf.OperatorRegistry()
-    register(registry, args.status_interval, args.router_image, args.allowed_images)
+    register(registry, args.status_interval, args.router_image, args.allowed_images, key)
     if args.metrics_port:
         try:
             metrics.serve(args.metrics_host, args.metrics_port)

@@ -25,6 +25,13 @@ PRINTER_COLUMNS = [
     {"name": "Broken", "type": "integer", "jsonPath": ".status.affinity.broken"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.routers.summary", "description": "ready/desired router pods"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # Session ownership (many router pods), in `kubectl get rr -o wide` only.
+    {"name": "Forwarded", "type": "integer", "jsonPath": ".status.fleet.forwarded", "priority": 1,
+     "description": "requests forwarded to the session's owner pod"},
+    {"name": "Handoffs", "type": "integer", "jsonPath": ".status.fleet.handoffs", "priority": 1,
+     "description": "pins handed to a new owner pod"},
+    {"name": "Unreachable", "type": "integer", "jsonPath": ".status.fleet.ownerUnreachable", "priority": 1,
+     "description": "requests decided locally because their owner pod was unreachable"},
 ]
 
 

@@ -71,9 +71,10 @@ async def _write_status(meta: Mapping[str, Any], document: dict) -> None:
 
 
 def register(registry: kopf.OperatorRegistry, status_interval: float, router_image: str,
-             allowed_images: Sequence[str] = ()) -> None:
+             allowed_images: Sequence[str] = (), token_key: bytes | None = None) -> None:
     """Handlers into ``registry``; ``router_image`` is the image of routers whose spec names none,
-    ``allowed_images`` the patterns a spec's image must match (empty: any)."""
+    ``allowed_images`` the patterns a spec's image must match (empty: any), ``token_key`` the key the
+    routers' admin tokens are derived from (``render.admin_token``; None: no tokens)."""
     @kopf.on.resume(GROUP, PLURAL, registry=registry)
     @kopf.on.create(GROUP, PLURAL, registry=registry)
     @kopf.on.update(GROUP, PLURAL, field="spec", registry=registry)
@@ -88,7 +89,8 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
         generation = body["metadata"].get("generation")
         with metrics.reconcile(kopf.Reason(reason).value) as run:
             try:
-                problem = await _apply_or_reject(body, render(dict(body), router_image, allowed_images), retry)
+                problem = await _apply_or_reject(body, render(dict(body), router_image, allowed_images, token_key),
+                                                retry)
             except InvalidSpec as error:
                 problem = str(error)
             if problem:  # reported, not retried: nothing changes until the spec does
@@ -96,7 +98,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
                 run.outcome = metrics.INVALID_SPEC
                 document = invalid(_status(body), generation, problem)
             else:
-                document = await collect(dict(body), generation)
+                document = await collect(dict(body), generation, token_key)
         try:  # after the run is counted: a failed write retries the handler, which counts again
             await _write_status(body["metadata"], document)
         except kube.RetryableError as error:
@@ -136,7 +138,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
             if not valid:
                 return  # reconcile found this generation invalid: nothing runs, and its message stays
             try:
-                await _write_status(body["metadata"], await collect(dict(body), generation))
+                await _write_status(body["metadata"], await collect(dict(body), generation, token_key))
             except (kube.RetryableError, ApiError) as error:
                 metrics.status_poll_failed()
                 logging.getLogger(__name__).warning("status poll failed, next in %ss: %s", status_interval, error)

@@ -4,11 +4,15 @@ No API calls and no clock here, so every child can be tested from a dict. The
 router's settings go into a ConfigMap that the router re-reads on change, so
 policy knobs (margin, determinism, session) reach running routers without a
 restart, and so do selector and port changes (the router restarts its pod
-watch); the pod template changes only with image, resources, scheduling, env
-and annotations, and only then does the Deployment roll.
+watch); the pod template changes only with image, resources, scheduling, env,
+annotations, session ownership and the admin token's presence, and only then
+does the Deployment roll.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
@@ -16,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rollout_router.kube.selectors import matches
+from rollout_router.kube.selectors import labels_query, matches
 from rollout_router.settings import DiscoverySettings, RouterSettings
 
 from .spec import DEFAULT_IMAGE, GROUP, KIND, VERSION, RolloutRouterSpec
@@ -25,9 +29,10 @@ CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
 ROUTER_PORT = 8080
 ROUTER_ADMIN_PORT = 8081  # the router's admin listener: /metrics, /status, sessions, probes
 ROUTER_GRPC_PORT = 50051  # the router's gRPC listener, opened when the replicas serve gRPC (spec.grpcPort)
+TOKEN_DIR, TOKEN_FILE = "/var/run/secrets/rollout-router", "token"  # the admin token Secret, mounted
 RUN_AS = 65532  # the "nonroot" user of distroless images
 MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
-RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "PYTHONDONTWRITEBYTECODE"}
+RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "POD_IP", "PYTHONDONTWRITEBYTECODE"}
 
 
 class InvalidSpec(ValueError):
@@ -49,11 +54,32 @@ def child_name(name: str) -> str:
     return f"{name}-router"
 
 
+def token_secret_name(name: str) -> str:
+    return f"{child_name(name)}-admin-token"
+
+
+def admin_token(token_key: bytes, resource: dict) -> str:
+    """The admin token of one resource's routers: an HMAC of its identity under the operator's key.
+
+    Derived, not drawn at random, so ``render`` stays pure and the status poller knows every token
+    without reading a Secret (the operator has no read access to Secrets). The uid makes a resource
+    deleted and created again under the same name get a new token."""
+    meta = resource["metadata"]
+    identity = f"{meta['namespace']}/{meta['name']}/{meta['uid']}".encode()
+    return hmac.new(token_key, identity, hashlib.sha256).hexdigest()
+
+
+def token_for(resource: dict, spec: RolloutRouterSpec, token_key: bytes | None) -> str | None:
+    """The token the resource's routers require, or None: no key, or ``spec.router.adminToken: false``."""
+    return admin_token(token_key, resource) if token_key is not None and spec.router.admin_token else None
+
+
 def child_refs(name: str) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of every child a resource may have, rendered now or not."""
     full = child_name(name)
     return [("v1", "ServiceAccount", full), ("rbac.authorization.k8s.io/v1", "Role", full),
-            ("rbac.authorization.k8s.io/v1", "RoleBinding", full), ("v1", "ConfigMap", f"{full}-config"),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding", full), ("v1", "Secret", token_secret_name(name)),
+            ("v1", "ConfigMap", f"{full}-config"),
             ("apps/v1", "Deployment", full), ("v1", "Service", full), ("policy/v1", "PodDisruptionBudget", full),
             ("networking.k8s.io/v1", "NetworkPolicy", full)]
 
@@ -105,12 +131,15 @@ def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
     return RouterSettings(**policy, discovery=discovery)
 
 
-def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: Sequence[str] = ()) -> list[dict]:
-    """Every child of ``resource``, in apply order (RBAC and config before the Deployment).
+def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: Sequence[str] = (),
+           token_key: bytes | None = None) -> list[dict]:
+    """Every child of ``resource``, in apply order (RBAC, token and config before the Deployment).
 
     ``default_image`` runs the routers when ``spec.router.image`` is unset: the operator's
     ``--router-image``, so a chart's image override reaches router pods without touching render's purity.
     ``allowed_images`` (the operator's ``--allowed-image`` patterns; empty: any) bounds ``spec.router.image``.
+    ``token_key`` is the operator's key for admin tokens (``admin_token``); without one no token is
+    rendered, whatever ``spec.router.adminToken`` says (the operator always has one).
     """
     meta = resource["metadata"]
     name, namespace = meta["name"], meta["namespace"]
@@ -127,6 +156,9 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
 
     full = child_name(name)
     settings = router_settings(namespace, spec)
+    token = token_for(resource, spec, token_key)
+    secret = [child("v1", "Secret", token_secret_name(name), type="Opaque",
+                    data={TOKEN_FILE: base64.b64encode(token.encode()).decode()})] if token else []
     children = [
         child("v1", "ServiceAccount", full),
         child("rbac.authorization.k8s.io/v1", "Role", full, rules=[
@@ -134,11 +166,11 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
         child("rbac.authorization.k8s.io/v1", "RoleBinding", full,
               roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": full},
               subjects=[{"kind": "ServiceAccount", "name": full, "namespace": namespace}]),
+        *secret,
         child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
-        child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image)),
-        # Pins live in each router pod: ClientIP affinity keeps a rollout worker's turns on one router.
+        child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image, bool(secret))),
         child("v1", "Service", full, spec={
-            "type": spec.router.service.type, "selector": router_labels(name), "sessionAffinity": "ClientIP",
+            "type": spec.router.service.type, "selector": router_labels(name), **_affinity(spec),
             "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
                       {"name": "admin", "port": ROUTER_ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"},
                       *([{"name": "grpc", "port": ROUTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
@@ -152,8 +184,17 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
     return children
 
 
+def _affinity(spec: RolloutRouterSpec) -> dict:
+    """The Service's client affinity. Without session ownership pins live in each router pod, and ClientIP
+    affinity keeps a rollout worker's turns on one router; with it any pod reaches the session's owner, and
+    ClientIP affinity would only pile a job with few client pods onto few routers."""
+    return {} if spec.router.session_ownership else {"sessionAffinity": "ClientIP"}
+
+
 def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
-    """Ingress to the router pods from the declared clients (traffic ports), Prometheus and admin peers (admin port).
+    """Ingress to the router pods from the declared clients (traffic ports), Prometheus and admin peers (admin port),
+    and with session ownership from the resource's other router pods (traffic ports: forwarded requests; admin
+    port: /fleet/v1 loads and pin handoffs).
 
     Egress is left open: the routers reach the vLLM pods, named by a selector that may change, and the API server.
     """
@@ -169,6 +210,9 @@ def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
         rules.append({"from": peers(policy.clients), "ports": traffic})
     if admin:
         rules.append({"from": peers(admin), "ports": [{"protocol": "TCP", "port": ROUTER_ADMIN_PORT}]})
+    if spec.router.session_ownership:
+        rules.append({"from": [{"podSelector": {"matchLabels": router_labels(name)}}],
+                      "ports": [*traffic, {"protocol": "TCP", "port": ROUTER_ADMIN_PORT}]})
     return {"podSelector": {"matchLabels": router_labels(name)}, "policyTypes": ["Ingress"], "ingress": rules}
 
 
@@ -179,11 +223,23 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str) -> dict:
+def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
+    """Session ownership: the members are the Ready pods with this resource's router labels, each
+    addressed by its pod IP (``$(POD_IP)``, expanded by the kubelet) and admin port."""
+    if not spec.router.session_ownership:
+        return []
+    return ["--peer-selector", labels_query(router_labels(name)), "--peer-namespace", "$(POD_NAMESPACE)",
+            "--advertise", f"http://$(POD_IP):{ROUTER_ADMIN_PORT}"]
+
+
+def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str, token: bool) -> dict:
+    """The router Deployment; ``token``: mount the admin token Secret and require it on the admin routes."""
     router = spec.router
     env = [
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        *([{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+          if router.session_ownership else []),
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},  # the root filesystem is read-only
         *({k: v for k, v in e.dump().items() if v is not None} for e in router.env),
     ]
@@ -194,13 +250,17 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
     grpc = spec.grpc_port is not None  # replicas serve gRPC: so does the router, beside HTTP
     grpc_args = ["--grpc-port", str(ROUTER_GRPC_PORT)] if grpc else []
     grpc_ports = [{"name": "grpc", "containerPort": ROUTER_GRPC_PORT, "protocol": "TCP"}] if grpc else []
+    token_args = ["--admin-token-file", f"{TOKEN_DIR}/{TOKEN_FILE}"] if token else []
+    token_mounts = [{"name": "admin-token", "mountPath": TOKEN_DIR, "readOnly": True}] if token else []
+    token_volumes = [{"name": "admin-token", "secret": {"secretName": token_secret_name(name)}}] if token else []
     container = {
         "name": "router",
         "image": router.image or default_image,
         "imagePullPolicy": router.image_pull_policy,
         "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
                     "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
-                    "--admin-host", "0.0.0.0", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args],
+                    "--admin-host", "0.0.0.0", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args, *token_args,
+                    *_fleet_args(name, spec)],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"}, *grpc_ports],
         "env": env,
@@ -210,7 +270,7 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "tmp", "mountPath": "/tmp"}, *token_mounts],
     }
     pod_spec = {
         "serviceAccountName": child_name(name),
@@ -219,7 +279,7 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         "containers": [container],
         # A directory mount (not subPath), so the kubelet's updates reach the running router.
         "volumes": [{"name": "config", "configMap": {"name": f"{child_name(name)}-config"}},
-                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}, *token_volumes],
         "nodeSelector": router.node_selector,
         "tolerations": [{k: v for k, v in t.dump().items() if v is not None} for t in router.tolerations],
     }

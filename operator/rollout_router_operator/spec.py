@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
-from pydantic import Field, StrictInt, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from rollout_router.settings import LabelSelector, Model, PolicySettings
 
@@ -100,6 +100,18 @@ class RouterDeploymentSpec(Model):
     tolerations: list[Toleration] = Field(default_factory=list)
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the router.")
     pod_annotations: dict[str, str] = Field(default_factory=dict)
+    session_ownership: StrictBool = Field(True, description=(
+        "Many router pods, one policy: each session has one owner among the Ready router pods (rendezvous "
+        "hashing of the session key), a pod forwards a keyed request it does not own to the owner once, the "
+        "pods exchange their in-flight counts, and pins are handed over when ownership moves "
+        "(docs/operator.md, 'Many router pods'). The routers watch their own pods (--peer-selector) and the "
+        "Service has no ClientIP affinity. false: every pod decides alone and the Service pins clients by IP."))
+    admin_token: StrictBool = Field(True, description=(
+        "Require a bearer token on the routers' admin routes (/status, /metrics, session deletion, the "
+        "worker API, /fleet/v1/*). The operator renders it into the Secret <name>-router-admin-token, "
+        "shared by the resource's router pods (peers call each other with it) and used by its status poller; "
+        "a Prometheus scraping /metrics needs it too (docs/security.md). false: no token; only "
+        "spec.networkPolicy guards the admin port."))
 
 
 class IPBlock(Model):
@@ -200,9 +212,21 @@ class Affinity(Model):
     unreachable: list[str] = Field(default_factory=list, description="Router pods whose /status did not answer.")
 
 
+class Fleet(Model):
+    """What the router pods did as one fleet (spec.router.sessionOwnership), summed over the pods."""
+
+    forwarded: int = Field(0, description="Requests a pod forwarded to the session's owner.")
+    handoffs: int = Field(0, description="Pins a new owner received from the previous one when ownership moved.")
+    owner_unreachable: int = Field(0, description="Requests whose owner could not be reached before the first "
+                                   "byte, decided by the pod that received them.")
+    replaced: int = Field(0, description="Sessions placed anew because their previous owner is gone for good.")
+
+
 class RolloutRouterStatus(Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     backends: Counts = Field(default_factory=Counts, description="vLLM pods matching the selector: ready/total.")
     routers: Counts = Field(default_factory=Counts, description="Router pods: ready/desired (total is desired).")
     affinity: Affinity = Field(default_factory=Affinity, description="Counters summed over all router pods.")
+    fleet: Fleet = Field(default_factory=Fleet, description="Session-ownership counters summed over all router pods "
+                         "(0 without spec.router.sessionOwnership).")

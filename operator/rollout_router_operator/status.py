@@ -4,6 +4,8 @@
 ReplicaSet listings, and one GET per router pod, concurrently). A router pod that
 does not answer, or answers too much or not the counters, is listed in
 ``affinity.unreachable`` and marks the resource Degraded; it never fails the poll.
+With the resource's admin token (``render.admin_token``) the poller sends it as a
+bearer token: derived from the operator's key, so no Secret is read.
 Only pods of our own Deployment count: a pod that merely carries the router's
 labels (anyone who may create pods can set them) is ignored and logged.
 """
@@ -22,14 +24,17 @@ from rollout_router.kube.selectors import labels_query, to_query
 from rollout_router.settings import LabelSelector
 
 from . import kube
-from .render import ROUTER_ADMIN_PORT, InvalidSpec, child_name, parse_spec, router_labels
-from .spec import Affinity, Condition, Counts, RolloutRouterStatus
+from .render import ROUTER_ADMIN_PORT, InvalidSpec, child_name, parse_spec, router_labels, token_for
+from .spec import Affinity, Condition, Counts, Fleet, RolloutRouterStatus
 
 log = logging.getLogger(__name__)
 POLL_TIMEOUT = 3.0
 MAX_STATUS_BYTES = 1 << 20  # a router's /status is a few KiB; more is not a router
 _reported: set[str] = set()  # uids of stranger pods already logged, so each is logged once
 COUNTERS = {"kept": "affinity_kept", "broken": "affinity_broken", "new_sessions": "new_sessions"}
+# status.fleet field -> key of the router's /status "fleet" object (null or absent without session ownership)
+FLEET_COUNTERS = {"forwarded": "forwarded", "handoffs": "handoffs", "owner_unreachable": "ownerUnreachable",
+                  "replaced": "replaced"}
 
 
 def now() -> str:
@@ -83,7 +88,10 @@ def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
                 if obs.unreachable else ("False", "AsExpected", ""))
     affinity = Affinity(**{name: sum(int(r.get(key, 0)) for r in obs.reports.values()) for name, key in COUNTERS.items()},
                         read_at=obs.read_at, routers_read=len(obs.reports), unreachable=obs.unreachable)
-    status = RolloutRouterStatus(observed_generation=generation, backends=backends, routers=routers, affinity=affinity)
+    fleet = Fleet(**{name: sum(int((r.get("fleet") or {}).get(key, 0)) for r in obs.reports.values())
+                     for name, key in FLEET_COUNTERS.items()})
+    status = RolloutRouterStatus(observed_generation=generation, backends=backends, routers=routers, affinity=affinity,
+                                 fleet=fleet)
     document = status.dump()
     document["conditions"] = conditions(previous.get("conditions", []), [
         ("Ready", *ready), ("Progressing", *progressing), ("Degraded", *degraded)], generation, obs.read_at)
@@ -109,8 +117,16 @@ class BadStatus(ValueError):
     """A /status answer that is not a router's: too large, not JSON, or counters that are not counts."""
 
 
+def _count(source: dict, key: str, where: str) -> int:
+    value = source.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadStatus(f"/status {where}{key} is not a count: {str(value)[:40]!r}")
+    return value
+
+
 def parse_report(raw: bytes) -> dict:
-    """The counters of one router's /status body, checked (``summarize`` sums them)."""
+    """The counters of one router's /status body, checked (``summarize`` sums them): the affinity
+    counters, and under ``fleet`` the session-ownership ones (all 0 when ``fleet`` is null or absent)."""
     if len(raw) > MAX_STATUS_BYTES:
         raise BadStatus(f"/status is larger than {MAX_STATUS_BYTES} bytes")
     try:
@@ -119,16 +135,17 @@ def parse_report(raw: bytes) -> dict:
         raise BadStatus(f"/status is not JSON: {error}") from None
     if not isinstance(report, dict):
         raise BadStatus("/status is not a JSON object")
-    for key in COUNTERS.values():
-        value = report.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise BadStatus(f"/status {key} is not a count: {str(value)[:40]!r}")
-    return {key: report.get(key, 0) for key in COUNTERS.values()}
+    fleet = report.get("fleet") or {}
+    if not isinstance(fleet, dict):
+        raise BadStatus("/status fleet is not a JSON object")
+    return {**{key: _count(report, key, "") for key in COUNTERS.values()},
+            "fleet": {key: _count(fleet, key, "fleet.") for key in FLEET_COUNTERS.values()}}
 
 
-async def _poll(session: aiohttp.ClientSession, pod: dict) -> dict:
+async def _poll(session: aiohttp.ClientSession, pod: dict, token: str | None = None) -> dict:
     url = f"http://{pod['status']['podIP']}:{ROUTER_ADMIN_PORT}/status"  # the admin listener
-    async with session.get(url, timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as response:
         response.raise_for_status()
         if (response.content_length or 0) > MAX_STATUS_BYTES:
             raise BadStatus(f"/status is larger than {MAX_STATUS_BYTES} bytes")
@@ -153,8 +170,9 @@ def owned_pods(name: str, pods: list[dict], replicasets: list[dict]) -> tuple[li
     return owned, [pod for pod in pods if pod not in owned]
 
 
-async def observe(namespace: str, name: str, selector: LabelSelector, desired: int) -> Observation:
-    """List router and backend pods, and read every Ready router pod's /status."""
+async def observe(namespace: str, name: str, selector: LabelSelector, desired: int,
+                  token: str | None = None) -> Observation:
+    """List router and backend pods, and read every Ready router pod's /status (with ``token``, if any)."""
     query = labels_query(router_labels(name))
     labelled, replicasets, backends = await asyncio.gather(
         kube.list_pods(namespace, query), kube.list_replicasets(namespace, query),
@@ -172,7 +190,7 @@ async def observe(namespace: str, name: str, selector: LabelSelector, desired: i
     obs = Observation(routers_ready=sum(map(is_ready, routers)), routers_desired=desired,
                       backends_ready=sum(map(is_ready, backends)), backends_total=len(backends), read_at=now())
     async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(_poll(session, pod) for pod in live), return_exceptions=True)
+        results = await asyncio.gather(*(_poll(session, pod, token) for pod in live), return_exceptions=True)
     for pod, result in zip(live, results):
         pod_name = pod["metadata"]["name"]
         if isinstance(result, BaseException):
@@ -183,12 +201,14 @@ async def observe(namespace: str, name: str, selector: LabelSelector, desired: i
     return obs
 
 
-async def collect(resource: dict, generation: int | None) -> dict:
-    """The full status document for ``resource`` as it is now, reporting ``generation`` as observed."""
+async def collect(resource: dict, generation: int | None, token_key: bytes | None = None) -> dict:
+    """The full status document for ``resource`` as it is now, reporting ``generation`` as observed;
+    ``token_key`` is the operator's key for admin tokens, as given to ``render``."""
     meta, previous = resource["metadata"], resource.get("status") or {}
     try:
         spec = parse_spec(resource)
     except InvalidSpec as error:
         return invalid(previous, meta.get("generation"), str(error))
-    obs = await observe(meta["namespace"], meta["name"], spec.selector, spec.router.replicas)
+    obs = await observe(meta["namespace"], meta["name"], spec.selector, spec.router.replicas,
+                        token_for(resource, spec, token_key))
     return summarize(obs, previous, generation)

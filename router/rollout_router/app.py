@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from .context import RouterContext
 from .listening import address
 from .proxy.http import HttpProxy
 from .proxy.http.admin_listener import AdminListener, TokenFile
 from .replicas import DISCOVERED, STATIC
-from .settings import DiscoverySettings, RouterSettings, SettingsError, load_settings
+from .settings import DiscoverySettings, FleetSettings, RouterSettings, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from .proxy.grpc import GrpcProxy
@@ -39,8 +41,9 @@ class Runtime(RouterContext):
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
                  grpc_address: str | None = None, admin_address: tuple[str, int] | None = None,
-                 admin_token: TokenFile | None = None):
+                 admin_token: TokenFile | None = None, peering: Peering | None = None):
         super().__init__(settings)
+        self.peering = peering or Peering()
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
@@ -63,6 +66,8 @@ class Runtime(RouterContext):
         """Take new settings live: policy knobs keep pins; replica sources are swapped."""
         previous = self.settings
         self.configure(settings)
+        if self.fleet is not None:
+            self.fleet.configure(settings.fleet or FleetSettings())
         if settings.discovery is None:
             self._stop_discovery()
             self.replicas.replace(((b.url, b.grpc) for b in settings.backends), STATIC)
@@ -136,9 +141,27 @@ class Runtime(RouterContext):
         if self.grpc_proxy is not None and self.grpc_address is not None:
             from .proxy.grpc import start_server
             self._grpc_server, self.grpc_port = await start_server(self.grpc_proxy, self.grpc_address)
+        if self.peering.wanted(self.settings):
+            self._start_fleet()
         return self.port
 
+    def _start_fleet(self) -> None:
+        """Session ownership: needs the admin listener, where the other routers reach this one."""
+        from .fleet.node import Fleet, advertised
+        if self.admin_address is None or self.admin_port is None:
+            raise RuntimeError("session ownership (--peer, fleet.peers, --peer-selector) needs the admin listener")
+        self_id = self.peering.advertise or advertised(self.admin_address[0], self.admin_port)
+        host = urlsplit(self_id).hostname or "127.0.0.1"
+        token = self.admin.token
+        self.fleet = Fleet(self, self_id, f"http://{address(host, self.port or 0)}",
+                           address(host, self.grpc_port) if self.grpc_port is not None else None,
+                           lambda: token.current() if token is not None else None,
+                           self.peering.peers, self.peering.selector, self.peering.namespace)
+        self.fleet.start()
+
     async def stop(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.stop()
         if self._grpc_server is not None:
             await self._grpc_server.stop(grace=2)
         for task in (self._background, self._probing, self._discovery):
@@ -150,6 +173,20 @@ class Runtime(RouterContext):
             await self.grpc_proxy.close()
         await self.http_proxy.close()
         await self.admin.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Peering:
+    """The command line's peer sources (``--peer``, ``--peer-selector``/``--peer-namespace``, ``--advertise``)."""
+
+    peers: tuple[str, ...] = ()
+    selector: str | None = None
+    namespace: str | None = None
+    advertise: str | None = None
+
+    def wanted(self, settings: RouterSettings) -> bool:
+        """Session ownership is on when any peer source is given (the config's ``fleet`` section is one)."""
+        return bool(self.peers or self.selector) or settings.fleet is not None
 
 
 def _mtime(path: Path | None) -> float | None:

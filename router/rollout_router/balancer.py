@@ -43,6 +43,17 @@ class Balancer:
     def release_session(self, key: str) -> bool:
         return self.policy.release(key)
 
+    def pinned(self, key: str) -> str | None:
+        return self.policy.pinned(key, self._clock())
+
+    def adopt(self, key: str, replica: str) -> None:
+        """A pin handed over by the session's previous owner (another router)."""
+        self.policy.adopt(key, replica, self._clock())
+
+    def surrender(self, key: str) -> str | None:
+        """Give ``key``'s pin to its new owner; the replica it was pinned to, if any."""
+        return self.policy.surrender(key, self._clock())
+
     def expire_idle(self, limit: int | None = None) -> int:
         """Drop at most ``limit`` idle pins (None: all); returns how many."""
         return self.policy.expire(self._clock(), limit)

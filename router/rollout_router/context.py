@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .balancer import Balancer
 from .health import OutlierDetector, Prober
 from .observability import Metrics
 from .replicas import ReplicaSet
 from .settings import RouterSettings
+
+if TYPE_CHECKING:
+    from .fleet.node import Fleet
 
 
 class RouterContext:
@@ -25,6 +29,7 @@ class RouterContext:
         self.metrics = Metrics(self)
         self.outliers = OutlierDetector(self.replicas, lambda: self.settings.health, self.metrics.ejected, clock)
         self.prober = Prober(self.replicas, lambda: self.settings.health, self.metrics.probe_failed)
+        self.fleet: Fleet | None = None  # session ownership among several routers (fleet/), when on
 
     def configure(self, settings: RouterSettings) -> None:
         """Take new settings: the policy's knobs apply live and pins are kept."""

@@ -8,6 +8,7 @@ for), are then polled over HTTP until they answer, and stopped with SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -168,3 +169,60 @@ def local_fleet(replicas: int, router_args: Sequence[str] = (), fake_args: Seque
     finally:
         for process in reversed(processes):
             stop(process)
+
+
+def fleet_config(path: Path, backends: Sequence[Service], peers: Sequence[str], settings: dict | None = None) -> None:
+    """Write a router's config file: the replicas, the ``fleet`` section with ``peers``, any other ``settings``."""
+    fleet = {**(settings or {}).get("fleet", {}), "peers": list(peers)}
+    document = {**(settings or {}), "backends": [{"url": b.url, "grpc": b.grpc_target} for b in backends],
+                "fleet": fleet}
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document))
+    partial.replace(path)
+
+
+def start_router_fleet(count: int, backends: Sequence[Service], workdir: Path, settings: dict | None = None,
+                       router_args: Sequence[str] = (), grpc: bool = False) -> list[Service]:
+    """``count`` routers sharing sessions in front of ``backends``, each told the others' admin URLs.
+
+    Each starts on port 0 with a config naming no peer, then its config is
+    rewritten with the others' admin URLs and it is sent SIGHUP; membership
+    forms once they poll each other (wait for it with ``fleet_members``).
+    """
+    routers: list[Service] = []
+    try:
+        for index in range(count):
+            routers.append(spawn_fleet_router(index, backends, workdir, settings, router_args, grpc))
+        tell_peers(routers, backends, workdir, settings)
+    except BaseException:
+        for router in routers:
+            router.stop()
+        raise
+    return routers
+
+
+def spawn_fleet_router(index: int, backends: Sequence[Service], workdir: Path, settings: dict | None = None,
+                       router_args: Sequence[str] = (), grpc: bool = False) -> Service:
+    """Router number ``index`` of a fleet (config ``router-INDEX.json`` in ``workdir``), naming no peer yet."""
+    config = workdir / f"router-{index}.json"
+    fleet_config(config, backends, [], settings)
+    return spawn(["serve", "--log-level", "warning", "--config", str(config), *router_args,
+                  *(["--grpc-port", "0"] if grpc else [])], "127.0.0.1").bound()
+
+
+def tell_peers(routers: Sequence[Service], backends: Sequence[Service], workdir: Path,
+               settings: dict | None = None) -> None:
+    """Rewrite every router's config (``router-N.json`` in ``workdir``) to name the others, and SIGHUP it."""
+    import signal
+    for index, router in enumerate(routers):
+        if router.process.poll() is not None:
+            continue
+        peers = [r.admin_url for r in routers if r is not router and r.admin_url and r.process.poll() is None]
+        fleet_config(workdir / f"router-{index}.json", backends, peers, settings)
+        router.process.send_signal(signal.SIGHUP)
+
+
+def fleet_members(router: Service) -> list[str]:
+    """The members a router sees now (its ``/status`` ``fleet.members``)."""
+    with urllib.request.urlopen(f"{router.admin_url}/status", timeout=5) as answer:
+        return json.load(answer)["fleet"]["members"]

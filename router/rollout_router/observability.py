@@ -76,6 +76,28 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily("rolloutrouter_affinity_break_margin",
                                 "The configured margin; -1 means null (never break).",
                                 value=-1 if margin is None else margin)
+        yield from _fleet_metrics(context)
+
+
+def _fleet_metrics(context: RouterContext) -> Iterator[Metric]:
+    """Session ownership among several routers (zeros, and one member, for a router alone)."""
+    fleet = context.fleet
+    for name, doc, value in (
+            ("forwarded", "Requests forwarded to their session's owner router.", fleet and fleet.forwarded),
+            ("owner_unreachable", "Requests whose owner router could not be reached before the first byte: "
+             "decided here.", fleet and fleet.owner_unreachable),
+            ("handoffs", "Pins received from a session's previous owner after ownership moved.",
+             fleet and fleet.handoff.handoffs),
+            ("sessions_replaced", "Sessions placed anew because their previous owner router is gone for good.",
+             fleet and fleet.handoff.replaced)):
+        yield CounterMetricFamily(f"rolloutrouter_{name}", doc, value=value or 0)
+    yield GaugeMetricFamily("rolloutrouter_fleet_members", "Routers sharing the sessions, this one included.",
+                            value=len(fleet.members()) if fleet else 1)
+    age = GaugeMetricFamily("rolloutrouter_peer_load_age_seconds", "Age of the newest load report from each "
+                            "peer router.", labels=["peer"])
+    for peer, seconds in (fleet.peer_load_ages() if fleet else {}).items():
+        age.add_metric([peer], seconds)
+    yield age
 
 
 class Metrics:
@@ -145,12 +167,14 @@ def status(context: RouterContext) -> dict:
         "repinned": dict(balancer.repinned),
         "backends": [_backend(r, r.id in loads, now, wall) for r in replicas.replicas()],
         "config_reloads": dict(context.metrics.config_reloads),
+        "fleet": context.fleet.status() if context.fleet is not None else None,
     }
 
 
 def _backend(replica: Replica, ready: bool, now: float, wall: float) -> dict:
     """One replica in /status; ``ejected_until`` is Unix time, null when not ejected."""
     ejected = replica.ejected_until > now
-    return {"url": replica.id, "inflight": replica.inflight, "ready": ready, "healthy": replica.healthy,
+    return {"url": replica.id, "inflight": replica.inflight, "fleet_inflight": replica.inflight + replica.external,
+            "ready": ready, "healthy": replica.healthy,
             "ejected_until": round(wall + replica.ejected_until - now, 3) if ejected else None,
             "consecutive_failures": replica.failures}

@@ -6,7 +6,10 @@ a replica's in-flight count is one number whatever the protocol. Discovery
 removed replica keeps its count while its last requests drain, so a lease
 always releases into the object it was taken from and counts never go negative.
 Routable replicas are kept in ``LoadIndex``es (one for HTTP, one for gRPC),
-updated as counts move, so routing never scans the whole set.
+updated as counts move, so routing never scans the whole set. With other
+routers in front of the same replicas (``fleet``), each replica's load in the
+indexes is its own in-flight count plus ``external``: the count the other
+routers reported, or what vLLM reports beyond ours (``fleet.loadview``).
 
 A replica is routable unless it is marked down (it refused a connection),
 ejected (passive health, ``health.outliers``) or failed its last probe (active
@@ -41,6 +44,7 @@ class Replica:
     id: str
     grpc_target: str | None = None
     inflight: int = 0
+    external: int = 0  # in flight through other routers (fleet load view); routed on inflight + external
     down_until: float = 0.0  # out of rotation until then: refused a connection, or ejected
     ejected_until: float = 0.0  # the end of its last ejection (passive health)
     ejections: int = 0  # the ejection multiplier: grows with each ejection, decays while it behaves
@@ -74,6 +78,7 @@ class ReplicaSet:
         self._draining: dict[str, Replica] = {}
         self._http, self._grpc = LoadIndex(), LoadIndex()  # the replicas routable now, by load
         self._down: dict[str, float] = {}  # replicas marked down -> until when
+        self._external: dict[str, int] = {}  # replica id -> load outside this router, also for ids not (yet) here
 
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._live
@@ -95,7 +100,7 @@ class ReplicaSet:
         """
         replica = self._live.get(replica_id) or self._draining.pop(replica_id, None)
         if replica is None:
-            replica = Replica(replica_id, healthy=healthy)
+            replica = Replica(replica_id, healthy=healthy, external=self._external.get(replica_id, 0))
         replica.sources[source] = grpc_target
         replica.grpc_target = _grpc_target(replica)
         self._live[replica_id] = replica
@@ -137,6 +142,21 @@ class ReplicaSet:
         if self._down:
             self._revive(self._clock())
         return self._grpc if grpc else self._http
+
+    def set_external(self, replica_id: str, load: int) -> None:
+        """The replica's load outside this router (other routers' in-flight requests); moves it in the indexes."""
+        if load:
+            self._external[replica_id] = load
+        else:
+            self._external.pop(replica_id, None)
+        replica = self._live.get(replica_id)
+        if replica is not None and replica.external != load:
+            replica.external = load
+            self._recount(replica)
+
+    def external(self) -> dict[str, int]:
+        """Loads outside this router by replica id (zero ones left out)."""
+        return dict(self._external)
 
     def ready_count(self) -> int:
         return len(self.loads())
@@ -200,6 +220,10 @@ class ReplicaSet:
         """gRPC targets still in use: live replicas and those draining their last requests."""
         return {r.grpc_target for r in (*self._live.values(), *self._draining.values()) if r.grpc_target}
 
+    def own_loads(self) -> dict[str, int]:
+        """This router's in-flight count per replica, live or draining, zero ones left out (``/fleet/v1/loads``)."""
+        return {r.id: r.inflight for r in (*self._live.values(), *self._draining.values()) if r.inflight}
+
     def total_inflight(self) -> int:
         return sum(r.inflight for r in self._live.values()) + sum(r.inflight for r in self._draining.values())
 
@@ -215,16 +239,18 @@ class ReplicaSet:
     def _recount(self, replica: Replica) -> None:
         """Move a replica whose count changed within the indexes that hold it."""
         if replica.id in self._http and self._live.get(replica.id) is replica:
-            self._http.set(replica.id, replica.inflight)
+            load = replica.inflight + replica.external
+            self._http.set(replica.id, load)
             if replica.grpc_target is not None:
-                self._grpc.set(replica.id, replica.inflight)
+                self._grpc.set(replica.id, load)
 
     def _index(self, replica: Replica) -> None:
         if replica.id in self._down or not replica.healthy:
             return
-        self._http.set(replica.id, replica.inflight)
+        load = replica.inflight + replica.external
+        self._http.set(replica.id, load)
         if replica.grpc_target is not None:
-            self._grpc.set(replica.id, replica.inflight)
+            self._grpc.set(replica.id, load)
         else:
             self._grpc.discard(replica.id)
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from . import listening
-from .app import Runtime
+from .app import Peering, Runtime
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
@@ -62,6 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON body field holding the session key, tried after headers (repeat).")
     parser.add_argument("--max-sessions", type=int)
     parser.add_argument("--idle-timeout", type=float, help="Seconds before an idle pin is dropped.")
+    parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL",
+                        help="Another router's admin URL (http://HOST:ADMINPORT; repeat): the routers share the "
+                        "sessions, each key owned by one of them (docs/fleet.md). Adds to the config's fleet.peers.")
+    parser.add_argument("--peer-selector", metavar="LABELS",
+                        help="In a cluster: the Ready pods matching these labels (k=v,...) are the other routers; "
+                        "each is reached at its container port named 'admin'.")
+    parser.add_argument("--peer-namespace", metavar="NS", help="Namespace of --peer-selector's pods "
+                        "(default: $POD_NAMESPACE, then the service account's).")
+    parser.add_argument("--advertise", metavar="URL", help="This router's admin URL as its peers name it "
+                        "(default: the admin listener's, with 0.0.0.0 replaced by $POD_IP).")
     parser.add_argument("--log-level", default="info", type=str.lower,
                         choices=["debug", "info", "warning", "error", "critical"])
 
@@ -120,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
-    runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token)
+    peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise)
+    runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
+                      peering)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file))
     return 0
 

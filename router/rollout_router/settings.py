@@ -17,7 +17,7 @@ from pydantic.alias_generators import to_camel
 from .policy import LiveConfig
 
 __all__ = [
-    "Backend", "DiscoverySettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
+    "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
     "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
 ]
 
@@ -134,6 +134,35 @@ class HealthSettings(Model):
         5.0, description="A probe that takes longer fails; the replica is out of rotation until one passes.")
 
 
+LoadView = Literal["peers", "vllm", "local"]
+
+
+class FleetSettings(Model):
+    """Many routers, one policy: who the other routers are and how replica loads are shared (docs/fleet.md).
+
+    The section's presence turns session ownership on (as do ``--peer`` and ``--peer-selector``); without
+    it a router decides everything itself, as a lone router does.
+    """
+
+    peers: list[str] = Field(default_factory=list, description="Admin URLs (http://host:adminport) of the other "
+                             "routers; this router is always a member too. Reloaded live.")
+    load_view: LoadView = Field("peers", description="What the margin compares: peers (own exact in-flight counts "
+                                "plus the other routers', polled), vllm (each replica's vllm:num_requests_running "
+                                "+ vllm:num_requests_waiting, scraped), or local (own counts only).")
+    poll_interval_seconds: float = Field(0.1, gt=0, le=0.25, description="How often each peer's loads (and "
+                                         "liveness) are polled, and with loadView vllm, each replica's /metrics.")
+    peer_timeout_seconds: Seconds = Field(1.0, description="A peer that has not answered a poll for this long "
+                                          "leaves the membership until it answers again.")
+
+    @field_validator("peers")
+    @classmethod
+    def _admin_urls(cls, peers: list[str]) -> list[str]:
+        for url in peers:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"peer {url!r} must be an http:// or https:// admin URL")
+        return [url.rstrip("/") for url in peers]
+
+
 class RouterSettings(PolicySettings):
     """Everything ``rollout-router serve`` reads from ``--config``."""
 
@@ -159,6 +188,8 @@ class RouterSettings(PolicySettings):
     min_body_bytes_per_second: StrictInt = Field(1024, ge=0, description="Slowest request body accepted, averaged "
                                                  "after its first 10 s (0: any rate), else 408.")
     health: HealthSettings = Field(default_factory=HealthSettings)
+    fleet: FleetSettings | None = Field(None, description="Other routers sharing the sessions (docs/fleet.md); "
+                                        "null: this router decides alone.")
 
     @field_validator("backends", mode="before")
     @classmethod

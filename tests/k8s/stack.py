@@ -3,7 +3,8 @@
 Router pods cannot run here, so a test plays kubelet: it creates a Pod
 object with the router's labels and a loopback IP, and starts ``rollout-router
 serve`` on that address with the config the operator rendered into the
-ConfigMap (re-copied on change, as the kubelet would). The vLLM replicas are
+ConfigMap (re-copied on change, as the kubelet would) and the admin token it
+rendered into the Secret, which the test also sends to the router's admin routes. The vLLM replicas are
 ``rollout-router fake-vllm`` processes behind Pod objects.
 
 The API server, one operator and the three replica processes are shared by a
@@ -14,10 +15,12 @@ as growth since the test began.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import urllib.request
@@ -30,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_router.localfleet import Service, Starting, command, spawn, stop
-from rollout_router_operator.render import ROUTER_ADMIN_PORT, ROUTER_PORT, child_refs, router_labels
+from rollout_router_operator.render import ROUTER_ADMIN_PORT, ROUTER_PORT, child_refs, router_labels, token_secret_name
 from tests.support import wait_until as wait_for
 
 from .cluster import GROUP, PLURAL, VERSION, Cluster
@@ -50,9 +53,15 @@ def loopback_address() -> str:
     return f"127.{random.randint(64, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
 
 
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=3) as response:
-        return json.load(response)
+def get_json(url: str, token: str | None = None) -> dict:
+    return json.loads(get_bytes(url, token))
+
+
+def get_bytes(url: str, token: str | None = None) -> bytes:
+    """GET ``url``, with ``Authorization: Bearer <token>`` when a token is given."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=3) as response:
+        return response.read()
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
@@ -80,13 +89,16 @@ class Operator:
 
 
 def start_operator(cluster: Cluster, workdir: Path) -> Operator:
-    """The operator, its metrics on an address of its own (another one while taken); logs in ``workdir``."""
+    """The operator, its metrics on an address of its own (another one while taken), its admin token key
+    in a file (as the chart mounts it); logs in ``workdir``."""
+    key = workdir / "admin-token-key"
+    key.write_text(secrets.token_hex(32))
     for attempt in range(5):
         host = loopback_address()
         with open(workdir / f"operator-{attempt}.log", "w") as log:
             process = subprocess.Popen(
                 command("operator", "--namespace", cluster.namespace, "--status-interval", "1",
-                        "--metrics-host", host, "--metrics-port", str(METRICS_PORT)),
+                        "--metrics-host", host, "--metrics-port", str(METRICS_PORT), "--admin-token-key-file", str(key)),
                 env={**env_for(cluster), "ROLLOUT_ROUTER_IMAGE": ROUTER_IMAGE},
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
         url = f"http://{host}:{METRICS_PORT}/metrics"
@@ -119,6 +131,7 @@ class Stack:
     name: str = field(default_factory=lambda: f"e2e-{uuid.uuid4().hex[:6]}")
     router: Service | None = None
     router_ip: str = ""
+    token: str = ""  # the router's admin token, from the Secret the operator rendered
     metrics_before: dict = field(default_factory=dict)
 
     @property
@@ -169,6 +182,9 @@ class Stack:
         """Play kubelet for the router pod: its config file, its process on ROUTER_PORT, its Pod object."""
         wait_for(self.config_text, "the router ConfigMap")
         self.sync_config()
+        self.token = str(wait_for(self.admin_token, "the router's admin token Secret"))
+        token_file = self.workdir / "admin-token"
+        token_file.write_text(self.token)
         for attempt in range(5):  # an address already taken fails the router's start: another one
             ip, port_file = loopback_address(), self.workdir / f"router-{attempt}" / "ports.json"
             port_file.parent.mkdir()
@@ -176,7 +192,7 @@ class Stack:
                 process = subprocess.Popen(
                     command("serve", "--config", str(self.workdir / "config.yaml"), "--host", ip,
                             "--port", str(ROUTER_PORT), "--admin-host", ip, "--admin-port", str(ROUTER_ADMIN_PORT),
-                            "--port-file", str(port_file)),
+                            "--port-file", str(port_file), "--admin-token-file", str(token_file)),
                     env=env_for(self.cluster), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             with contextlib.suppress(RuntimeError):
                 self.router, self.router_ip = Starting(process, ip, port_file).bound(), ip
@@ -197,6 +213,10 @@ class Stack:
     def rr(self, name: str | None = None) -> dict:
         return self.cluster.get_rr(name or self.name)
 
+    def admin_token(self) -> str:
+        secret = self.cluster.core.read_namespaced_secret(token_secret_name(self.name), self.cluster.namespace)
+        return base64.b64decode(secret.data["token"]).decode()
+
     def config_text(self) -> str:
         cm = self.cluster.core.read_namespaced_config_map(f"{self.name}-router-config", self.cluster.namespace)
         return cm.data["config.yaml"]
@@ -211,7 +231,11 @@ class Stack:
                 self.router.process.send_signal(signal.SIGHUP)
 
     def status(self) -> dict:
-        return get_json(f"{self.admin_url}/status")
+        return get_json(f"{self.admin_url}/status", self.token)
+
+    def admin_get(self, path: str) -> bytes:
+        """An admin route of the router, with its token."""
+        return get_bytes(f"{self.admin_url}{path}", self.token)
 
     def operator_metric(self, name: str, **labels: str) -> float:
         """One sample from the operator's /metrics, summed over the labels not given."""

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +33,12 @@ from tests.support import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts" / "rollout-router" / "dashboards" / "rollout-router.json"
 NAMESPACE, ROLLOUTROUTER = "llm-rollouts", "rollouts"
+# The session-ownership metrics (issue 11, docs/fleet.md), one place for every test that names them. They
+# come from the router's fleet module, which a router without peers does not run: the single-router run of
+# tests/test_prometheus.py cannot give the panels that read them data.
+FLEET_METRICS = ("rolloutrouter_forwarded_total", "rolloutrouter_handoffs_total", "rolloutrouter_owner_unreachable_total",
+                 "rolloutrouter_sessions_replaced_total", "rolloutrouter_peer_load_age_seconds",
+                 "rolloutrouter_fleet_members")
 LISTENING = re.compile(r'"Listening on".*?\baddress=(\S+)')
 VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]")
 
@@ -41,8 +47,9 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
 
 
-def scrape_config(router: str, replicas: list[str], interval: str = "1s") -> dict:
-    """``router`` and ``replicas`` are base URLs (http://host:port)."""
+def scrape_config(router: str | Sequence[str], replicas: list[str], interval: str = "1s") -> dict:
+    """``router`` (one or several admin listeners) and ``replicas`` are base URLs (http://host:port)."""
+    routers = [router] if isinstance(router, str) else list(router)
     def target(url: str) -> str:
         return urllib.parse.urlsplit(url).netloc
     return {
@@ -50,7 +57,7 @@ def scrape_config(router: str, replicas: list[str], interval: str = "1s") -> dic
                    "evaluation_interval": interval},
         "scrape_configs": [
             {"job_name": "rollout-router", "static_configs": [
-                {"targets": [target(router)], "labels": {"namespace": NAMESPACE, "rolloutrouter": ROLLOUTROUTER}}]},
+                {"targets": [target(url) for url in routers], "labels": {"namespace": NAMESPACE, "rolloutrouter": ROLLOUTROUTER}}]},
             {"job_name": "vllm", "static_configs": [
                 {"targets": [target(url) for url in replicas], "labels": {"namespace": NAMESPACE}}]},
         ],
@@ -96,7 +103,7 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def prometheus(router: str, replicas: list[str], interval: str = "1s") -> Iterator[Prometheus]:
+def prometheus(router: str | Sequence[str], replicas: list[str], interval: str = "1s") -> Iterator[Prometheus]:
     binary = prometheus_binary()
     if binary is None:
         raise RuntimeError("prometheus is not installed (make system-deps, or apt-get install prometheus)")
@@ -150,8 +157,9 @@ class Traffic:
     replicas_seen: set[str] = field(default_factory=set)
 
 
-async def _session(http: aiohttp.ClientSession, router: str, key: str, turns: int, max_tokens: int,
+async def _session(http: aiohttp.ClientSession, entries: Sequence[str], key: str, turns: int, max_tokens: int,
                    deadline: float, traffic: Traffic, think: float, start_after: float = 0.0) -> None:
+    """One conversation; turn ``t`` enters by ``entries[t % len(entries)]`` (several routers: a different one each turn)."""
     await asyncio.sleep(start_after)
     messages = [{"role": "system", "content": f"You are agent {key}. " + "Follow the task carefully. " * 20}]
     for turn in range(turns):
@@ -159,6 +167,7 @@ async def _session(http: aiohttp.ClientSession, router: str, key: str, turns: in
             return
         messages.append({"role": "user", "content": f"step {turn} of {key}: " + "observe and act. " * 8})
         body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens}
+        router = entries[turn % len(entries)]
         async with http.post(f"{router}/v1/chat/completions", json=body, headers={"X-Session-ID": key}) as response:
             payload = await response.json()
             assert response.status == 200, payload
@@ -169,9 +178,10 @@ async def _session(http: aiohttp.ClientSession, router: str, key: str, turns: in
             await asyncio.sleep(think * random.random())
 
 
-async def _drive(router: str, sessions: int, turns: int, max_tokens: int, seconds: float, think: float,
+async def _drive(entries: Sequence[str], sessions: int, turns: int, max_tokens: int, seconds: float, think: float,
                  errors: int, seed: int, stagger: float) -> Traffic:
     random.seed(seed)
+    router = entries[0]
     traffic = Traffic(started=time.time())
     deadline = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=sessions + 4)
@@ -188,17 +198,22 @@ async def _drive(router: str, sessions: int, turns: int, max_tokens: int, second
                     assert response.status == 404
                     traffic.router_refusals += 1
 
-        await asyncio.gather(bad(), *(_session(http, router, f"session-{seed}-{i}", turns, max_tokens, deadline, traffic, think,
+        def rotated(i: int) -> list[str]:
+            return [*entries[i % len(entries):], *entries[:i % len(entries)]]
+
+        await asyncio.gather(bad(), *(_session(http, rotated(i), f"session-{seed}-{i}", turns, max_tokens, deadline, traffic, think,
                                                start_after=stagger * i / sessions) for i in range(sessions)))
     traffic.ended = time.time()
     return traffic
 
 
-def drive_traffic(router: str, sessions: int = 24, turns: int = 40, max_tokens: int = 24, seconds: float = 6.0,
+def drive_traffic(router: str | Sequence[str], sessions: int = 24, turns: int = 40, max_tokens: int = 24, seconds: float = 6.0,
                   think: float = 0.05, errors: int = 5, seed: int = 0, stagger: float = 2.0) -> Traffic:
     """Bounded multi-session chat traffic: at most sessions x turns requests, for at most ``seconds``;
-    sessions start spread over the first ``stagger`` seconds."""
-    return asyncio.run(_drive(router, sessions, turns, max_tokens, seconds, think, errors, seed, stagger))
+    sessions start spread over the first ``stagger`` seconds. Several routers: each session enters by
+    each of them in turn, starting from a different one."""
+    entries = [router] if isinstance(router, str) else list(router)
+    return asyncio.run(_drive(entries, sessions, turns, max_tokens, seconds, think, errors, seed, stagger))
 
 
 def router_status(router: str) -> dict:
@@ -223,6 +238,11 @@ def targets(dashboard: dict) -> list[tuple[str, str, str]]:
     """(panel title, refId, expr) of every query in the dashboard."""
     return [(panel["title"], target["refId"], target["expr"]) for panel in panels(dashboard)
             for target in panel.get("targets", [])]
+
+
+def reads_fleet_metrics(expr: str) -> bool:
+    """Whether ``expr`` reads one of ``FLEET_METRICS``."""
+    return any(re.search(rf"\b{name}\b", expr) for name in FLEET_METRICS)
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:

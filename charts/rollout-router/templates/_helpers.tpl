@@ -21,6 +21,11 @@
 {{- printf "%s-operator" (include "rollout-router.fullname" .) }}
 {{- end }}
 
+{{/* The Secret holding the operator's admin token key (key "key"): the user's, or the chart's. */}}
+{{- define "rollout-router.adminTokenKeySecret" -}}
+{{- default (printf "%s-token-key" (include "rollout-router.operatorName" .)) .Values.adminTokenKey.existingSecret }}
+{{- end }}
+
 {{- define "rollout-router.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -94,6 +99,9 @@ counts only pods of its own Deployment. */}}
   verbs: [list]
 - apiGroups: [""]
   resources: [configmaps, services, serviceaccounts]
+  verbs: [create, patch, delete]
+- apiGroups: [""]
+  resources: [secrets]
   verbs: [create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments]

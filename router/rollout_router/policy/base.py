@@ -141,6 +141,17 @@ class Policy(abc.ABC):
         """Pins currently held."""
         return 0
 
+    def pinned(self, key: str, now: float) -> str | None:
+        """The replica ``key`` is pinned to, if any."""
+        return None
+
+    def adopt(self, key: str, replica: str, now: float) -> None:
+        """Take over a pin another router held (ownership moved); nothing is counted."""
+
+    def surrender(self, key: str, now: float) -> str | None:
+        """Give up ``key``'s pin to the router that owns it now; the replica it was pinned to, if any."""
+        return None
+
     def expire(self, now: float, limit: int | None = None) -> int:
         """Drop pins idle past their TTL, at most ``limit`` (None: all); returns how many."""
         return 0

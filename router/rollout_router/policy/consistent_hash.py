@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping, Sequence
 
 from .base import Decision, Request
-from .hashing import least_loaded, stable_hash
+from .hashing import least_loaded, ordered, stable_hash, total
 from .sessions import SessionPolicy
 from .unkeyed import require
 
@@ -30,9 +31,19 @@ class ConsistentHashPolicy(SessionPolicy):
         super().__init__(max_sessions, idle_ttl)
         self.load_factor, self.vnodes = load_factor, vnodes
         self._rings: dict[frozenset, tuple[list[int], list[str]]] = {}
+        self._current: tuple[Sequence[str], tuple[list[int], list[str]]] | None = None
 
-    def _ring(self, replicas) -> tuple[list[int], list[str]]:
-        members = frozenset(replicas)
+    def _ring(self, loads: Mapping[str, float]) -> tuple[list[int], list[str]]:
+        """The ring of the replicas in ``loads``; a live ``LoadIndex`` hands out the same
+        ``ordered()`` tuple until membership changes, so the common case costs one ``is``."""
+        names = ordered(loads)
+        if self._current is not None and self._current[0] is names:
+            return self._current[1]
+        ring = self._ring_of(frozenset(names))
+        self._current = (names, ring)
+        return ring
+
+    def _ring_of(self, members: frozenset) -> tuple[list[int], list[str]]:
         ring = self._rings.get(members)
         if ring is None:
             points = sorted((stable_hash(r, str(v)), r) for r in members for v in range(self.vnodes))
@@ -47,7 +58,7 @@ class ConsistentHashPolicy(SessionPolicy):
             return self._unkeyed.decide(request.loads, self.counters)
         loads = require(request.loads)
         hashes, owners = self._ring(loads)
-        cap = math.ceil(self.load_factor * (sum(loads.values()) + 1) / len(loads))
+        cap = math.ceil(self.load_factor * (total(loads) + 1) / len(loads))
         start = bisect.bisect(hashes, stable_hash(key))
         chosen = None
         for j in range(len(owners)):

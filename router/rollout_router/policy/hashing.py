@@ -42,3 +42,15 @@ def lowest(loads: Mapping[str, float]) -> float:
     low = getattr(loads, "min", None)
     return low() if low is not None else min(loads.values())
 
+
+
+def total(loads: Mapping[str, float]) -> float:
+    """The sum of the loads (O(1) from a ``LoadIndex``, a scan of a plain mapping)."""
+    kept = getattr(loads, "total", None)
+    return kept() if kept is not None else sum(loads.values())
+
+
+def ordered(loads: Mapping[str, float]) -> Sequence[str]:
+    """The replicas sorted by name (cached by a ``LoadIndex`` until membership changes)."""
+    cached = getattr(loads, "ordered", None)
+    return cached() if cached is not None else sorted(loads)

@@ -3,9 +3,10 @@
 ``LoadIndex`` is a read-only ``Mapping`` of replica -> load for the policies
 (``Request.loads``) that the replica set keeps up to date as requests start
 and end (loads move by one, so the minimum is kept in O(1)). It adds
-``min()`` and ``least(key)``; ``lowest`` and ``least_loaded`` in ``hashing``
-use them when given an index and fall back to a scan for a plain dict (the
-simulator and the tests), so a policy reads the same either way.
+``min()``, ``least(key)``, ``total()`` and ``ordered()``; ``lowest``,
+``least_loaded``, ``total`` and ``ordered`` in ``hashing`` use them when given
+an index and fall back to a scan for a plain dict (the simulator and the
+tests), so a policy reads the same either way.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class LoadIndex(Mapping[str, int]):
         self._load: dict[str, int] = {}
         self._at: dict[int, list[str]] = {}  # load -> the replicas at that load, sorted
         self._min = 0
+        self._total = 0
+        self._ordered: tuple[str, ...] | None = ()  # the replicas by name; None until re-sorted
 
     # Mapping
     def __getitem__(self, replica: str) -> int:
@@ -47,6 +50,19 @@ class LoadIndex(Mapping[str, int]):
         """A replica at the lowest load, tied replicas chosen as ``hashing.least_loaded`` chooses them."""
         return tie_break(key, self._at[self.min()])
 
+    def total(self) -> int:
+        """The sum of the loads, kept as loads move."""
+        return self._total
+
+    def ordered(self) -> tuple[str, ...]:
+        """The replicas sorted by name: the same tuple object until a replica joins or leaves.
+
+        Policies that cache per membership (a hash ring) can compare it with ``is``.
+        """
+        if self._ordered is None:
+            self._ordered = tuple(sorted(self._load))
+        return self._ordered
+
     # kept up to date by the replica set
     def set(self, replica: str, load: int) -> None:
         """Add ``replica`` at ``load``, or move it there."""
@@ -55,6 +71,9 @@ class LoadIndex(Mapping[str, int]):
             return
         if old is not None:
             self._leave(replica, old)
+        else:
+            self._ordered = None
+        self._total += load - (old or 0)
         self._load[replica] = load
         bisect.insort(self._at.setdefault(load, []), replica)
         if len(self._load) == 1 or load < self._min:
@@ -66,6 +85,7 @@ class LoadIndex(Mapping[str, int]):
         old = self._load.pop(replica, None)
         if old is None:
             return
+        self._ordered, self._total = None, self._total - old
         self._leave(replica, old)
         if old == self._min and self._min not in self._at and self._at:
             self._min = min(self._at)

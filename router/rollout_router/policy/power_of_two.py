@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from .base import Decision, Outcome, Policy, Request
+from .hashing import ordered
 from .unkeyed import require
 
 
@@ -20,11 +21,12 @@ class PowerOfTwoPolicy(Policy):
 
     def route(self, request: Request) -> Decision:
         loads = require(request.loads)
-        replicas = sorted(loads)
+        replicas = ordered(loads)
         if len(replicas) == 1:
             choice = replicas[0]
-        else:
-            a, b = self._rng.sample(replicas, 2)
+        else:  # sampling indices draws what sampling the names would, without copying them
+            i, j = self._rng.sample(range(len(replicas)), 2)
+            a, b = replicas[i], replicas[j]
             choice = b if loads[b] < loads[a] else a
         self.counters.count(Outcome.UNKEYED)
         return Decision(choice, Outcome.UNKEYED)

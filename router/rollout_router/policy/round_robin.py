@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .base import Decision, Outcome, Policy, Request
+from .hashing import ordered
 from .unkeyed import require
 
 
@@ -13,7 +14,7 @@ class RoundRobinPolicy(Policy):
         self._next = 0
 
     def route(self, request: Request) -> Decision:
-        replicas = sorted(require(request.loads))
+        replicas = ordered(require(request.loads))
         replica = replicas[self._next % len(replicas)]
         self._next += 1
         self.counters.count(Outcome.UNKEYED)

@@ -150,6 +150,18 @@ class SessionPolicy(Policy):
     def sessions(self) -> int:
         return len(self.table)
 
+    def pinned(self, key: str, now: float) -> str | None:
+        return self.table.get(key, now)
+
+    def adopt(self, key: str, replica: str, now: float) -> None:
+        self.table.pin(key, replica, now)
+
+    def surrender(self, key: str, now: float) -> str | None:
+        replica = self.table.get(key, now)
+        if replica is not None:
+            self.table.drop(key)
+        return replica
+
     def expire(self, now: float, limit: int | None = None) -> int:
         return self.table.expire(now, limit)
 

@@ -31,6 +31,9 @@ from .session_key import session_key
 log = logging.getLogger(__name__)
 
 REPLICA_METADATA = "x-rolloutrouter-replica"
+HOP_METADATA = "x-rolloutrouter-forwarded-by"  # set on calls forwarded to the session's owner router (fleet)
+# On the router's own UNAVAILABLE answers, so a forwarding router tells them from an owner it cannot reach.
+ROUTER_ANSWER = (("x-rolloutrouter-answered", "router"),)
 # Set by the gRPC library on every call; forwarding them would clash with the upstream call's own.
 _RESERVED = ("user-agent", "te", "content-type", "host", "grpc-")
 
@@ -123,8 +126,10 @@ class GrpcProxy(grpc.GenericRpcHandler):
         self._channels.clear()
 
     def prune(self) -> None:
-        """Close channels to targets that no replica, live or still draining, has any more."""
+        """Close channels to targets that no replica (live or still draining) or peer router has any more."""
         live = self._context.replicas.grpc_targets()
+        if self._context.fleet is not None:  # and the owner routers calls are forwarded to
+            live |= {m.grpc for m in self._context.fleet.membership.peers.values() if m.grpc}
         for target in set(self._channels) - live:
             asyncio.ensure_future(self._channels.pop(target).close())
 
@@ -136,15 +141,30 @@ class GrpcProxy(grpc.GenericRpcHandler):
         except RouterError as error:
             self._context.metrics.errors.labels(error.reason).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+        fleet = self._context.fleet
+        if fleet is not None and key is not None:
+            hop = ((HOP_METADATA, fleet.self_id),)
+
+            async def to_owner(owner) -> bool:
+                if owner.grpc is None:
+                    return False
+                if await self._to_owner(method, request, (*metadata, *hop), owner.grpc, context):
+                    fleet.forwarded += 1
+                    return True
+                fleet.unreachable(owner, gone=True)
+                return False
+
+            if await fleet.via_owner(key, any(name == HOP_METADATA for name, _ in metadata), to_owner):
+                return
         try:
             await forward(self._context, key, lambda lease: self._attempt(method, request, metadata, lease, context),
                           grpc=True)
         except NoReplicaError:
             self._context.metrics.errors.labels("no_replica").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no replica with a gRPC port is available")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no replica with a gRPC port is available", ROUTER_ANSWER)
         except AllRefused as error:
             self._context.metrics.errors.labels("all_refused").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), ROUTER_ANSWER)
 
     def _call(self, method: str, request: _Single | _Replay, metadata: Metadata, target: str,
               context: aio.ServicerContext):
@@ -194,6 +214,39 @@ class GrpcProxy(grpc.GenericRpcHandler):
         if answered or code not in _TRANSPORT_CODES:
             self._context.outliers.success(lease.replica)
         return answered or code == "OK"
+
+    async def _to_owner(self, method: str, request: _Single | _Replay, metadata: Metadata, target: str,
+                        context: aio.ServicerContext) -> bool:
+        """Relay the call through the session's owner router; False when it was unavailable before answering
+        (then this router decides). The owner's answer, errors included, is the client's."""
+        call = self._call(method, request, metadata, target, context)
+        answered = False
+        try:
+            response = await call.read()
+            while response is not aio.EOF:
+                if not answered:
+                    answered = True
+                    await context.send_initial_metadata(_forwardable(await call.initial_metadata()))
+                await context.write(response)
+                response = await call.read()
+            if not answered:
+                await context.send_initial_metadata(_forwardable(await call.initial_metadata()))
+            context.set_trailing_metadata(_forwardable(await call.trailing_metadata()))
+            context.set_code(await call.code())
+            context.set_details(await call.details() or "")
+        except aio.AioRpcError as error:
+            call.cancel()
+            await request.settle()
+            trailers = _forwardable(error.trailing_metadata())
+            if error.code() is grpc.StatusCode.UNAVAILABLE and not answered and request.replayable \
+                    and ROUTER_ANSWER[0] not in trailers:
+                return False
+            context.set_code(error.code())
+            context.set_details(error.details() or "")
+            context.set_trailing_metadata(_forwardable(error.trailing_metadata()))
+        finally:
+            call.cancel()
+        return True
 
     async def _first(self, call: Any, request: _Single | _Replay) -> Any:
         """The call's first message (or ``aio.EOF``); None when a one-message request got none within

@@ -28,10 +28,13 @@ from .relay import CLIENT_CLOSED, WAITING, Exchange, attempt
 from .routes import FORWARDED_PATHS, REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import KEEPALIVE_SECONDS, Pools
+from ...fleet.forwarding import HOP, to_owner  # noqa: E402  (after .relay, which it uses)
 
 __all__ = ["CLIENT_CLOSED", "FORWARDED_PATHS", "HttpProxy", "REPLICA_HEADER", "SWEEP_SECONDS"]
 
 log = logging.getLogger(__name__)
+
+FORWARD_SLACK_SECONDS = 5.0
 
 
 class HttpProxy(Listener):
@@ -64,7 +67,7 @@ class HttpProxy(Listener):
         session = self.context.settings.session
         if self._key_names[0] is not session:
             names = tuple(name.lower().encode() for name in session.headers)
-            self._key_names = (session, names, frozenset(names))
+            self._key_names = (session, names, frozenset((*names, HOP)))  # the parser keeps the hop header too
         return self._key_names[1], self._key_names[2]
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
@@ -89,6 +92,11 @@ class HttpProxy(Listener):
             return self._refuse(client, request, error)
         headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
         metrics = self.context.metrics
+        fleet = self.context.fleet
+        if fleet is not None and key is not None and await fleet.via_owner(
+                key, bool(request.keys and HOP in request.keys),
+                lambda owner: to_owner(self, fleet, client, request, headers, owner)):
+            return
 
         async def send(lease) -> bool:
             started = time.monotonic()
@@ -158,6 +166,8 @@ class HttpProxy(Listener):
                 continue
             exchange.silent += elapsed
             limit = first_byte if exchange.state == WAITING else idle
+            if limit is not None and exchange.forwarded:
+                limit += FORWARD_SLACK_SECONDS  # the owner router times its replica out first, and says so
             if limit is not None and exchange.silent >= limit:
                 exchange.timeout()
 

@@ -15,13 +15,15 @@ import os
 from pathlib import Path
 
 from ...context import RouterContext
+from ...fleet import endpoints as fleet_endpoints
 from .. import admin, workers
 from . import write_admin
 from .listener import Limits, Listener
 from .server import ClientConnection, HttpRequest
 
-# What the admin listener serves: the router's own routes and the worker API of SGLang's router / vllm-router.
-ROUTES = (*admin.ROUTES, *workers.ROUTES)
+# What the admin listener serves: the router's own routes, the worker API of SGLang's router / vllm-router,
+# and the routes between the routers of a fleet.
+ROUTES = (*admin.ROUTES, *workers.ROUTES, *fleet_endpoints.ROUTES)
 
 log = logging.getLogger(__name__)
 

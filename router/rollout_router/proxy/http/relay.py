@@ -37,6 +37,7 @@ BUFFER_LIMIT = 1 << 20  # non-streaming bodies of known length up to this size a
 SSE_DONE = b"data: [DONE]"
 CLIENT_CLOSED = 499  # nginx's code for "client went away", used in metrics only
 STALE = "stale"  # result of an attempt whose reused connection was closed before any answer
+UNREACHED = "unreached"  # result of a forward to the session's owner router that closed before any byte
 
 # Exchange states
 WAITING, BUFFERING, STREAMING, DONE = range(4)
@@ -47,11 +48,12 @@ class Exchange:
 
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
-                 "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure")
+                 "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
-                 conn: UpstreamConnection, reused: bool) -> None:
+                 conn: UpstreamConnection, reused: bool, forwarded: bool = False) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
+        self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
         self.conn, self.reused = conn, reused
         self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.state, self.status, self.reason = WAITING, 0, b""
@@ -110,7 +112,8 @@ class Exchange:
             self.chunked = True  # chunked or read-until-close upstream: re-framed as chunks
             kept.append((b"Transfer-Encoding", b"chunked"))
         self.until_close = length is None and not parser.should_keep_alive()
-        kept.append((REPLICA_HEADER_BYTES, self.replica.encode()))
+        if not self.forwarded:
+            kept.append((REPLICA_HEADER_BYTES, self.replica.encode()))
         if not self.chunked and length is None and not no_body:
             request.close_after = True  # an HTTP/1.0 client learns the end of the body from the close
         if request.close_after or not request.keep_alive:
@@ -163,6 +166,8 @@ class Exchange:
             self.on_message_complete()  # a body delimited by the close has ended
         elif self.seen == 0 and self.reused:
             self.finish(reusable=False, result=STALE)
+        elif self.seen == 0 and self.forwarded:
+            self.finish(reusable=False, result=UNREACHED)
         else:
             self.fail(f"closed the connection ({type(exc).__name__ if exc else 'EOF'})")
         self.flush()
@@ -190,31 +195,35 @@ class Exchange:
         if self.state == DONE:
             return
         metrics, replica = self.proxy.context.metrics, self.replica
+        tag = None if self.forwarded else replica  # a forward's error names the owner router, not a replica
         if self.state == WAITING:
             self.failure = reason
             status = 504 if self.timed_out else 502
-            message = (f"replica {replica} did not answer in time (firstByteTimeoutSeconds)" if self.timed_out
-                       else f"replica {replica} failed: {what}")
+            message = (f"{self._what()} did not answer in time (firstByteTimeoutSeconds)" if self.timed_out
+                       else f"{self._what()} failed: {what}")
             metrics.errors.labels("timeout" if self.timed_out else "upstream_error").inc()
-            self.out.append(self.proxy.error_bytes(status, message, self.request, replica))
+            self.out.append(self.proxy.error_bytes(status, message, self.request, tag))
             self.code = status
         elif self.state == BUFFERING:
             metrics.errors.labels("upstream_broke_mid_response").inc()
             log.warning("replica %s broke off mid-response: %s", replica, what)
-            self.out.append(self.proxy.error_bytes(502, f"replica {replica} broke off mid-response: {what}",
-                                                   self.request, replica))
+            self.out.append(self.proxy.error_bytes(502, f"{self._what()} broke off mid-response: {what}",
+                                                   self.request, tag))
             self.code = 502
         else:
             metrics.errors.labels("upstream_broke_mid_response").inc()
             log.warning("replica %s broke off mid-response: %s", replica, what)
             self.code = 502
             if self.sse and self.chunked:
-                event = json.dumps(error_body(502, f"replica {replica} failed mid-stream: {what}")).encode()
+                event = json.dumps(error_body(502, f"{self._what()} failed mid-stream: {what}")).encode()
                 self.out.append(wire.chunk(b"data: " + event + b"\n\n") + wire.LAST_CHUNK)
             else:
                 self.flush()
                 self.client.abort()
         self.finish(reusable=False)
+
+    def _what(self) -> str:
+        return f"owner router {self.replica}" if self.forwarded else f"replica {self.replica}"
 
     def finish(self, reusable: bool, result: str | None = None) -> None:
         """Detach from both connections and wake the attempt; the connection goes back to the pool if it can."""

@@ -1,0 +1,10 @@
+"""Many routers, one policy: session ownership, fleet-wide load and pin handoff (docs/fleet.md).
+
+One module per job: ``ownership`` (rendezvous hashing and recent member sets;
+pure), ``membership`` (candidate peers and live members; pure), ``peerpods``
+(the router pods of a resource, from the pod watch), ``client`` (calls to
+peers' admin listeners), ``loadview`` (other routers' or vLLM's counts into the
+replica set), ``handoff`` (pins follow ownership), ``forwarding`` (HTTP to the
+owner through the proxy's upstream pool), ``endpoints`` (the admin routes
+between routers) and ``node`` (``Fleet``: one router's part, tying them together).
+"""

@@ -1,0 +1,66 @@
+"""Calls to other routers' admin listeners: info, loads, pin handoff; and replica ``/metrics`` scrapes.
+
+One aiohttp session with keep-alive connections, off the data path (the data
+path forwards to owners through the proxy's own upstream pool). Every call
+carries this router's admin token: all routers of a fleet share one.
+``Unreachable`` means the other side could not be reached or did not answer in
+time; an answer with an error status is ``PeerError``.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+
+class Unreachable(Exception):
+    """No answer: refused, reset, or not within the timeout."""
+
+
+class PeerError(Exception):
+    """The peer answered with an error status."""
+
+
+class PeerClient:
+    def __init__(self, token: Callable[[], bytes | None], timeout: float):
+        self._token, self.timeout = token, timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token()
+        return {"Authorization": f"Bearer {token.decode()}"} if token else {}
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def call(self, method: str, url: str, body: Any = None, timeout: float | None = None) -> Any:
+        """One JSON call; raises Unreachable or PeerError."""
+        try:
+            async with self._open().request(method, url, json=body, headers=self._headers(),
+                                            timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as answer:
+                if answer.status >= 400:
+                    raise PeerError(f"{method} {url} answered {answer.status}: {(await answer.text())[:200]}")
+                return await answer.json(content_type=None)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as error:
+            raise Unreachable(f"{method} {url}: {error!r}") from None
+        except (aiohttp.ClientResponseError, ValueError) as error:
+            raise PeerError(f"{method} {url}: {error!r}") from None
+
+    async def text(self, url: str, timeout: float | None = None) -> str:
+        """A plain GET (a replica's /metrics); raises Unreachable or PeerError."""
+        try:
+            async with self._open().get(url, timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as answer:
+                if answer.status != 200:
+                    raise PeerError(f"GET {url} answered {answer.status}")
+                return await answer.text()
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as error:
+            raise Unreachable(f"GET {url}: {error!r}") from None

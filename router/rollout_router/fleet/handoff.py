@@ -1,0 +1,80 @@
+"""Pins follow ownership: a new owner asks the previous owner for a session's pin before placing it anew.
+
+When the member set changes, the keys whose owner changed arrive at their new
+owner without a pin. Before routing such a key, the owner asks the key's owner
+under each recent member set (``ownership.History``, newest first) with
+``POST /fleet/v1/handoff``; the first that holds the pin gives it up and the
+session keeps its replica (a handoff). Only when no one holds it and some
+previous owner could not be reached (gone for good: refused, reset, silent)
+is the session placed anew and counted as replaced. A previous owner that
+answers without the pin means the session is new (or expired): nothing is counted.
+
+Concurrent requests for one key wait for the same handoff.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from ..balancer import Balancer
+from .client import PeerError, Unreachable
+from .ownership import History
+
+log = logging.getLogger(__name__)
+
+Ask = Callable[[str, str], Awaitable[str | None]]  # (previous owner, key) -> the replica it held, or None
+
+
+class Handoff:
+    def __init__(self, history: History, balancer: Balancer, ask: Ask, clock: Callable[[], float]):
+        self.history, self.balancer, self._ask, self._clock = history, balancer, ask, clock
+        self.handoffs = self.replaced = 0
+        self.gone: set[str] = set()  # previous owners that could not be reached: not asked again
+        self._pending: dict[str, asyncio.Future[None]] = {}
+
+    def needed(self, key: str, believed: str | None = None) -> bool:
+        """Whether ``key`` may have a pin elsewhere: not pinned here, and the fleet changed lately (or
+        ``believed``, the key's owner in this router's view, sent it here: the views differ for a moment)."""
+        return self.balancer.pinned(key) is None and bool(believed or self.history.previous_owners(key, self._clock()))
+
+    async def fetch(self, key: str, believed: str | None = None) -> None:
+        """Bring ``key``'s pin here if a previous owner holds it; count a handoff or a replaced session."""
+        pending = self._pending.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future = self._pending[key] = asyncio.get_running_loop().create_future()
+        try:
+            await self._fetch(key, believed)
+        finally:
+            del self._pending[key]
+            future.set_result(None)
+
+    async def _fetch(self, key: str, believed: str | None) -> None:
+        lost = False
+        candidates = self.history.previous_owners(key, self._clock())
+        for previous in ([believed] if believed else []) + [c for c in candidates if c != believed]:
+            if previous in self.gone:
+                lost = True
+                continue
+            try:
+                replica = await self._ask(previous, key)
+            except Unreachable as error:
+                log.warning("previous owner %s is unreachable (%s): its sessions are placed anew", previous, error)
+                self.gone.add(previous)
+                lost = True
+                continue
+            except PeerError as error:
+                log.warning("previous owner %s did not hand over session %r: %s", previous, key, error)
+                continue
+            if replica is not None:
+                if self.balancer.pinned(key) is None:  # a request placed meanwhile wins
+                    self.balancer.adopt(key, replica)
+                self.handoffs += 1
+                return
+        if lost:
+            self.replaced += 1
+
+    def surrender(self, key: str) -> str | None:
+        """The previous owner's side: give up the pin."""
+        return self.balancer.surrender(key)

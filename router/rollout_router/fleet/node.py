@@ -1,0 +1,230 @@
+"""One router's part in a fleet: its members, who owns a key, the shared loads, handoffs and counters.
+
+``Fleet`` polls every candidate peer's ``/fleet/v1/loads`` each
+``pollIntervalSeconds``: an answer keeps the peer a member (and carries its
+in-flight counts for the ``peers`` load view), silence for
+``peerTimeoutSeconds`` ends its membership. Each change of the member set is
+recorded in the ownership history and clears the owner cache, so the data
+path's ``owner_of`` is a dict lookup for a key seen since the last change.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..settings import FleetSettings
+from . import loadview
+from .client import PeerClient, PeerError, Unreachable
+from .handoff import Handoff
+from .membership import PODS, STATIC, Member, Membership
+from .ownership import History, owner
+
+if TYPE_CHECKING:
+    from ..context import RouterContext
+
+log = logging.getLogger(__name__)
+
+OWNER_CACHE = 100_000  # keys whose owner is remembered between member changes
+DEFAULT_WINDOW = 3600.0  # how long a previous member set is asked for pins when sessions never expire
+
+
+def advertised(admin_host: str, admin_port: int) -> str:
+    """The default member id: the admin listener's URL, with an any-address replaced by ``$POD_IP``."""
+    host = admin_host
+    if host in ("0.0.0.0", "::", "") and os.environ.get("POD_IP"):
+        host = os.environ["POD_IP"]
+    return f"http://{f'[{host}]' if ':' in host else host}:{admin_port}"
+
+
+class Fleet:
+    def __init__(self, context: RouterContext, self_id: str, http_url: str, grpc_target: str | None,
+                 token: Callable[[], bytes | None], cli_peers: Sequence[str] = (),
+                 peer_selector: str | None = None, peer_namespace: str | None = None):
+        self.context, self.self_id = context, self_id.rstrip("/")
+        self.http_url, self.grpc_target = http_url, grpc_target
+        self._cli_peers, self._selector, self._namespace = list(cli_peers), peer_selector, peer_namespace
+        self.settings = context.settings.fleet or FleetSettings()
+        self.membership = Membership(self.self_id)
+        self.history = History(self.self_id, self._window())
+        self.client = PeerClient(token, self.settings.peer_timeout_seconds)
+        self.loads = loadview.PeerLoads(context.replicas)
+        self.handoff = Handoff(self.history, context.balancer, self._ask, context.clock)
+        self.forwarded = self.owner_unreachable = 0
+        self._owners: dict[str, str] = {}
+        self._polls: dict[str, asyncio.Task] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._scraper: asyncio.Task | None = None
+
+    # lifecycle
+    def start(self) -> None:
+        self.configure(self.settings)
+        if self._selector:
+            from .peerpods import watch_peers  # the Kubernetes client only where pods are watched
+            self._tasks.append(asyncio.get_running_loop().create_task(
+                _logged(watch_peers(self._selector, self._namespace, lambda ids: self.set_peers(PODS, ids))),
+                name="peer-discovery"))
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._polls.values(), *([self._scraper] if self._scraper else [])]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.loads.clear()
+        await self.client.close()
+
+    def configure(self, settings: FleetSettings) -> None:
+        """Take new fleet settings live: the static peers, the load view, the poll timing."""
+        view_changed = settings.load_view != self.settings.load_view
+        self.settings = settings
+        self.client.timeout = settings.peer_timeout_seconds
+        self.history.window = self._window()
+        self.set_peers(STATIC, [*self._cli_peers, *settings.peers])
+        if view_changed:
+            self.loads.clear()
+            if settings.load_view == "peers":
+                for member in self.live_peers():
+                    self.loads.change({}, member.loads)
+        self._start_scraper(settings.load_view == "vllm")
+
+    def _window(self) -> float:
+        return self.context.settings.session.idle_timeout_seconds or DEFAULT_WINDOW
+
+    def _start_scraper(self, wanted: bool) -> None:
+        if wanted and self._scraper is None:
+            self._scraper = asyncio.get_running_loop().create_task(_logged(loadview.scrape_vllm(
+                self.context.replicas, self.client, self.settings.poll_interval_seconds)), name="vllm-loads")
+        elif not wanted and self._scraper is not None:
+            self._scraper.cancel()
+            self._scraper = None
+            if self.settings.load_view == "local":
+                for replica in list(self.context.replicas.external()):
+                    self.context.replicas.set_external(replica, 0)
+
+    # membership
+    def set_peers(self, source: str, ids: Sequence[str] | set[str]) -> None:
+        added, dropped = self.membership.set_source(source, ids)
+        for member in dropped:
+            task = self._polls.pop(member.id, None)
+            if task is not None:
+                task.cancel()
+            if member.live:
+                self._left(member, "no longer named as a peer")
+        for peer_id in added:
+            self._polls[peer_id] = asyncio.get_running_loop().create_task(self._poll(peer_id), name=f"peer {peer_id}")
+
+    def live_peers(self) -> list[Member]:
+        return [m for m in self.membership.peers.values() if m.live]
+
+    def members(self) -> frozenset[str]:
+        return self.history.current
+
+    async def _poll(self, peer_id: str) -> None:
+        while (member := self.membership.get(peer_id)) is not None:
+            try:
+                await self._poll_once(member)
+            except (Unreachable, PeerError, KeyError, TypeError, ValueError, AttributeError) as error:
+                if self.membership.failed(peer_id, self.context.clock(), self.settings.peer_timeout_seconds):
+                    self._left(member, str(error))
+            await asyncio.sleep(self.settings.poll_interval_seconds)
+
+    async def _poll_once(self, member: Member) -> None:
+        if member.http is None:
+            info = await self.client.call("GET", f"{member.id}/fleet/v1/info")
+            member.http, member.grpc = str(info["http"]).rstrip("/"), info.get("grpc")
+        answer = await self.client.call("GET", f"{member.id}/fleet/v1/loads")
+        loads = {str(replica): int(count) for replica, count in answer["loads"].items()}
+        if self.membership.get(member.id) is not member:
+            return  # dropped while we waited
+        old = member.loads if member.live else {}
+        joined = self.membership.answered(member.id, self.context.clock())
+        member.loads = loads
+        if self.settings.load_view == "peers":
+            self.loads.change(old, loads)
+        if joined:
+            self.handoff.gone.discard(member.id)
+            log.info("router %s joined the fleet", member.id)
+            self._changed()
+
+    def _left(self, member: Member, why: str) -> None:
+        member.live = False
+        if self.settings.load_view == "peers":
+            self.loads.change(member.loads, {})
+        member.loads = {}
+        member.http = None  # asked again when it comes back (it may come back elsewhere)
+        log.warning("router %s left the fleet: %s", member.id, why)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.history.update(self.membership.members(), self.context.clock())
+        self._owners.clear()
+
+    # the data path
+    def owner_of(self, key: str) -> Member | None:
+        """The member owning ``key`` when it is another router (None: this router decides)."""
+        members = self.history.current
+        if len(members) == 1:
+            return None
+        owner_id = self._owners.get(key)
+        if owner_id is None:
+            if len(self._owners) >= OWNER_CACHE:
+                self._owners.clear()
+            owner_id = self._owners[key] = owner(key, members)
+        return None if owner_id == self.self_id else self.membership.get(owner_id)
+
+    async def via_owner(self, key: str, hopped: bool, attempt: Callable[[Member], Awaitable[bool]]) -> bool:
+        """Send a keyed request through its owner: True when an owner answered it, False to decide here.
+
+        An owner gone for good (refused, reset) leaves the membership at once,
+        and the request goes to the key's owner without it (nothing reached the
+        first). Deciding here as the key's owner, the pin is first fetched from
+        a previous owner (``handoff``); a request another router sent here
+        (``hopped``) is decided here even when this router's view names another owner.
+        """
+        owner = self.owner_of(key)
+        if owner is not None and not hopped:
+            for _ in range(2):
+                if await attempt(owner):
+                    return True
+                failed, owner = owner, self.owner_of(key)
+                if owner is None or owner is failed:
+                    break
+        believed = owner.id if owner is not None and hopped else None
+        if (owner is None or believed) and self.handoff.needed(key, believed):
+            await self.handoff.fetch(key, believed)
+        return False
+
+    def unreachable(self, member: Member, gone: bool) -> None:
+        """Forwarding to ``member`` failed before any byte came back; ``gone``: refused or reset, not slow."""
+        self.owner_unreachable += 1
+        if gone and member.live and self.membership.failed(member.id, self.context.clock(), 0.0, gone=True):
+            self._left(member, "refused a forwarded request")
+
+    async def _ask(self, previous: str, key: str) -> str | None:
+        answer = await self.client.call("POST", f"{previous}/fleet/v1/handoff", {"key": key, "from": self.self_id})
+        replica = answer.get("replica") if isinstance(answer, dict) else None
+        return replica if isinstance(replica, str) else None
+
+    # what /status and /metrics show
+    def peer_load_ages(self) -> dict[str, float]:
+        now = self.context.clock()
+        return {m.id: round(now - m.answered, 3) for m in self.live_peers() if m.answered is not None}
+
+    def status(self) -> dict:
+        return {"self": self.self_id, "members": sorted(self.members()), "forwarded": self.forwarded,
+                "ownerUnreachable": self.owner_unreachable, "handoffs": self.handoff.handoffs,
+                "replaced": self.handoff.replaced, "loadView": self.settings.load_view,
+                "peerLoadAgeSeconds": self.peer_load_ages()}
+
+
+async def _logged(work) -> None:
+    """Run a background job; a bug is logged instead of vanishing with the task."""
+    try:
+        await work
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("fleet background task failed")

@@ -1,0 +1,292 @@
+"""Many routers, one policy: real router processes sharing sessions in front of simulated vLLM replicas.
+
+Three routers behave as one: each session's turns are decided by its owner
+whichever router they enter by, and the margin compares fleet-wide loads, so
+the exact replica sequences (and the counters) are a single router's.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
+
+from rollout_router.fleet.ownership import owner
+from rollout_router.localfleet import (
+    Service, fleet_config, fleet_members, spawn, spawn_fleet_router, spawn_replica, start_router_fleet, stop,
+    tell_peers, wait_healthy,
+)
+from tests.support import wait_until
+
+# Held turns generate for minutes (until released); quick turns take a few engine steps.
+REPLICA_ARGS = ["--step-base-ms", "20"]
+HELD_TOKENS, QUICK_TOKENS = 5000, 2
+COUNTERS = ("new_sessions", "affinity_kept", "affinity_broken", "repinned_replica_gone", "unkeyed")
+
+
+def status(service: Service) -> dict:
+    with urllib.request.urlopen(f"{service.admin_url}/status", timeout=5) as answer:
+        return json.load(answer)
+
+
+class Turn:
+    """A streamed chat completion through a router, held in flight (its head read) until ``release``."""
+
+    def __init__(self, router: Service, key: str | None, max_tokens: int = HELD_TOKENS):
+        url = urlsplit(router.url)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": f"turn of {key}"}],
+                "max_tokens": max_tokens, "stream": True}
+        self.conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                          {"Content-Type": "application/json", **({"X-Session-ID": key} if key else {})})
+        self.response = self.conn.getresponse()
+        self.status = self.response.status
+        self.replica = self.response.getheader("X-RolloutRouter-Replica")
+
+    def finish(self) -> bytes:
+        return self.response.read()
+
+    def release(self) -> None:
+        self.response.close()
+        self.conn.close()
+
+
+def quick_turn(router: Service, key: str) -> Turn:
+    turn = Turn(router, key, QUICK_TOKENS)
+    body = turn.finish()
+    turn.release()
+    assert turn.status == 200 and body.rstrip().endswith(b"data: [DONE]"), body[-300:]
+    return turn
+
+
+def fleet_load(router: Service) -> int:
+    """The in-flight requests over all replicas as this router's policy sees them (its own + the others')."""
+    return sum(b["fleet_inflight"] for b in status(router)["backends"])
+
+
+def synced(routers: list[Service], load: int) -> None:
+    """Wait until every router sees ``load`` requests in flight fleet-wide."""
+    wait_until(lambda: all(fleet_load(r) == load for r in routers), f"every router to see {load} in flight")
+
+
+def letters(replicas: list[str | None]) -> str:
+    names: dict[str | None, str] = {}
+    return "".join(names.setdefault(r, "ABCD"[len(names)]) for r in replicas)
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    starting = [spawn_replica(index, REPLICA_ARGS) for index in range(4)]
+    try:
+        services = [wait_healthy(s.bound(), "/health") for s in starting]
+        yield services
+    finally:
+        for s in starting:
+            stop(s.process)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def converged(routers: list[Service], size: int) -> None:
+    ids = sorted(r.admin_url for r in routers if r.process.poll() is None)
+    assert len(ids) == size
+    wait_until(lambda: all(fleet_members(r) == ids for r in routers if r.process.poll() is None),
+               f"every router to see the {size} members")
+
+
+def set_margin(routers: list[Service], replicas: list[Service], workdir: Path, margin: int | None,
+               fleet: bool) -> None:
+    settings = {"affinityBreakMargin": margin}
+    if fleet:
+        tell_peers(routers, replicas, workdir, settings)
+    else:
+        (workdir / "single.json").write_text(json.dumps({**settings, "backends": [r.url for r in replicas]}))
+        routers[0].process.send_signal(signal.SIGHUP)
+    wait_until(lambda: all(status(r)["affinity_break_margin"] == margin for r in routers), "the margin to apply")
+
+
+def session(entries: list[Service], filler: Service, key: str, everyone: list[Service]) -> str:
+    """Three held turns of ``key``, one held request without a key, a fourth turn: the turns' replicas."""
+    held: list[Turn] = []
+    try:
+        for turn in range(3):
+            held.append(Turn(entries[turn], key))
+            assert held[-1].status == 200
+            synced(everyone, len(held))
+        held.append(Turn(filler, None))
+        synced(everyone, 4)
+        held.append(Turn(entries[3], key))
+        assert all(t.status == 200 for t in held)
+        return letters([t.replica for t in (*held[:3], held[4])])
+    finally:
+        for turn in held:
+            turn.release()
+        synced(everyone, 0)
+
+
+EXPECTED = {None: "AAAA", 1: "AABB", 0: "ABCC"}
+
+
+def test_three_routers_give_a_single_routers_sequences_and_counters(replicas, workdir):
+    routers = start_router_fleet(3, replicas, workdir)
+    (workdir / "single.json").write_text(json.dumps({"backends": [r.url for r in replicas]}))
+    single = spawn(["serve", "--log-level", "warning", "--config", str(workdir / "single.json")], "127.0.0.1").bound()
+    try:
+        converged(routers, 3)
+        for margin, expected in EXPECTED.items():
+            set_margin(routers, replicas, workdir, margin, fleet=True)
+            set_margin([single], replicas, workdir, margin, fleet=False)
+            for offset in range(3):  # every turn enters by another router, in three rotations
+                entries = [routers[(offset + turn) % 3] for turn in range(4)]
+                key = f"margin-{margin}-rotation-{offset}"
+                assert session(entries, routers[(offset + 1) % 3], key, routers) == expected, (margin, offset)
+                assert session([single] * 4, single, key, [single]) == expected
+        fleet = [status(r) for r in routers]
+        alone = status(single)
+        for counter in COUNTERS:
+            assert sum(s[counter] for s in fleet) == alone[counter], counter
+        assert sum(s["fleet"]["forwarded"] for s in fleet) > 0
+        assert sum(s["fleet"]["ownerUnreachable"] for s in fleet) == 0
+        assert alone["fleet"] is None and all(s["total_inflight"] == 0 for s in fleet)
+    finally:
+        for router in (*routers, single):
+            router.stop()
+
+
+def test_a_killed_routers_sessions_alone_are_placed_anew(replicas, workdir):
+    routers = start_router_fleet(3, replicas, workdir)
+    try:
+        converged(routers, 3)
+        ids = [r.admin_url for r in routers]
+        keys = [f"kill-{i}" for i in range(18)]
+        first = {key: quick_turn(routers[i % 3], key).replica for i, key in enumerate(keys)}
+        doomed = [key for key in keys if owner(key, ids) == ids[2]]
+        assert doomed and len(doomed) < len(keys)
+        survivors = routers[:2]
+        results: list[tuple[float, str, int, str | None]] = []
+        killed_at: list[float] = []
+
+        def traffic() -> None:
+            for round_ in range(6):
+                for i, key in enumerate(keys):
+                    started = time.monotonic()
+                    try:
+                        turn = quick_turn(survivors[(i + round_) % 2], key)
+                        results.append((started, key, turn.status, turn.replica))
+                    except (AssertionError, OSError) as error:
+                        results.append((started, key, 0, repr(error)))
+
+        worker = threading.Thread(target=traffic)
+        worker.start()
+        wait_until(lambda: len(results) >= len(keys), "traffic to be under way")
+        routers[2].process.send_signal(signal.SIGKILL)
+        killed_at.append(time.monotonic())
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+        failed = [r for r in results if r[0] > killed_at[0] and r[2] != 200]
+        assert not failed, failed  # nothing that started after the kill saw an error
+        for started, key, _, replica in results:
+            if key not in doomed:
+                assert replica == first[key], key  # the survivors' sessions kept their pins
+        converged(survivors, 2)
+        counts = [status(r) for r in survivors]
+        assert sum(s["fleet"]["replaced"] for s in counts) == len(doomed)
+        assert sum(s["fleet"]["handoffs"] for s in counts) == 0
+        wait_until(lambda: all(s["total_inflight"] == 0 for s in map(status, survivors)), "no request in flight")
+        synced(survivors, 0)  # the killed router's counts left with it
+    finally:
+        for router in routers:
+            router.stop()
+
+
+def test_an_added_router_takes_its_sessions_with_their_pins(replicas, workdir):
+    routers = start_router_fleet(2, replicas, workdir)
+    try:
+        converged(routers, 2)
+        keys = [f"grow-{i}" for i in range(24)]
+        first = {key: quick_turn(routers[i % 2], key).replica for i, key in enumerate(keys)}
+        routers.append(spawn_fleet_router(2, replicas, workdir))
+        tell_peers(routers, replicas, workdir)
+        converged(routers, 3)
+        ids = [r.admin_url for r in routers]
+        moved = [key for key in keys if owner(key, ids) == ids[2]]
+        assert moved
+        for i, key in enumerate(keys):
+            assert quick_turn(routers[i % 3], key).replica == first[key], key
+        counts = [status(r) for r in routers]
+        assert counts[2]["fleet"]["handoffs"] == len(moved)
+        assert sum(s["fleet"]["replaced"] for s in counts) == 0
+        assert sum(s["affinity_kept"] for s in counts) == len(keys)  # every second turn kept its replica
+    finally:
+        for router in routers:
+            router.stop()
+
+
+def test_grpc_calls_are_forwarded_to_the_owner(workdir):
+    starting = [spawn_replica(10 + index, grpc=True) for index in range(2)]
+    replicas = [wait_healthy(s.bound(), "/health") for s in starting]
+    routers: list[Service] = []
+    try:
+        routers = start_router_fleet(2, replicas, workdir, grpc=True)
+        converged(routers, 2)
+        ids = [r.admin_url for r in routers]
+        key = next(f"grpc-{i}" for i in range(100) if owner(f"grpc-{i}", ids) == ids[1])
+        seen = set()
+        for router in routers:  # one call enters by the owner's peer, one by the owner
+            with grpc.insecure_channel(router.grpc_target) as channel:
+                request = pb.GenerateRequest(text="hello there", stream=True,
+                                             sampling_params=pb.SamplingParams(max_tokens=3))
+                call = pb_grpc.VllmEngineStub(channel).Generate(request, metadata=(("x-session-id", key),))
+                messages = list(call)
+                assert messages[-1].WhichOneof("response") == "complete"
+                seen.add(dict(call.initial_metadata())["x-rolloutrouter-replica"])
+        entry, owning = status(routers[0]), status(routers[1])
+        assert len(seen) == 1 and entry["fleet"]["forwarded"] == 1 and owning["fleet"]["forwarded"] == 0
+        assert owning["new_sessions"] == 1 and owning["affinity_kept"] == 1 and entry["new_sessions"] == 0
+    finally:
+        for router in routers:
+            router.stop()
+        for replica in replicas:
+            replica.stop()
+
+
+def test_fleet_routes_want_the_admin_token_and_ownership(workdir, replicas):
+    token = workdir / "token"
+    token.write_text("s3cret\n")
+    (workdir / "alone.json").write_text(json.dumps({"backends": [r.url for r in replicas]}))
+    alone = spawn(["serve", "--config", str(workdir / "alone.json")], "127.0.0.1").bound()
+    fleet_config(workdir / "router-0.json", replicas, [])
+    member = spawn(["serve", "--config", str(workdir / "router-0.json"), "--admin-token-file", str(token)],
+                   "127.0.0.1").bound()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"{alone.admin_url}/fleet/v1/loads", timeout=5)
+        assert missing.value.code == 404 and b"ownership is off" in missing.value.read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{member.admin_url}/fleet/v1/info", timeout=5)
+        assert refused.value.code == 401
+        ask = urllib.request.Request(f"{member.admin_url}/fleet/v1/info", headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(ask, timeout=5) as answer:
+            info = json.load(answer)
+        assert info == {"id": member.admin_url, "http": member.url, "grpc": None}
+        bad = urllib.request.Request(f"{member.admin_url}/fleet/v1/handoff", data=b"[1]", method="POST",
+                                     headers={"Authorization": "Bearer s3cret"})
+        with pytest.raises(urllib.error.HTTPError) as invalid:
+            urllib.request.urlopen(bad, timeout=5)
+        assert invalid.value.code == 400 and json.load(invalid.value)["error"]["param"] == "key"
+    finally:
+        alone.stop()
+        member.stop()

@@ -1,0 +1,196 @@
+"""Units of the fleet: rendezvous ownership, member history, membership, summed loads, handoff."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_router.balancer import Balancer
+from rollout_router.fleet.client import PeerError, Unreachable
+from rollout_router.fleet.handoff import Handoff
+from rollout_router.fleet.loadview import PeerLoads, vllm_load
+from rollout_router.fleet.membership import PODS, STATIC, Membership
+from rollout_router.fleet.node import advertised
+from rollout_router.fleet.ownership import History, owner
+from rollout_router.policy import LiveConfig
+from rollout_router.replicas import ReplicaSet
+
+ROUTERS = [f"http://10.0.0.{i}:8081" for i in range(1, 9)]
+KEYS = [f"session-{i}" for i in range(2000)]
+
+
+def test_owner_is_the_same_whatever_the_order_of_members():
+    for key in KEYS[:200]:
+        assert owner(key, ROUTERS) == owner(key, list(reversed(ROUTERS))) == owner(key, set(ROUTERS))
+
+
+def test_keys_spread_over_members():
+    counts = {router: 0 for router in ROUTERS[:4]}
+    for key in KEYS:
+        counts[owner(key, ROUTERS[:4])] += 1
+    assert min(counts.values()) > len(KEYS) / 4 * 0.8  # within 20% of an even share
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(min_value=2, max_value=8), st.data())
+def test_removing_a_member_moves_only_its_keys_and_adding_one_moves_keys_only_to_it(size, data):
+    members = ROUTERS[:size]
+    gone = data.draw(st.sampled_from(members))
+    rest = [m for m in members if m != gone]
+    for key in KEYS[:300]:
+        before, after = owner(key, members), owner(key, rest)
+        assert after == before or before == gone  # removal: only the removed member's keys move
+        assert before == after or before == gone  # adding `gone` back: keys move only to it
+
+
+def test_history_names_the_previous_owner_after_joining_and_after_a_member_leaves():
+    me, a, b = ROUTERS[:3]
+    history = History(me, window=60.0)
+    assert history.previous_owners("k", 0.0) == []  # alone: nobody to ask
+    history.update({me, a}, now=1.0)  # found a, then b: the keys that came to us were a's or b's before
+    history.update({me, a, b}, now=1.5)
+    mine = [k for k in KEYS[:300] if owner(k, {me, a, b}) == me]
+    assert mine and all(history.previous_owners(k, 2.0)[-1] == owner(k, {a, b}) for k in mine)
+    history.update({me, a}, now=3.0)  # b left: its keys came to us or to a
+    from_b = [k for k in KEYS[:300] if owner(k, {me, a, b}) == b and owner(k, {me, a}) == me]
+    assert from_b and all(history.previous_owners(k, 4.0)[0] == b for k in from_b)
+    assert history.previous_owners(from_b[0], 100.0) == []  # past the window: no pin can have survived
+    stable = History(me, window=60.0)
+    stable.update({me, a}, now=0.0)
+    assert stable.previous_owners(mine[0], 61.0) == []  # a fleet that did not change: nobody is asked
+
+
+def test_membership_members_answer_and_leave_after_the_timeout():
+    me, a, b = ROUTERS[:3]
+    membership = Membership(me)
+    added, dropped = membership.set_source(STATIC, [a, me + "/"])
+    assert added == {a} and dropped == [] and membership.members() == {me}  # not a member before it answers
+    membership.set_source(PODS, [a, b])
+    member = membership.get(a)
+    assert member is not None
+    member.http = "http://10.0.0.2:8080"
+    assert membership.answered(a, now=1.0) and membership.members() == {me, a}
+    assert membership.failed(a, now=1.5, timeout=1.0) is None  # silent, but not for long
+    assert membership.failed(a, now=2.0, timeout=1.0) is member and membership.members() == {me}
+    _, dropped = membership.set_source(PODS, [])
+    assert [m.id for m in dropped] == [b] and set(membership.peers) == {a}  # still named by the static source
+
+
+def test_peer_loads_add_up_into_the_replica_index():
+    replicas = ReplicaSet()
+    for name in ("r1", "r2"):
+        replicas.add(name)
+    loads = PeerLoads(replicas)
+    loads.change({}, {"r1": 3})
+    loads.change({}, {"r1": 1, "r2": 2, "r3": 5})  # r3 is not here (yet)
+    lease = replicas.acquire("r2")
+    assert dict(replicas.loads()) == {"r1": 4, "r2": 3} and replicas.loads().min() == 3
+    replicas.add("r3")
+    assert replicas.loads()["r3"] == 5
+    loads.change({"r1": 3}, {})  # a member left
+    assert dict(replicas.loads()) == {"r1": 1, "r2": 3, "r3": 5}
+    lease.release()
+    loads.clear()
+    assert dict(replicas.loads()) == {"r1": 0, "r2": 0, "r3": 0} and replicas.external() == {}
+
+
+def test_vllm_load_sums_running_and_waiting():
+    text = ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\nvllm:num_requests_running_x 9\n'
+            'vllm:kv_cache_usage_perc 0.5\n')
+    assert vllm_load(text) == 5
+    assert vllm_load("vllm:num_requests_waiting 1\n") == 1
+    assert vllm_load("other 1\n") is None
+
+
+def test_advertised_replaces_the_any_address_with_the_pod_ip(monkeypatch):
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    assert advertised("0.0.0.0", 8081) == "http://10.1.2.3:8081"
+    assert advertised("127.0.0.1", 9) == "http://127.0.0.1:9"
+
+
+def _balancer() -> tuple[Balancer, list[float]]:
+    now = [0.0]
+    replicas = ReplicaSet(lambda: now[0])
+    for name in ("r1", "r2"):
+        replicas.add(name)
+    return Balancer(replicas, "affinity", LiveConfig(), lambda: now[0]), now
+
+
+async def test_handoff_takes_the_pin_from_the_previous_owner():
+    me, a = ROUTERS[:2]
+    balancer, now = _balancer()
+    history = History(me, 60.0)
+    history.update({me, a}, 0.0)
+    key = next(k for k in KEYS if owner(k, {me, a}) == me)
+    asked: list[tuple[str, str]] = []
+
+    async def ask(previous: str, key: str) -> str | None:
+        asked.append((previous, key))
+        await asyncio.sleep(0)
+        return "r2"
+
+    handoff = Handoff(history, balancer, ask, lambda: now[0])
+    assert handoff.needed(key)
+    await asyncio.gather(handoff.fetch(key), handoff.fetch(key))  # concurrent requests: one question
+    assert asked == [(a, key)] and balancer.pinned(key) == "r2" and handoff.handoffs == 1
+    assert not handoff.needed(key)
+    decision, lease = balancer.acquire(key)
+    lease.release()
+    assert decision.replica == "r2" and balancer.policy.counters.affinity_kept == 1
+
+
+async def test_handoff_counts_a_replaced_session_only_when_the_previous_owner_is_gone():
+    me, a = ROUTERS[:2]
+    balancer, now = _balancer()
+    history = History(me, 60.0)
+    history.update({me, a}, 0.0)
+    keys = [k for k in KEYS if owner(k, {me, a}) == me][:3]
+    answers: dict[str, object] = {keys[0]: None, keys[1]: PeerError("401"), keys[2]: Unreachable("refused")}
+
+    async def ask(previous: str, key: str) -> str | None:
+        answer = answers[key]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    handoff = Handoff(history, balancer, ask, lambda: now[0])
+    for key in keys:
+        await handoff.fetch(key)
+    assert handoff.replaced == 1 and handoff.handoffs == 0 and a in handoff.gone
+
+
+def test_surrender_gives_the_pin_up():
+    balancer, _ = _balancer()
+    decision, lease = balancer.acquire("k")
+    lease.release()
+    assert balancer.surrender("k") == decision.replica and balancer.pinned("k") is None
+    assert balancer.surrender("k") is None
+
+
+@pytest.mark.parametrize("bad", [["ftp://x"], ["nope"]])
+def test_fleet_peers_must_be_urls(bad):
+    from rollout_router.settings import SettingsError, parse_settings
+    with pytest.raises(SettingsError, match="fleet.peers"):
+        parse_settings({"fleet": {"peers": bad}})
+
+
+def _pod(name: str, ip: str | None, ready: bool = True, port_name: str = "admin") -> dict:
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8080},
+                                               {"name": port_name, "containerPort": 8081}]}]},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_router_pods_are_members_while_ready_at_their_admin_port():
+    from rollout_router.fleet.peerpods import PodPeers
+    pods = PodPeers()
+    assert pods.reset([_pod("a", "10.0.0.1"), _pod("b", "10.0.0.2", ready=False), _pod("c", None),
+                       _pod("d", "fd00::4"), _pod("e", "10.0.0.5", port_name="metrics")]) == \
+        {"http://10.0.0.1:8081", "http://[fd00::4]:8081"}
+    assert pods.apply("MODIFIED", _pod("b", "10.0.0.2")) == \
+        {"http://10.0.0.1:8081", "http://10.0.0.2:8081", "http://[fd00::4]:8081"}
+    assert pods.apply("DELETED", _pod("a", "10.0.0.1")) == {"http://10.0.0.2:8081", "http://[fd00::4]:8081"}
