@@ -1,6 +1,7 @@
 """What the README's user puts in the cluster, and how the tests talk to it."""
 from __future__ import annotations
 
+import base64
 import json
 import urllib.request
 from typing import Any
@@ -12,6 +13,9 @@ from .cluster import Cluster, eventually
 VLLM_LABELS = {"app": "vllm"}  # the selector of docs/examples/rolloutrouter.yaml
 ROUTER_SELECTOR = "app.kubernetes.io/instance=rollouts,app.kubernetes.io/component=router"
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+# The admin token of each namespace's routers (the operator's Secret rollouts-router-admin-token), read once by
+# deploy_rollouts: the routers want it on /status. Namespaces are unique per test.
+ADMIN_TOKENS: dict[str, str] = {}
 
 
 def vllm_deployment(replicas: int) -> dict:
@@ -28,15 +32,28 @@ def vllm_deployment(replicas: int) -> dict:
                      "template": {"metadata": {"labels": VLLM_LABELS}, "spec": {"containers": [container]}}}}
 
 
-def deploy_rollouts(cluster: Cluster, namespace: str, vllm_replicas: int = 3) -> dict:
-    """vLLM fleet + ``kubectl apply -f docs/examples/rolloutrouter.yaml``; returns the ready router pod."""
+def deploy_rollouts(cluster: Cluster, namespace: str, vllm_replicas: int = 3, routers: int = 1) -> dict:
+    """vLLM fleet + ``kubectl apply -f docs/examples/rolloutrouter.yaml`` (with ``router.replicas`` when
+    ``routers`` > 1); returns the first ready router pod once every router sees every replica."""
     cluster.apply(vllm_deployment(vllm_replicas), namespace)
     cluster.wait_ready_pods(namespace, "app=vllm", vllm_replicas)
     cluster.kubectl("apply", "-n", namespace, "-f", "docs/examples/rolloutrouter.yaml")
-    router = cluster.wait_ready_pods(namespace, ROUTER_SELECTOR, 1, timeout=180)[0]
-    eventually(lambda: router_status(router)["backends_ready"] == vllm_replicas, 60,
-               f"router sees {vllm_replicas} ready backends")
-    return router
+    if routers != 1:
+        cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
+                        "-p", json.dumps({"spec": {"router": {"replicas": routers}}}))
+    ADMIN_TOKENS[namespace] = admin_token(cluster, namespace)
+    pods = cluster.wait_ready_pods(namespace, ROUTER_SELECTOR, routers, timeout=180)
+    for pod in pods:
+        eventually(lambda pod=pod: router_status(pod)["backends_ready"] == vllm_replicas, 60,
+                   f"router {pod['metadata']['name']} sees {vllm_replicas} ready backends")
+    return pods[0]
+
+
+def admin_token(cluster: Cluster, namespace: str) -> str:
+    """The routers' admin token, from the Secret the operator writes (read as the cluster admin)."""
+    secret = eventually(lambda: cluster.get("secret", "rollouts-router-admin-token", "-n", namespace), 60,
+                        "the routers' admin token Secret")
+    return base64.b64decode(secret["data"]["token"]).decode()
 
 
 def router_url(pod: dict) -> str:
@@ -50,7 +67,11 @@ def router_admin_url(pod: dict) -> str:
 
 
 def router_status(pod: dict) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{router_admin_url(pod)}/status", timeout=5) as response:
+    """The router's ``/status`` from its admin listener, with the admin token when its routers want one."""
+    token = ADMIN_TOKENS.get(pod["metadata"]["namespace"])
+    request = urllib.request.Request(f"{router_admin_url(pod)}/status",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)
 
 

@@ -1,0 +1,126 @@
+"""Many router pods as one router on the real control plane (issue 11): ``router.replicas: 3`` with session
+ownership (the default), a rolling update of the routers under traffic, and a router pod deleted.
+
+The checks of the quick tier (tests/test_fleet.py), made here through the router pods the Deployment runs:
+whichever pod a turn enters by, the session's owner decides it, so every session keeps its replica and the
+pods' counters add up to a single router's; when pods leave, the sessions of a pod gone for good are the only
+ones placed anew, and every pin that changed is counted (``replaced``). No kube-proxy runs, so the client picks
+a ready router pod itself, as the Service would, and tries another one if the pod it picked is going away.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+import openai
+import pytest
+
+from rollout_router.fleet.ownership import owner
+
+from .cluster import eventually
+from .workloads import ROUTER_SELECTOR, chat, deploy_rollouts, router_admin_url, router_status
+
+pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(900)]
+SESSIONS = [f"fleet-{i}" for i in range(18)]
+FLEET = ("forwarded", "handoffs", "ownerUnreachable", "replaced")
+
+
+def routers(cluster, namespace: str) -> list[dict]:
+    return sorted(cluster.ready_pods(namespace, ROUTER_SELECTOR), key=lambda p: p["metadata"]["name"])
+
+
+def converged(cluster, namespace: str, count: int) -> list[dict]:
+    """``count`` ready router pods, each of which has exactly those pods as its fleet's members."""
+    def check() -> list[dict] | None:
+        pods = routers(cluster, namespace)
+        ids = sorted(router_admin_url(p) for p in pods)
+        if len(pods) == count and all(sorted(router_status(p)["fleet"]["members"]) == ids for p in pods):
+            return pods
+        return None
+    return eventually(check, 120, f"{count} router pods that agree on their members")
+
+
+def turn(cluster, namespace: str, session: str, entry: int) -> str:
+    """One turn entering by the ``entry``-th ready router pod (the next one if that pod is going away)."""
+    for _ in range(5):
+        pods = routers(cluster, namespace)
+        try:
+            return chat(pods[entry % len(pods)], session, turns=1)[0]
+        except (openai.APIConnectionError, openai.InternalServerError):
+            entry += 1  # a pod that stopped: the Service would have sent the next connection elsewhere
+    raise AssertionError(f"session {session}: no router pod took the turn")
+
+
+def fleet_totals(pods: list[dict]) -> dict[str, int]:
+    statuses = [router_status(p) for p in pods]
+    totals = {name: sum(s["fleet"][name] for s in statuses) for name in FLEET}
+    totals["affinity_kept"] = sum(s["affinity_kept"] for s in statuses)
+    totals["total_inflight"] = sum(s["total_inflight"] for s in statuses)
+    return totals
+
+
+def test_three_router_pods_keep_every_pin_through_a_rolling_update_and_a_deleted_pod(cluster, operator_release,
+                                                                                    namespace):
+    deploy_rollouts(cluster, namespace, routers=3)
+    pods = converged(cluster, namespace, 3)
+    # Three pods are one router: each session's turns enter by every pod in turn and stay on one replica.
+    pins = {s: turn(cluster, namespace, s, i) for i, s in enumerate(SESSIONS)}
+    for rotation in (1, 2):
+        assert {s: turn(cluster, namespace, s, i + rotation) for i, s in enumerate(SESSIONS)} == pins
+    totals = fleet_totals(pods)
+    assert totals["affinity_kept"] == 2 * len(SESSIONS)  # a single router's count, summed over the pods
+    assert totals["forwarded"] > 0 and totals["ownerUnreachable"] == totals["replaced"] == 0
+    assert totals["total_inflight"] == 0
+    eventually(lambda: cluster.get("rr", "rollouts", "-n", namespace)["status"].get("fleet", {}).get("forwarded")
+               == totals["forwarded"], 60, "status.fleet sums the pods' forwarded counts")
+
+    # A rolling update of the routers (a new pod template), with sessions sending turns all along.
+    results: list[tuple[str, str]] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def traffic() -> None:
+        rounds = 0
+        while not done.is_set() and rounds < 200:
+            try:
+                results.extend((s, turn(cluster, namespace, s, i + rounds)) for i, s in enumerate(SESSIONS))
+            except (AssertionError, OSError, openai.OpenAIError) as error:
+                errors.append(error)
+                return
+            rounds += 1
+
+    worker = threading.Thread(target=traffic)
+    worker.start()
+    try:
+        cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
+                        "-p", json.dumps({"spec": {"router": {"podAnnotations": {"rolled": "1"}}}}))
+        cluster.kubectl("rollout", "status", "deployment/rollouts-router", "-n", namespace, "--timeout=300s")
+        new = converged(cluster, namespace, 3)
+    finally:
+        done.set()
+        worker.join(timeout=300)
+    assert not worker.is_alive() and not errors, errors  # every turn during the update was answered
+    assert not {p["metadata"]["uid"] for p in new} & {p["metadata"]["uid"] for p in pods}  # every pod replaced
+    changed = {s for s, replica in results if replica != pins[s]}
+    print(f"\nrolling update: {len(results)} turns, {len(changed)} of {len(SESSIONS)} sessions re-placed; "
+          f"the new pods' counters {fleet_totals(new)}")
+    pins = {s: turn(cluster, namespace, s, i) for i, s in enumerate(SESSIONS)}  # the pins as they are now
+    assert {s: turn(cluster, namespace, s, i + 1) for i, s in enumerate(SESSIONS)} == pins  # and the new pods agree
+
+    # A router pod deleted: the Deployment replaces it; only its own sessions may be placed anew.
+    victim = new[0]
+    ids = [router_admin_url(p) for p in new]
+    doomed = {s for s in SESSIONS if owner(s, ids) == router_admin_url(victim)}
+    before = fleet_totals(new[1:])
+    cluster.kubectl("delete", "pod", victim["metadata"]["name"], "-n", namespace, "--wait=true")
+    after_pods = converged(cluster, namespace, 3)
+    after = {s: turn(cluster, namespace, s, i) for i, s in enumerate(SESSIONS)}
+    moved = {s for s in SESSIONS if after[s] != pins[s]}
+    assert not moved - doomed, moved - doomed  # the survivors' sessions kept their pins
+    totals = fleet_totals(after_pods)
+    survivors = [p for p in after_pods if p["metadata"]["uid"] in {q["metadata"]["uid"] for q in new[1:]}]
+    replaced = sum(router_status(p)["fleet"]["replaced"] for p in after_pods) - before["replaced"]
+    print(f"router pod deleted: {len(doomed)} of its sessions, {len(moved)} re-placed elsewhere; "
+          f"replaced counted {replaced}; the pods' counters {totals}")
+    assert len(moved) <= replaced <= len(doomed)
+    assert len(survivors) == 2 and totals["total_inflight"] == 0
