@@ -59,7 +59,7 @@ def fleet_totals(pods: list[dict]) -> dict[str, int]:
     return totals
 
 
-def test_three_router_pods_keep_every_pin_through_a_rolling_update_and_a_deleted_pod(cluster, operator_release,
+def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod(cluster, operator_release,
                                                                                     namespace):
     deploy_rollouts(cluster, namespace, routers=3)
     pods = converged(cluster, namespace, 3)
