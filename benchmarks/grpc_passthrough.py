@@ -116,7 +116,7 @@ def main() -> int:
     routers = {"rollout-router": start_router(config.name)}
     if args.baseline_src is not None:
         routers["rollout-router (baseline)"] = start_router(config.name, args.baseline_src)
-    arms = {"direct": f"{host}:{port}", **{name: r.grpc_target for name, r in routers.items()}}
+    arms = {"direct": f"{host}:{port}", **{name: str(r.grpc_target) for name, r in routers.items()}}
     try:
         for target in arms.values():
             measure(target, 2, args.concurrency)  # warm-up
