@@ -154,12 +154,15 @@ class GrpcProxy(Listener):
             async def to_owner(owner) -> bool:
                 if owner.grpc is None or call.finished:
                     return call.finished
+                gone = True
                 try:
                     outcome = await call.attempt(owner.grpc, owner.id, True, hop)
-                except (OSError, TimeoutError):
+                except OSError:
                     outcome = REFUSED
+                except TimeoutError:  # a slow owner stays a member; this call is decided here
+                    outcome, gone = REFUSED, False
                 if outcome == REFUSED:
-                    fleet.unreachable(owner, gone=True)
+                    fleet.unreachable(owner, gone=gone)
                     return False
                 fleet.forwarded += 1
                 return True

@@ -169,6 +169,8 @@ class Call:
             conn = await self.proxy.upstreams.get(target)
         if self.finished:
             return None
+        if conn.closed:
+            return REFUSED
         self.upstream = conn
         chunks, ended = self.chunks, self.request_ended
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path), (b":authority", target.encode()),
