@@ -235,7 +235,7 @@ async def test_a_silent_replica_gets_deadline_exceeded_after_the_first_byte_time
         "first_byte_timeout_seconds": 0.2,
         "health": NO_PROBES.model_copy(update={"consecutive_failures": 1})})
     async with running_router(settings, grpc=True) as (_, runtime):
-        runtime.grpc_proxy._unary = frozenset({"/test.Echo/Hold"})  # one request message, as vLLM's Generate
+        runtime.grpc_proxy.unary_methods = frozenset({b"/test.Echo/Hold"})  # one request message, as vLLM's Generate
         runtime.balancer.policy.table.pin("s", url_of(replicas[0]), time.monotonic())
         async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
             with pytest.raises(aio.AioRpcError) as raised:

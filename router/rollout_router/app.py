@@ -53,13 +53,12 @@ class Runtime(RouterContext):
         self.admin_port: int | None = None
         self.grpc_proxy: GrpcProxy | None = None
         if grpc_address is not None:
-            from .proxy.grpc import GrpcProxy  # grpc (about 25 MiB) is loaded only by routers that serve it
-            self.grpc_proxy = GrpcProxy(self)
+            from .proxy.grpc import GrpcProxy  # loaded only by routers that serve gRPC
+            self.grpc_proxy = GrpcProxy(self, self.http_proxy.budget)  # one budget of request bytes for both
         self.port: int | None = None
         self._discovery: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
         self._probing: asyncio.Task | None = None
-        self._grpc_server = None
         self._config_mtime = _mtime(config_path)
 
     def apply(self, settings: RouterSettings) -> None:
@@ -139,8 +138,8 @@ class Runtime(RouterContext):
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         self._probing = asyncio.get_running_loop().create_task(self.prober.run(), name="health-probes")
         if self.grpc_proxy is not None and self.grpc_address is not None:
-            from .proxy.grpc import start_server
-            self._grpc_server, self.grpc_port = await start_server(self.grpc_proxy, self.grpc_address)
+            grpc_host, _, grpc_port = self.grpc_address.rpartition(":")
+            self.grpc_port = await self.grpc_proxy.start(grpc_host.strip("[]"), int(grpc_port))
         if self.peering.wanted(self.settings):
             self._start_fleet()
         return self.port
@@ -162,15 +161,13 @@ class Runtime(RouterContext):
     async def stop(self) -> None:
         if self.fleet is not None:
             await self.fleet.stop()
-        if self._grpc_server is not None:
-            await self._grpc_server.stop(grace=2)
+        if self.grpc_proxy is not None:
+            await self.grpc_proxy.close(grace=2)
         for task in (self._background, self._probing, self._discovery):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self.grpc_proxy is not None:
-            await self.grpc_proxy.close()
         await self.http_proxy.close()
         await self.admin.close()
 

@@ -120,6 +120,8 @@ class Metrics:
                                             ["listener"], registry=self.registry)
         self.client_connections = Gauge("rolloutrouter_client_connections", "Client connections open, per listener.",
                                         ["listener"], registry=self.registry)
+        self.grpc_calls = Gauge("rolloutrouter_grpc_calls", "gRPC calls in progress on the gRPC listener; bounded by "
+                                "maxGrpcStreams.", registry=self.registry)
         self.buffered_bytes = Gauge("rolloutrouter_buffered_request_bytes",
                                     "Request bytes (heads and bodies) held now, per listener; bounded by maxBufferedBytes.",
                                     ["listener"], registry=self.registry)

@@ -179,6 +179,8 @@ class RouterSettings(PolicySettings):
                            "failure towards ejection); a non-streaming answer's head comes only when generation ends.")
     max_connections: StrictInt = Field(10_000, ge=1, description="Client connections open at once on the traffic "
                                        "port; beyond it a new connection gets 503 and is closed.")
+    max_grpc_streams: StrictInt = Field(10_000, ge=1, description="gRPC calls in progress at once over all "
+                                        "connections of the gRPC listener; beyond it a call gets RESOURCE_EXHAUSTED.")
     max_buffered_bytes: StrictInt = Field(256 * 1024 * 1024, ge=1024, description="Request bytes (heads and bodies) "
                                           "held at once over all clients; a request that would exceed it gets 503.")
     header_timeout_seconds: Seconds | None = Field(30.0, description="A request head must arrive within this "

@@ -23,7 +23,7 @@ from ..attempts import AllRefused, forward
 from ..errors import RouterError
 from ..session_key import body_key, checked_key
 from . import wire
-from .listener import SWEEP_SECONDS, Limits, Listener
+from .listener import SWEEP_SECONDS, Limits, Listener, traffic_limits
 from .relay import CLIENT_CLOSED, WAITING, Exchange, attempt
 from .routes import FORWARDED_PATHS, REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
@@ -47,16 +47,9 @@ class HttpProxy(Listener):
         self.pools = Pools()
         self.active: set[Exchange] = set()
         self._key_names: tuple[object, tuple[bytes, ...], frozenset[bytes]] = (None, (), frozenset())
-        self._limits: tuple[object, Limits | None] = (None, None)
 
     def limits(self) -> Limits:
-        """The traffic limits from the live settings; recomputed when settings change."""
-        settings = self.context.settings
-        if self._limits[0] is not settings or self._limits[1] is None:
-            self._limits = (settings, Limits(settings.max_connections, settings.max_body_bytes,
-                                             settings.max_buffered_bytes, settings.header_timeout_seconds,
-                                             settings.body_timeout_seconds, settings.min_body_bytes_per_second))
-        return self._limits[1]  # type: ignore[return-value]
+        return traffic_limits(self.context.settings)
 
     async def close(self) -> None:
         await super().close()

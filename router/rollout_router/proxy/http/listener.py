@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ...context import RouterContext
+from ...settings import RouterSettings
 
 if TYPE_CHECKING:
     from .server import ClientConnection, HttpRequest
@@ -39,16 +40,39 @@ class Limits:
     min_body_rate: int
 
 
+_TRAFFIC: list = [None, None]  # the settings the traffic limits were last computed from, and those limits
+
+
+def traffic_limits(settings: RouterSettings) -> Limits:
+    """The limits the traffic listeners (HTTP and gRPC) enforce, from the live settings; recomputed when they change."""
+    if _TRAFFIC[0] is not settings:
+        _TRAFFIC[:] = [settings, Limits(settings.max_connections, settings.max_body_bytes, settings.max_buffered_bytes,
+                                        settings.header_timeout_seconds, settings.body_timeout_seconds,
+                                        settings.min_body_bytes_per_second)]
+    return _TRAFFIC[1]
+
+
+class Budget:
+    """Request bytes held at once over the listeners sharing it (the traffic port and the gRPC port share one)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = 0
+
+
 class Listener:
-    """One listening socket of HTTP clients; subclasses answer requests (``handle``) and set ``limits``."""
+    """One listening socket of clients; subclasses answer requests (``handle``) and set ``limits``."""
 
     name = "http"  # the ``listener`` label of its metrics
+    refusal = "503"  # what a connection beyond ``max_connections`` is answered (in the log line)
 
-    def __init__(self, context: RouterContext):
+    def __init__(self, context: RouterContext, budget: Budget | None = None):
         self.context = context
-        self.clients: set[ClientConnection] = set()
+        self.clients: set = set()  # ClientConnection (HTTP) or the gRPC listener's connections
         self.now = time.monotonic()  # the sweep's coarse clock
-        self.buffered = 0  # request bytes held now, over all clients
+        self.budget = budget or Budget()  # bounded by ``Limits.max_buffered_bytes``
+        self.buffered = 0  # this listener's share of the budget (its metric)
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
         self._at_limit = False
@@ -69,12 +93,16 @@ class Listener:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0 picks a free port); returns the port."""
-        from .server import ClientConnection
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, backlog=1024,
+        self._server = await loop.create_server(self.connection, host, port, backlog=1024,
                                                 reuse_address=True)
         self._sweeper = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
         return self._server.sockets[0].getsockname()[1]
+
+    def connection(self) -> asyncio.Protocol:
+        """A new client connection's protocol."""
+        from .server import ClientConnection
+        return ClientConnection(self)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -98,17 +126,20 @@ class Listener:
         if not self._at_limit:
             self._at_limit = True
             log.warning("%s listener: %d client connections open, the limit (maxConnections=%d); new connections "
-                        "get 503 until some close", self.name, len(self.clients), limit)
+                        "get %s until some close", self.name, len(self.clients), limit, self.refusal)
         return False
 
     def charge(self, size: int) -> bool:
         """Count ``size`` more request bytes held; False (nothing counted) when the budget has no room."""
-        if self.buffered + size > self.limits().max_buffered_bytes:
+        budget = self.budget
+        if budget.held + size > self.limits().max_buffered_bytes:
             return False
+        budget.held += size
         self.buffered += size
         return True
 
     def release(self, size: int) -> None:
+        self.budget.held -= size
         self.buffered -= size
 
     async def _sweep(self) -> None:

@@ -70,6 +70,7 @@ class ClientConnection(asyncio.Protocol):
         self._queue: collections.deque[HttpRequest] = collections.deque()
         self._request: HttpRequest | None = None
         self._key_names: frozenset[bytes] = frozenset()
+        self._max_buffered = 0  # the budget's bound for the request being read
         self._busy = self._read_paused = self._broken = self._lingering = False
         self.active_at = listener.now  # the sweep's clock at the last byte read or answer written
         self._in_head, self._head_bytes = True, 0
@@ -130,7 +131,9 @@ class ClientConnection(asyncio.Protocol):
 
     # llhttp callbacks
     def on_message_begin(self) -> None:
-        self._request = HttpRequest(self.listener.limits().max_body_bytes)
+        limits = self.listener.limits()
+        self._request = HttpRequest(limits.max_body_bytes)
+        self._max_buffered = limits.max_buffered_bytes
         self._key_names = self.listener.key_names()[1]
         self._head_at = self.listener.now
 
@@ -210,14 +213,23 @@ class ClientConnection(asyncio.Protocol):
         """Refuse a declared body that cannot fit before reading any of it."""
         if length > request.limit:
             request.error = RouterError(413, f"request body of {length} bytes exceeds maxBodyBytes={request.limit}")
-        elif self.listener.buffered + length > self.listener.limits().max_buffered_bytes:
+        elif self.listener.budget.held + length > self.listener.limits().max_buffered_bytes:
             request.error = self._budget_error()
 
     def _charge(self, request: HttpRequest, size: int) -> bool:
-        """Count ``size`` bytes held for ``request``; when the budget is full, mark it 503 instead."""
-        if request.error is not None and request.error.reason == "buffer_full":
+        """Count ``size`` bytes held for ``request``; when the budget is full, mark it 503 instead.
+
+        ``Listener.charge`` inlined, with the bound read once per request (``on_message_begin``): this runs for
+        the target and every header of every request.
+        """
+        error = request.error
+        if error is not None and error.reason == "buffer_full":
             return False
-        if self.listener.charge(size):
+        listener = self.listener
+        budget = listener.budget
+        if budget.held + size <= self._max_buffered:
+            budget.held += size
+            listener.buffered += size
             request.charged += size
             return True
         request.error = self._budget_error()

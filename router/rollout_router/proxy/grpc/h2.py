@@ -1,0 +1,148 @@
+"""The little of HTTP/2 (RFC 9113) a gRPC relay needs: frames in and out, header blocks, gRPC statuses.
+
+Frames are parsed from one growing buffer per connection and built as bytes;
+header blocks are decoded with ``hpack`` (the peer's dynamic table lives in
+the connection's decoder) and encoded here without the dynamic table
+(literal fields, never indexed), so our encoder keeps no state a peer must
+track. Names are lower-case bytes, as HTTP/2 requires.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from urllib.parse import quote
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
+
+# SETTINGS identifiers
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = \
+    range(1, 7)
+
+# Error codes
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
+
+DEFAULT_WINDOW = 65_535
+FRAME_SIZE = 16_384  # what every peer accepts; we advertise it too, so frames relay 1:1
+MAX_WINDOW = (1 << 31) - 1
+
+# gRPC status codes by number, named as grpc.StatusCode does (metrics label requests with the name).
+STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+                "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED = 0, 1, 2, 3, 4
+RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
+
+_HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one int, flags, stream id (R bit masked below)
+Header = tuple[bytes, bytes]
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return (len(payload) << 8 | kind).to_bytes(4, "big") + bytes((flags,)) + stream_id.to_bytes(4, "big") + payload
+
+
+def settings_frame(values: dict[int, int]) -> bytes:
+    return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", k, v) for k, v in values.items()))
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big"))
+
+
+def rst_stream(stream_id: int, code: int) -> bytes:
+    return frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big"))
+
+
+def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
+    return frame(GOAWAY, 0, 0, last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug)
+
+
+def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    """HPACK integer encoding (RFC 7541 5.1)."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode(headers: Iterable[Header]) -> bytes:
+    """A header block of literal fields without indexing (no dynamic table: nothing for the peer to track)."""
+    return b"".join(b"\x00" + _integer(len(n), 7) + n + _integer(len(v), 7) + v for n, v in headers)
+
+
+def headers_frames(stream_id: int, block: bytes, end_stream: bool) -> bytes:
+    """HEADERS (and CONTINUATION frames when the block is larger than a frame)."""
+    flags = END_STREAM if end_stream else 0
+    if len(block) <= FRAME_SIZE:
+        return frame(HEADERS, flags | END_HEADERS, stream_id, block)
+    parts = [block[i:i + FRAME_SIZE] for i in range(0, len(block), FRAME_SIZE)]
+    out = [frame(HEADERS, flags, stream_id, parts[0])]
+    out += [frame(CONTINUATION, END_HEADERS if i == len(parts) - 1 else 0, stream_id, p)
+            for i, p in enumerate(parts[1:], 1)]
+    return b"".join(out)
+
+
+def status_headers(code: int, message: str, extra: Iterable[Header] = ()) -> list[Header]:
+    """A trailers-only answer's fields: HTTP 200, the gRPC status and its percent-encoded message."""
+    return [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-status", str(code).encode()),
+            (b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()), *extra]
+
+
+def grpc_status(headers: Iterable[Header]) -> int | None:
+    for name, value in headers:
+        if name == b"grpc-status":
+            try:
+                return int(value)
+            except ValueError:
+                return UNKNOWN
+    return None
+
+
+def status_name(code: int | None) -> str:
+    return STATUS_NAMES[code] if code is not None and 0 <= code < len(STATUS_NAMES) else "UNKNOWN"
+
+
+def split_frames(buffer: bytearray) -> tuple[list[tuple[int, int, int, bytes]], int]:
+    """The complete frames at the start of ``buffer``: (type, flags, stream id, payload), and bytes consumed.
+
+    A frame longer than we advertised is returned with its type as -1 (the
+    caller closes the connection: FRAME_SIZE_ERROR).
+    """
+    frames = []
+    offset, size = 0, len(buffer)
+    view = memoryview(buffer)
+    try:
+        while size - offset >= 9:
+            length_kind, flags, stream_id = _HEAD.unpack_from(buffer, offset)
+            stream_id &= 0x7FFFFFFF
+            length = length_kind >> 8
+            if length > FRAME_SIZE:
+                frames.append((-1, 0, 0, b""))
+                return frames, size
+            end = offset + 9 + length
+            if end > size:
+                break
+            frames.append((length_kind & 0xFF, flags, stream_id, bytes(view[offset + 9:end])))
+            offset = end
+    finally:
+        view.release()
+    return frames, offset
+
+
+def unpad(flags: int, payload: bytes) -> bytes | None:
+    """A DATA or HEADERS payload without its padding; None when the padding is malformed."""
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        return None
+    return payload[1:len(payload) - payload[0]]

@@ -1,0 +1,112 @@
+"""The server side of the gRPC listener: one HTTP/2 connection from a client, its new streams handed to the proxy.
+
+Past the listener's ``maxConnections`` a connection is still read, but each of
+its calls is answered RESOURCE_EXHAUSTED naming the limit and the connection
+is told to go away (GOAWAY) and closed shortly after: the client learns why,
+as an HTTP client gets its 503. The sweep's ``check`` closes connections whose
+preface or header block does not arrive within ``headerTimeoutSeconds``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import h2
+from .conn import CONNECTION_WINDOW, MAX_HEAD, STREAM_WINDOW, H2Connection, Stream
+
+if TYPE_CHECKING:
+    from ..http.listener import Limits
+    from . import GrpcProxy
+
+LINGER_SECONDS = 2.0  # a refused or closing connection is closed this long after it was told to go away
+
+
+class ClientConnection(H2Connection):
+    def __init__(self, proxy: GrpcProxy) -> None:
+        super().__init__()
+        self.proxy = proxy
+        self.refused = False
+        self.gone = False
+        self._preface = bytearray()
+        self._opened_at: float | None = proxy.now  # the sweep's clock until the preface arrived
+        self._block_at: float | None = None
+        self._closing_at: float | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        proxy = self.proxy
+        self.refused = not proxy.admit()
+        proxy.clients.add(self)  # a refused one too, until it is closed: it holds a descriptor
+        limit = proxy.context.settings.max_grpc_streams
+        transport.write(h2.settings_frame({h2.MAX_CONCURRENT_STREAMS: limit, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                                           h2.MAX_HEADER_LIST_SIZE: MAX_HEAD})
+                        + h2.window_update(0, CONNECTION_WINDOW - h2.DEFAULT_WINDOW))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self.proxy.clients.discard(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._opened_at is not None:  # the client's connection preface comes first
+            self._preface += data
+            if len(self._preface) < len(h2.PREFACE):
+                return
+            if not self._preface.startswith(h2.PREFACE):
+                return self.fail(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
+            data, self._opened_at = bytes(self._preface[len(h2.PREFACE):]), None
+            self._preface.clear()
+        super().data_received(data)
+        buffer = self._buffer  # a header block begun, or a HEADERS frame not yet whole: a head in progress
+        in_head = self._block is not None or (len(buffer) > 3 and buffer[3] in (h2.HEADERS, h2.CONTINUATION))
+        self._block_at = (self._block_at or self.proxy.now) if in_head else None
+
+    def headers_frame(self, stream_id: int, headers: list[h2.Header], end: bool) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            if stream.owner is not None:
+                stream.owner.on_headers(stream, headers, end)
+            return
+        if stream_id % 2 == 0 or stream_id <= self.last_peer_stream:
+            return  # a closed stream's late trailers, or not a client stream: nothing to do
+        self.last_peer_stream = stream_id
+        stream = Stream(stream_id, None, self)
+        self.streams[stream_id] = stream
+        if self.refused:
+            limit = self.proxy.limits().max_connections
+            self.answer(stream, h2.RESOURCE_EXHAUSTED, f"the router has reached its client connection limit on the "
+                                                       f"gRPC listener (maxConnections={limit}); retry later",
+                        request_ended=end)
+            self.go_away()
+            return
+        self.proxy.open_call(self, stream, headers, end)
+
+    def answer(self, stream: Stream, code: int, message: str, extra: tuple[h2.Header, ...] = (),
+               request_ended: bool = True) -> None:
+        """A trailers-only answer from the router; the client's stream ends with it (and, if the client was
+        still sending, an RST_STREAM NO_ERROR tells it to stop)."""
+        self.send_headers(stream, h2.status_headers(code, message, extra), True)
+        self.finish(stream, reset=not request_ended)
+
+    def go_away(self) -> None:
+        """Take no more streams; the sweep closes the connection after ``LINGER_SECONDS``."""
+        if self._closing_at is None:
+            self._closing_at = self.proxy.now
+            self.emit(h2.goaway(self.last_peer_stream, h2.NO_ERROR))
+
+    def fail(self, code: int, why: str, stream_id: int = 0) -> None:
+        if stream_id and code == h2.ENHANCE_YOUR_CALM:  # the client learns the limit it hit on its call
+            self.emit(h2.headers_frames(stream_id, h2.encode(h2.status_headers(h2.RESOURCE_EXHAUSTED, why)), True))
+            self.proxy.refused("header_too_large")
+        super().fail(code, why, stream_id)
+
+    def check(self, now: float, limits: Limits) -> None:
+        """The sweep's visit: a preface or header block too slow, or a refused connection's linger, closes it."""
+        if self.gone or self.transport is None:
+            return
+        timeout = limits.header_timeout
+        started = self._opened_at if self._opened_at is not None else self._block_at
+        if timeout is not None and started is not None and now - started > timeout:
+            self.proxy.refused("header_timeout")
+            self.fail(h2.ENHANCE_YOUR_CALM, f"no complete request head within headerTimeoutSeconds={timeout:g}")
+        elif self._closing_at is not None and now - self._closing_at > LINGER_SECONDS:
+            self.transport.close()
