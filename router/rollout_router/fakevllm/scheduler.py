@@ -34,6 +34,7 @@ class Request:
     hashes: list[int] = dataclasses.field(default_factory=list)  # chained hash per full block of tokens
     num_registered: int = 0  # leading blocks already in the prefix cache
     num_cached_tokens: int | None = None  # prefix-cache hit when first scheduled
+    num_preemptions: int = 0
     status: Status = Status.WAITING
 
     @property
@@ -152,7 +153,9 @@ class Scheduler:
         num_cached = len(hit) * self.pool.block_size
         num_new = min(len(request.tokens) - num_cached, budget)
         needed = self.blocks_for(num_cached + num_new) - len(hit)
-        if not self.pool.can_allocate(needed, hit):
+        # Like vLLM (scheduler_reserve_full_isl, on by default), admit only if the whole prompt
+        # fits, not just its first chunk: a half-admitted prompt would be preempted again.
+        if not self.pool.can_allocate(self.blocks_for(len(request.tokens)) - len(hit), hit):
             return None
         self.pool.touch(hit)
         request.blocks = hit + self.pool.allocate(needed)
@@ -179,6 +182,7 @@ class Scheduler:
         self.pool.free(request.blocks)
         request.blocks = []
         request.num_computed = request.num_registered = 0
+        request.num_preemptions += 1
         request.status = Status.WAITING
         self.waiting.appendleft(request)
 

@@ -227,8 +227,11 @@ class Replica:
         n = min(req.ctx - hit, budget)
         need_g = max(0, P - gc)
         need_t = max(0, self._traj_blocks(hit + n, P) - tc)
+        # vLLM admits a request only if its whole context fits, not just the first chunk
+        # (SchedulerConfig.scheduler_reserve_full_isl, on by default).
+        full_t = max(0, self._traj_blocks(req.ctx, P) - tc)
         cids = (req.gid, req.tid) if P else (req.tid,)
-        if need_g + need_t > pool.evictable_after_touch(*cids) - reserved:
+        if need_g + full_t > pool.evictable_after_touch(*cids) - reserved:
             return 0
         if P:
             req.gchain = pool.acquire(req.gid)
@@ -279,7 +282,7 @@ class Replica:
             self._leave_decode(req)
             self._release(req, tokens)
             req.remaining = req.fin_it - self.it
-            req.ctx = tokens
+            req.ctx = tokens + 1  # the last sampled token is recomputed too (vLLM's num_tokens)
         else:
             self._release(req, req.computed)
         req.computed = 0
