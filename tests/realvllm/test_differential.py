@@ -37,10 +37,11 @@ if not enabled():
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
 
-# 8 sessions x 3 turns; contexts 100 -> 260 tokens (4 -> 9 blocks each) against a pool of 31 blocks.
+# 8 sessions x 4 turns; contexts 100 -> 320 tokens (4 -> 11 blocks each) against a pool of 40 blocks: some
+# turns find their previous turn still cached, others were evicted, and sessions preempt each other.
 # vLLM's CPU attention wants blocks of a multiple of 32 tokens.
-WORKLOAD = Workload(sessions=8, turns=3, prompt=100, output=40, user=20)
-SHAPE = EngineShape(num_blocks=31, block_size=32, max_num_seqs=8, max_num_batched_tokens=256)
+WORKLOAD = Workload(sessions=8, turns=4, prompt=100, output=40, user=20)
+SHAPE = EngineShape(num_blocks=40, block_size=32, max_num_seqs=8, max_num_batched_tokens=256)
 VLLM_FLAGS = ["--block-size", str(SHAPE.block_size),
               "--num-gpu-blocks-override", str(SHAPE.num_blocks + 1),  # vLLM keeps block 0 as its null block
               "--max-num-seqs", str(SHAPE.max_num_seqs),
@@ -124,19 +125,34 @@ def test_replica_model_and_fake_schedule_like_vllm(traced_vllm):
               "steps": {"vllm": real.steps, "sim": sim.steps, "fake": fake.steps},
               "differences": _differences("sim", sim, real) + _differences("fake", fake, real)}
     report["timing"] = _fit_step_cost(events)
+    report["events"] = {"admissions": len(real.admissions), "preemptions": len(real.preemptions),
+                        "finishes": len(real.finishes)}
     REPORT.write_text(json.dumps(report, indent=1) + "\n")
     assert report["differences"] == []
     assert sim.turn_order() == fake.turn_order() == real.turn_order()
+    # Timing: single steps of this tiny model on 2 shared cores scatter by ~25-30% around any fit
+    # (other processes, Python overhead), so only accumulated busy time is held to a bound: at the
+    # median step that ended a turn within 10% (measured 2-6% in the runs recorded in the docs).
+    assert report["timing"]["turn_end_busy_error_median"] <= 0.10, report["timing"]
 
 
 def _fit_step_cost(events: list[dict]) -> dict:
-    """Least squares: step seconds = a + b * scheduled tokens + c * context tokens (CPU, this run)."""
-    start = {e["step"]: e for e in events if e["ev"] == "step"}
-    rows = [(start[e["step"]], e["t"] - start[e["step"]]["t"]) for e in events if e["ev"] == "done"]
-    x = np.array([[1.0, s["tokens"], s["context"]] for s, _ in rows])
-    y = np.array([dt for _, dt in rows])
+    """Least squares over this run's steps: seconds = a + b * scheduled tokens + c * context tokens.
+
+    The replica model's schedule is vLLM's step for step (asserted above), so its time with this
+    fitted cost is the fit's prediction; what is left to compare is the fit against the clock: the
+    engine's busy time up to each step that finished a turn.
+    """
+    start = {e["step"]: e for e in events if e["ev"] == "step" and e["tokens"]}
+    rows = [(start[e["step"]], e["t"] - start[e["step"]]["t"], bool(e["finished"]))
+            for e in events if e["ev"] == "done" and e["step"] in start]
+    x = np.array([[1.0, s["tokens"], s["context"]] for s, _, _ in rows])
+    y = np.array([dt for _, dt, _ in rows])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     pred = x @ coef
-    return {"base_ms": coef[0] * 1e3, "per_token_us": coef[1] * 1e6, "per_context_us": coef[2] * 1e6,
-            "steps": len(rows), "measured_s": float(y.sum()), "fitted_s": float(pred.sum()),
-            "median_abs_step_error": float(np.median(np.abs(pred - y) / y))}
+    ends = [i for i, (_, _, finished) in enumerate(rows) if finished]
+    cum_err = np.abs(np.cumsum(pred)[ends] - np.cumsum(y)[ends]) / np.cumsum(y)[ends]
+    return {"base_ms": coef[0] * 1e3, "per_token_us": coef[1] * 1e6, "per_context_token_us": coef[2] * 1e6,
+            "steps": len(rows), "busy_s": float(y.sum()),
+            "median_step_error": float(np.median(np.abs(pred - y) / y)),
+            "turn_end_busy_error_median": float(np.median(cum_err)), "turn_end_busy_error_max": float(cum_err.max())}

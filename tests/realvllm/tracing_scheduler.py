@@ -53,8 +53,7 @@ class TracingScheduler(Scheduler):
         preempted = [r.request_id for r in self.waiting if r.request_id in before]
         context = sum(self.requests[rid].num_computed_tokens for rid in sched)  # after this step
         self._write(ev="step", step=self.current_step, t=t0, admitted=admitted, preempted=preempted,
-                    tokens=sum(sched.values()), seqs=len(sched), context=context,
-                    decodes=sum(1 for rid, n in sched.items() if n == 1 and rid not in waiting))
+                    tokens=sum(sched.values()), seqs=len(sched), context=context)
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):

@@ -51,7 +51,7 @@ class Request:
 class Step:
     scheduled: list[tuple[Request, int]] = dataclasses.field(default_factory=list)
     prefill_tokens: int = 0  # tokens computed by requests that are not plain decodes
-    cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    cache_queries: int = 0  # tokens looked up in the prefix cache (first admissions, as vLLM counts)
     cache_hits: int = 0
     preemptions: int = 0
 
@@ -162,8 +162,9 @@ class Scheduler:
         request.num_computed, request.num_registered = num_cached, len(hit)
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached
-        step.cache_queries += len(request.tokens)
-        step.cache_hits += num_cached
+        if not request.num_preemptions:  # vLLM counts a re-admission after preemption apart, not here
+            step.cache_queries += len(request.tokens)
+            step.cache_hits += num_cached
         self.waiting.popleft()
         self.running.append(request)
         request.status = Status.RUNNING

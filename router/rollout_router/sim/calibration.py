@@ -11,6 +11,7 @@ the three can be compared event by event.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import random
@@ -71,7 +72,7 @@ class Arrivals:
     first: dict[int, int]  # session -> tag of its first turn
     gap: dict[Key, int]  # (session, turn >= 1) -> steps after the previous turn's last token
 
-    def due(self, workload: Workload) -> list[tuple[int, int, Key]]:
+    def first_turns(self) -> list[tuple[int, int, Key]]:
         return sorted((tag, s, (s, 0)) for s, tag in self.first.items())
 
 
@@ -106,7 +107,7 @@ class _Closed:
 
     def __init__(self, workload: Workload, arrivals: Arrivals, run: Run):
         self.workload, self.arrivals, self.run = workload, arrivals, run
-        self.heap = arrivals.due(workload)
+        self.heap = arrivals.first_turns()
         heapq.heapify(self.heap)
 
     def pop_due(self, steps_done: int, idle: bool) -> list[Key]:
@@ -229,18 +230,26 @@ def replay_fake(workload: Workload, shape: EngineShape, arrivals: Arrivals) -> R
 
 
 def parse_vllm_trace(workload: Workload, events: Iterable[dict]) -> tuple[Run, Arrivals]:
-    """The tracing scheduler's JSON lines as a ``Run``, and the arrivals they imply for a replay."""
+    """The tracing scheduler's JSON lines as a ``Run``, and the arrivals they imply for a replay.
+
+    vLLM's engine runs one empty step (nothing scheduled) after its last request finishes, before
+    it idles; the models do not. Steps are renumbered without those, so numbers mean work done.
+    """
     run = Run()
     keys: dict[str, Key] = {}
     added: dict[Key, int] = {}
     finished: dict[Key, int] = {}
+    events = list(events)
+    empty = sorted(ev["step"] for ev in events if ev["ev"] == "step" and not ev["tokens"])
     for ev in events:
+        if "step" in ev:
+            ev = {**ev, "step": ev["step"] - bisect.bisect_right(empty, ev["step"])}
         if ev["ev"] == "add":
             key = workload.key_of(ev["prompt_len"], ev["head"])
             keys[ev["id"]] = key
             added[key] = ev["step"]
             run.arrivals.append((ev["step"], key))
-        elif ev["ev"] == "step":
+        elif ev["ev"] == "step" and ev["tokens"]:
             for rid, hit, tokens, resumed in ev["admitted"]:
                 run.admissions.append((ev["step"], keys[rid], hit, tokens, resumed))
             run.preemptions += [(ev["step"], keys[rid]) for rid in ev["preempted"]]
