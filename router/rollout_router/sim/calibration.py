@@ -179,10 +179,11 @@ def replay_replica(workload: Workload, shape: EngineShape, arrivals: Arrivals) -
             run.preemptions += [(t + 1, keys[r.serial]) for r in rep.waiting
                                 if r.serial in running and r.preemptions > running[r.serial]]
             continue
-        if loop.next_tag() < end:
-            for key in loop.pop_due(int(loop.next_tag()), idle=False):
+        tag = loop.next_tag()
+        if tag < end:  # arrives while a run of decode steps is in flight: admissible from step tag + 1
+            for key in loop.pop_due(int(tag), idle=False):
                 if add(key):
-                    cut = rep.interrupt(loop.run.arrivals[-1][0] - 0.5)
+                    cut = rep.interrupt(tag - 0.5)
                     end = cut if cut is not None else end
             continue
         t = int(round(end))
