@@ -4,10 +4,14 @@ Each engine step schedules every decoding request first (one token each), then
 fills ``max_num_batched_tokens`` with prefill chunks: running requests still
 prefilling, then waiting requests in FCFS order (only if nothing was preempted
 this step, and while ``max_num_seqs`` allows). A request's prefix-cache hit is
-looked up when it leaves the waiting queue. When the pool cannot grow a running
-request, the most recently admitted request is preempted by recompute: its
-blocks are freed (cached blocks stay hashed until evicted) and it goes back to
-the head of the waiting queue.
+looked up when it leaves the waiting queue, after the running requests' blocks
+for this step are allocated, and it is admitted only if its whole context fits.
+When the pool cannot grow a running request, the most recently admitted request
+is preempted by recompute: its blocks are freed (cached blocks stay hashed until
+evicted) and it goes back to the head of the waiting queue with every token it
+has so far. Hits are counted as vLLM counts them: a re-admission after a
+preemption apart from first admissions. tests/realvllm/test_differential.py
+checks all of this step by step against vLLM's own scheduler.
 
 A step with any prefill is simulated on its own. Between such steps the batch
 is fixed until a request finishes, a block allocation would fail, or a request
