@@ -147,8 +147,12 @@ def grpc_fleet(servers) -> Iterator[tuple[Service, VllmServer]]:
     server = servers["grpc"]
     server.wait_ready(STARTUP_TIMEOUT)
     unused = f"http://{server.host}:{free_port(server.host)}"
-    router = start_router("router-grpc", [f"{unused},grpc={server.target}"], ["--affinity-break-margin", "0"],
-                          grpc=True)
+    # Nothing answers the HTTP health probe there either: active probing off, or the replica is out of rotation.
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    config = LOG_DIR / "router-grpc.json"
+    config.write_text(json.dumps({"health": {"probeIntervalSeconds": None}}))
+    router = start_router("router-grpc", [f"{unused},grpc={server.target}"],
+                          ["--affinity-break-margin", "0", "--config", str(config)], grpc=True)
     try:
         yield router, server
     finally:
@@ -240,7 +244,7 @@ def test_router_status_and_metrics_agree(fleet):
         return {url: total(scrape(url), "vllm:request_success_total") for url in urls}
 
     def routed() -> dict[str, float]:
-        return {url: total(scrape(router.url), "rolloutrouter_requests_total", backend=url, code="200")
+        return {url: total(scrape(router.admin_url), "rolloutrouter_requests_total", backend=url, code="200")
                 for url in urls}
 
     # The router's per-replica request counts move exactly as the replicas' own counters do.
@@ -258,7 +262,7 @@ def test_router_status_and_metrics_agree(fleet):
     assert {u: router_after[u] - router_before[u] for u in urls} == {u: vllm_after[u] - vllm_before[u] for u in urls}
 
     status = get_json(f"{router.admin_url}/status")
-    metrics = scrape(router.url)
+    metrics = scrape(router.admin_url)
     for field in ("affinity_kept", "affinity_broken", "new_sessions", "unkeyed", "released"):
         assert total(metrics, f"rolloutrouter_{field}_total") == status[field], field
     assert total(metrics, "rolloutrouter_sessions") == status["sessions"]
@@ -278,7 +282,7 @@ def test_streams_read_to_the_end_are_counted_as_200(fleet):
     client = client_for(router)
 
     def codes() -> dict[str, float]:
-        metrics = scrape(router.url)
+        metrics = scrape(router.admin_url)
         return {code: total(metrics, "rolloutrouter_requests_total", code=code) for code in ("200", "499")}
 
     before = codes()
@@ -393,7 +397,7 @@ def test_grpc_generate_through_the_router_with_vllm_stubs(grpc_fleet):
         TIMINGS["grpc second turn cached_tokens"] = second[-1].complete.cached_tokens
     status = get_json(f"{router.admin_url}/status")
     assert status["total_inflight"] == 0 and status["affinity_kept"] >= 1
-    metrics = scrape(router.url)
+    metrics = scrape(router.admin_url)
     assert total(metrics, "rolloutrouter_requests_total", backend=replica, code="OK") >= 2
 
 
@@ -434,7 +438,7 @@ def test_replica_killed_mid_stream_ends_the_stream_with_an_error(fleet):
     TIMINGS["killed replica: client error"] = f"{type(error).__name__}: {error}"
     assert victim_url in str(error) and "mid-stream" in str(error), error
     wait_until(lambda: get_json(f"{router.admin_url}/status")["total_inflight"] == 0, what="in-flight back to 0")
-    metrics = scrape(router.url)
+    metrics = scrape(router.admin_url)
     assert total(metrics, "rolloutrouter_request_errors_total", reason="upstream_broke_mid_response") == 1
     assert total(metrics, "rolloutrouter_requests_total", backend=victim_url, code="502") == 1
     # The session's next turn finds the replica gone (connection refused) and is served elsewhere.

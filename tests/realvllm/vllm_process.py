@@ -46,6 +46,9 @@ class VllmServer:
     log_path: Path
     grpc: bool = False
     cpu: str | None = None
+    max_model_len: int = MAX_MODEL_LEN
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_after: float | None = None
@@ -65,15 +68,16 @@ class VllmServer:
         # usage carries cached_tokens per request, as the fake replica always does.
         extra = [] if self.grpc else ["--enable-prompt-tokens-details"]
         return [str(self.python), "-m", module, "--model", str(self.model), "--served-model-name", SERVED_MODEL,
-                "--host", self.host, "--port", str(self.port), "--max-model-len", str(MAX_MODEL_LEN),
-                "--enable-prefix-caching", "--enforce-eager", *extra]
+                "--host", self.host, "--port", str(self.port), "--max-model-len", str(self.max_model_len),
+                "--enable-prefix-caching", "--enforce-eager", *extra, *self.extra_args]
 
     def start(self) -> VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
         self.started_at = time.monotonic()
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=vllm_environment(self.cpu),
+                                        stdin=subprocess.DEVNULL,
+                                        env={**vllm_environment(self.cpu), **self.extra_env},
                                         start_new_session=True)
         return self
 

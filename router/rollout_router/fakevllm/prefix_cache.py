@@ -98,11 +98,22 @@ class BlockPool:
             self._cached[block_hash] = block
 
     def free(self, blocks: Sequence[Block]) -> None:
-        """Unpin a request's blocks, tail first, so its prefix is evicted last (like vLLM)."""
+        """Unpin a request's blocks like vLLM's ``BlockPool.free_blocks``.
+
+        Cached blocks join the queue's end tail first, so the request's prefix is evicted last;
+        blocks never cached (a partial last block) go to the queue's head, to be reused first.
+        """
+        uncached = []
         for block in reversed(blocks):
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self._free[block.id] = block
+                if block.hash is None:
+                    uncached.append(block)
+                else:
+                    self._free[block.id] = block
+        for block in reversed(uncached):
+            self._free[block.id] = block
+            self._free.move_to_end(block.id, last=False)
 
     def check(self) -> None:
         """Assert the pool's invariants (for tests)."""

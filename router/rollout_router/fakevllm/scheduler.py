@@ -34,6 +34,7 @@ class Request:
     hashes: list[int] = dataclasses.field(default_factory=list)  # chained hash per full block of tokens
     num_registered: int = 0  # leading blocks already in the prefix cache
     num_cached_tokens: int | None = None  # prefix-cache hit when first scheduled
+    num_preemptions: int = 0
     status: Status = Status.WAITING
 
     @property
@@ -50,7 +51,7 @@ class Request:
 class Step:
     scheduled: list[tuple[Request, int]] = dataclasses.field(default_factory=list)
     prefill_tokens: int = 0  # tokens computed by requests that are not plain decodes
-    cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    cache_queries: int = 0  # tokens looked up in the prefix cache (first admissions, as vLLM counts)
     cache_hits: int = 0
     preemptions: int = 0
 
@@ -152,15 +153,18 @@ class Scheduler:
         num_cached = len(hit) * self.pool.block_size
         num_new = min(len(request.tokens) - num_cached, budget)
         needed = self.blocks_for(num_cached + num_new) - len(hit)
-        if not self.pool.can_allocate(needed, hit):
+        # Like vLLM (scheduler_reserve_full_isl, on by default), admit only if the whole prompt
+        # fits, not just its first chunk: a half-admitted prompt would be preempted again.
+        if not self.pool.can_allocate(self.blocks_for(len(request.tokens)) - len(hit), hit):
             return None
         self.pool.touch(hit)
         request.blocks = hit + self.pool.allocate(needed)
         request.num_computed, request.num_registered = num_cached, len(hit)
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached
-        step.cache_queries += len(request.tokens)
-        step.cache_hits += num_cached
+        if not request.num_preemptions:  # vLLM counts a re-admission after preemption apart, not here
+            step.cache_queries += len(request.tokens)
+            step.cache_hits += num_cached
         self.waiting.popleft()
         self.running.append(request)
         request.status = Status.RUNNING
@@ -179,6 +183,7 @@ class Scheduler:
         self.pool.free(request.blocks)
         request.blocks = []
         request.num_computed = request.num_registered = 0
+        request.num_preemptions += 1
         request.status = Status.WAITING
         self.waiting.appendleft(request)
 

@@ -40,7 +40,7 @@ class Arm:
 @dataclasses.dataclass
 class StepResult:
     step_seconds: float
-    hit_tokens: int
+    hit_tokens: int  # first admissions only, as vLLM's prefix_cache_hits/queries count
     query_tokens: int
     prefill_tokens: int
     recomputed_tokens: int
@@ -51,6 +51,8 @@ class StepResult:
     outcomes: dict[str, int]
     replica_busy: list[float]
     load_trace: list[tuple[float, tuple[int, ...]]] | None = None
+    preempted_hit_tokens: int = 0  # re-admissions after a preemption (vLLM: PrefixCacheStats.preempted_*)
+    preempted_query_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -159,4 +161,6 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
         outcomes=outcomes,
         replica_busy=[r.busy_time for r in reps],
         load_trace=trace,
+        preempted_hit_tokens=sum(r.preempted_hit_tokens for r in reps),
+        preempted_query_tokens=sum(r.preempted_query_tokens for r in reps),
     )

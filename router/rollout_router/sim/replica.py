@@ -4,10 +4,14 @@ Each engine step schedules every decoding request first (one token each), then
 fills ``max_num_batched_tokens`` with prefill chunks: running requests still
 prefilling, then waiting requests in FCFS order (only if nothing was preempted
 this step, and while ``max_num_seqs`` allows). A request's prefix-cache hit is
-looked up when it leaves the waiting queue. When the pool cannot grow a running
-request, the most recently admitted request is preempted by recompute: its
-blocks are freed (cached blocks stay hashed until evicted) and it goes back to
-the head of the waiting queue.
+looked up when it leaves the waiting queue, after the running requests' blocks
+for this step are allocated, and it is admitted only if its whole context fits.
+When the pool cannot grow a running request, the most recently admitted request
+is preempted by recompute: its blocks are freed (cached blocks stay hashed until
+evicted) and it goes back to the head of the waiting queue with every token it
+has so far. Hits are counted as vLLM counts them: a re-admission after a
+preemption apart from first admissions. tests/realvllm/test_differential.py
+checks all of this step by step against vLLM's own scheduler.
 
 A step with any prefill is simulated on its own. Between such steps the batch
 is fixed until a request finishes, a block allocation would fail, or a request
@@ -64,9 +68,11 @@ class Replica:
         self.hist = [0] * block_size  # decoding requests by offset % block_size
         self.fin: list[tuple[int, int, Req]] = []
         self.cur: tuple | None = None  # the step(s) in flight
+        self.pre_allocated = 0  # decode growth of the step in flight's first step, allocated at its start
         self.ver = 0
         # statistics
         self.hit_tokens = self.query_tokens = self.prefill_tokens = self.recomputed_tokens = 0
+        self.preempted_hit_tokens = self.preempted_query_tokens = 0  # re-admissions after preemption
         self.preemptions = 0
         self.busy_time = 0.0
 
@@ -135,9 +141,13 @@ class Replica:
                 pool.grow(req.tchain, grow)
             chunks.append((req, n))
             budget -= n
+        # vLLM allocates every running request's slots before it looks up a waiting request's
+        # prefix, so this step's decode growth evicts cached blocks first.
+        pool.allocate_pending(need1)
+        self.pre_allocated = need1
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                n = self._admit(self.waiting[0], budget, need1)
+                n = self._admit(self.waiting[0], budget)
                 if not n:
                     break
                 req = self.waiting.popleft()
@@ -146,7 +156,6 @@ class Replica:
                 budget -= n
         dec_ctx = self.dec_off + self.dec_n * self.it
         if chunks:
-            pool.allocate_pending(need1)
             tokens, read, pairs = self.dec_n, dec_ctx, float(dec_ctx)
             for req, n in chunks:
                 tokens += n
@@ -159,7 +168,7 @@ class Replica:
             while fin[0][2].phase != DECODE or fin[0][2].fin_it != fin[0][0]:
                 heapq.heappop(fin)
             k = fin[0][0] - self.it
-            avail = pool.available()
+            avail = pool.available() + need1  # the first step's growth is already allocated
             if self._need(k) > avail:
                 lo, hi = 1, k - 1
                 while lo < hi:
@@ -188,7 +197,7 @@ class Replica:
         self.busy_time += now - cur[1]
         done: list[Req] = []
         if cur[0] == "decode":
-            self.pool.allocate_pending(self._need(cur[2]))
+            self.pool.allocate_pending(self._need(cur[2]) - self.pre_allocated)
             self.it += cur[2]
         else:
             self.it += 1
@@ -217,7 +226,7 @@ class Replica:
         return done
 
     # -- internals ---------------------------------------------------------------
-    def _admit(self, req: Req, budget: int, reserved: int) -> int:
+    def _admit(self, req: Req, budget: int) -> int:
         pool, bs, P = self.pool, self.bs, req.P
         gc = pool.cached(req.gid) if P else 0
         tc = pool.cached(req.tid)
@@ -227,8 +236,11 @@ class Replica:
         n = min(req.ctx - hit, budget)
         need_g = max(0, P - gc)
         need_t = max(0, self._traj_blocks(hit + n, P) - tc)
+        # vLLM admits a request only if its whole context fits, not just the first chunk
+        # (SchedulerConfig.scheduler_reserve_full_isl, on by default).
+        full_t = max(0, self._traj_blocks(req.ctx, P) - tc)
         cids = (req.gid, req.tid) if P else (req.tid,)
-        if need_g + need_t > pool.evictable_after_touch(*cids) - reserved:
+        if need_g + full_t > pool.evictable_after_touch(*cids):
             return 0
         if P:
             req.gchain = pool.acquire(req.gid)
@@ -240,8 +252,14 @@ class Replica:
         req.phase = PREFILL
         req.hit += hit
         req.query += req.ctx
-        self.hit_tokens += hit
-        self.query_tokens += req.ctx
+        # Counted as vLLM counts vllm:prefix_cache_queries/hits: a preempted request's re-admission
+        # (which finds its own blocks still cached) is kept apart (PrefixCacheStats.preempted_*).
+        if req.preemptions:
+            self.preempted_hit_tokens += hit
+            self.preempted_query_tokens += req.ctx
+        else:
+            self.hit_tokens += hit
+            self.query_tokens += req.ctx
         self.recomputed_tokens += max(0, req.ctx - hit - req.fresh)
         req.fresh = 0  # after a preemption everything recomputed was computed before
         return n
@@ -279,7 +297,7 @@ class Replica:
             self._leave_decode(req)
             self._release(req, tokens)
             req.remaining = req.fin_it - self.it
-            req.ctx = tokens
+            req.ctx = tokens + 1  # the last sampled token is recomputed too (vLLM's num_tokens)
         else:
             self._release(req, req.computed)
         req.computed = 0
