@@ -127,7 +127,7 @@ def aggregate(cfg: Config, results, bounds, ctxs, traces) -> dict[str, Any]:
                 "median_step_seconds": float(np.median(times)),
                 "step_seconds": times,
                 "prefix_hit_rate": mean("hit_rate"),
-                "paired_change_vs_sticky": summarize(times, base, seed=cfg.seed),
+                "paired_change_vs_sticky": summarize(times, base),
                 "recomputed_tokens_per_step": mean("recomputed_tokens"),
                 "prefill_tokens_per_step": mean("prefill_tokens"),
                 "preemptions_per_step": mean("preemptions"),
