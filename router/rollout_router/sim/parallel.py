@@ -7,9 +7,9 @@ in task order.
 
 ``ray_address`` is passed to ``ray.init``: ``"local"`` starts a private local
 instance, ``"auto"`` joins the cluster this machine belongs to, ``host:port`` a
-running one (``ray start --head`` prints it). The package's source is shipped to
-the workers (``runtime_env.py_modules``) unless the cluster runs on this machine,
-so workers elsewhere need only Python and numpy.
+running one (``ray start --head`` prints it). Except for a private local
+instance, the package's source is shipped to the workers
+(``runtime_env.py_modules``), so workers elsewhere need only Python and numpy.
 """
 from __future__ import annotations
 
@@ -52,7 +52,10 @@ def _on_processes(fn: Callable[[T], R], tasks: Sequence[T], jobs: int, bar: Any)
 
 
 def _on_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) -> list[R]:
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise SystemExit("--ray-address needs Ray on this machine: pip install 'ray>=2.41'") from None
 
     started = not ray.is_initialized()
     if started:
