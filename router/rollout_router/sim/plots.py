@@ -74,8 +74,9 @@ def _heatmaps(plt, grid: dict[str, Any], path: str) -> str:
     kv_labels = list(dict.fromkeys(k for _, k in kvs))
     concs = sorted({p["conc"] for p in pts})
     arms = [a for a in COMPARED if any(a in p["policies"] for p in pts)]
-    fig, axes = plt.subplots(len(arms), len(ctxs), figsize=(3.4 * len(ctxs) + 1, 2.4 * len(arms) + 0.6), squeeze=False)
-    lim = 0.2
+    fig, axes = plt.subplots(len(arms), len(ctxs), figsize=(3.4 * len(ctxs) + 1.4, 2.2 * len(arms) + 0.8),
+                             squeeze=False, layout="constrained")
+    lim = 20.0  # percent
     for r, arm in enumerate(arms):
         for c, ctx in enumerate(ctxs):
             ax = axes[r, c]
@@ -84,7 +85,7 @@ def _heatmaps(plt, grid: dict[str, Any], path: str) -> str:
                 if p["ctx"] == ctx and arm in p["policies"]:
                     ch = p["policies"][arm]["change"]
                     y, x = concs.index(p["conc"]), kv_labels.index(p["kv"])
-                    cells[y][x] = ch["median"]
+                    cells[y][x] = ch["median"] * 100
                     sig = ch["ci_low"] > 0 or ch["ci_high"] < 0
                     ax.text(x, y, f"{ch['median'] * 100:+.1f}{'*' if sig else ''}", ha="center", va="center", fontsize=7)
             im = ax.imshow(cells, cmap="RdBu_r", vmin=-lim, vmax=lim, origin="lower", aspect="auto")
@@ -96,8 +97,9 @@ def _heatmaps(plt, grid: dict[str, Any], path: str) -> str:
                 ax.set_ylabel(f"{arm}\ntraj./replica", fontsize=8)
             if r == len(arms) - 1:
                 ax.set_xlabel("KV pool (x physical)", fontsize=8)
-    fig.colorbar(im, ax=axes, shrink=0.6, label="median change vs sticky (blue: faster); * interval excludes 0")
-    fig.suptitle(f"Paired change of step time vs sticky ({grid['seeds']} steps per cell, %)", fontsize=10)
+    fig.colorbar(im, ax=axes, shrink=0.5, label="% vs sticky (blue: faster)")
+    fig.suptitle(f"Median paired change of step time vs sticky, % ({grid['seeds']} steps per cell; "
+                 "* the interval excludes 0)", fontsize=9)
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
