@@ -86,20 +86,10 @@ def run(args) -> int:
     for pr in study["presets"].values():
         pr.pop("load_traces", None)
     if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(study, fh, indent=1)
+        _write(args.json_out, json.dumps(study, indent=1))
     from .report import markdown
 
-    md = markdown(study)
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(md + "\n")
-    if args.json:
-        json.dump(study, sys.stdout)
-        print()
-    else:
-        print(md)
-    return 0
+    return _emit(args, study, markdown(study))
 
 
 def run_grid_command(args) -> int:
@@ -121,19 +111,21 @@ def run_grid_command(args) -> int:
 
         for path in write_grid_plots(grid, args.plots):
             print(f"wrote {path}", file=sys.stderr)
-    md = gridreport.markdown(grid)
+    for path, sections in ((args.docs, gridreport.grid_sections(grid)),
+                           (args.readme, {"simulator": gridreport.presets_table(grid)})):
+        if path:
+            with open(path) as fh:
+                text = fh.read()
+            _write(path, gridreport.fill(text, sections))
+    return _emit(args, grid, gridreport.markdown(grid))
+
+
+def _emit(args, data: dict, md: str) -> int:
+    """Write ``--markdown``, then print the JSON (``--json``) or the markdown."""
     if args.markdown:
         _write(args.markdown, md + "\n")
-    if args.docs:
-        with open(args.docs) as fh:
-            text = fh.read()
-        _write(args.docs, gridreport.fill(text, gridreport.grid_sections(grid)))
-    if args.readme:
-        with open(args.readme) as fh:
-            text = fh.read()
-        _write(args.readme, gridreport.fill(text, {"simulator": gridreport.presets_table(grid)}))
     if args.json:
-        json.dump(grid, sys.stdout)
+        json.dump(data, sys.stdout)
         print()
     else:
         print(md)
