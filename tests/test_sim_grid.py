@@ -202,3 +202,21 @@ def test_the_docs_hold_every_generated_section():
     gridreport.fill(text, {n: "" for n in gridreport.SECTIONS})
     with open("README.md") as fh:
         gridreport.fill(fh.read(), {"simulator": ""})
+
+
+def test_cache_resumes_a_grid_and_misses_after_a_model_change(tmp_path, monkeypatch):
+    from rollout_router.sim import cache, grid
+
+    path = tmp_path / "cache.jsonl"
+    first = run_grid("quick", seeds=2, progress=False, cache=str(path))
+    tasks = len(path.read_text().splitlines())
+    assert tasks == sum(len(a) for a in plan(GRIDS["quick"]["blocks"]).values()) * 2
+
+    def no_simulation(task):
+        raise AssertionError("a cached task was simulated again")
+
+    monkeypatch.setattr(grid, "run_task", no_simulation)
+    assert run_grid("quick", seeds=2, progress=False, cache=str(path)) == first
+    monkeypatch.setattr(cache, "model_fingerprint", lambda: "another model")
+    with pytest.raises(AssertionError, match="simulated again"):
+        run_grid("quick", seeds=2, progress=False, cache=str(path))

@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = parser.add_argument_group("grid (docs/simulator.md: the margin over KV pool x concurrency x context x routers)")
     d.add_argument("--grid", choices=sorted(GRIDS), help="run a grid instead of presets ('quick': seconds, for tests)")
     d.add_argument("--seeds", type=int, help="paired steps per grid point (default: the grid's own)")
+    d.add_argument("--cache", metavar="FILE", help="keep finished grid steps in FILE (JSON lines): a rerun reuses those "
+                   "the same model computed, so an interrupted run resumes")
     d.add_argument("--from-json", metavar="FILE", help="re-render a saved grid (--json-out) without simulating")
     d.add_argument("--docs", metavar="FILE", help="rewrite the generated sections of FILE (docs/simulator.md)")
     d.add_argument("--readme", metavar="FILE", help="rewrite the generated simulator table of FILE (README.md)")
@@ -103,7 +105,7 @@ def run_grid_command(args) -> int:
     else:
         cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
         grid = run_grid(args.grid, seeds=args.seeds, seed=args.seed, cost=cost, jobs=max(1, args.jobs),
-                        ray_address=args.ray_address, progress=not args.no_progress)
+                        ray_address=args.ray_address, progress=not args.no_progress, cache=args.cache)
     if args.json_out:
         _write(args.json_out, json.dumps(grid, indent=1))
     if args.plots:

@@ -156,18 +156,45 @@ def _weight(p: Point) -> float:
     return p.replicas * p.conc * OUT_MEDIAN[p.ctx] * (2.0 if p.kv != "all" else 1.0)
 
 
+def describe(task: Task) -> dict[str, Any]:
+    """Everything a task's result depends on besides the model's code: what the cache keys it by."""
+    point, label, step, seed, cost = task
+    preset = dataclasses.asdict(point.preset())
+    preset.pop("name")
+    arm = dataclasses.asdict(grid_arms(preset["router_lru"])[label])
+    arm.pop("label")
+    return {"preset": preset, "arm": arm, "routers": point.routers, "exchange_s": repr(point.exchange_s),
+            "step": step, "seed": seed, "cost": dataclasses.asdict(cost)}
+
+
 def run_grid(name: str, seeds: int | None = None, seed: int = 0, cost: CostModel = CostModel(), jobs: int = 1,
-             ray_address: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run grid ``name`` (a GRIDS key) and return its JSON-able summary."""
+             ray_address: str | None = None, progress: bool = True, cache: str | None = None) -> dict[str, Any]:
+    """Run grid ``name`` (a GRIDS key) and return its JSON-able summary.
+
+    With ``cache`` (a file), tasks already computed by the same model are read from it and new results are
+    appended as they arrive, so an interrupted run resumes and a grid grown by a block runs only the new points.
+    """
+    from .cache import ResultCache
     from .parallel import run_tasks
 
     spec = GRIDS[name]
     n = seeds if seeds is not None else spec["seeds"]
     points = plan(spec["blocks"])
     tasks = tasks_for(points, n, seed, cost)
-    results = run_tasks(run_task, tasks, jobs=jobs, ray_address=ray_address, progress=progress, desc=f"grid {name}")
+    store = ResultCache(cache) if cache else None
+    results: list[dict[str, float] | None] = [store.get(describe(t)) if store else None for t in tasks]
+    todo = [i for i, r in enumerate(results) if r is None]
+
+    def save(j: int, result: dict[str, float]) -> None:
+        results[todo[j]] = result
+        if store:
+            store.put(describe(tasks[todo[j]]), result)
+
+    run_tasks(run_task, [tasks[i] for i in todo], jobs=jobs, ray_address=ray_address, progress=progress,
+              desc=f"grid {name}", on_result=save)
     by_point: dict[Point, dict[tuple[str, int], dict[str, float]]] = {}
     for (point, label, step, _, _), res in zip(tasks, results):
+        assert res is not None
         by_point.setdefault(point, {})[(label, step)] = res
     return {
         "grid": name, "seeds": n, "seed": seed, "cost_model": dataclasses.asdict(cost),

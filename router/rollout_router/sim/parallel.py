@@ -23,35 +23,45 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+Done = Callable[[int, Any], None]  # (task index, result), called as each result arrives
+
+
 def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], jobs: int = 1, ray_address: str | None = None,
-              progress: bool = True, desc: str = "simulating") -> list[R]:
-    """``[fn(t) for t in tasks]``, spread over ``jobs`` local processes or a Ray cluster."""
+              progress: bool = True, desc: str = "simulating", on_result: Done | None = None) -> list[R]:
+    """``[fn(t) for t in tasks]``, spread over ``jobs`` local processes or a Ray cluster.
+
+    ``on_result`` sees every result as soon as it is in (to save it before the others finish).
+    """
     bar = _progress(len(tasks), progress, desc)
+    results: list[Any] = [None] * len(tasks)
+
+    def done(i: int, result: Any) -> None:
+        results[i] = result
+        if on_result is not None:
+            on_result(i, result)
+        bar.update(1)
+
     try:
         if ray_address:
-            return _on_ray(fn, tasks, ray_address, bar)
-        if jobs <= 1 or len(tasks) <= 1:
-            out = []
-            for t in tasks:
-                out.append(fn(t))
-                bar.update(1)
-            return out
-        return _on_processes(fn, tasks, jobs, bar)
+            _on_ray(fn, tasks, ray_address, done)
+        elif jobs <= 1 or len(tasks) <= 1:
+            for i, t in enumerate(tasks):
+                done(i, fn(t))
+        else:
+            _on_processes(fn, tasks, jobs, done)
     finally:
         bar.close()
-
-
-def _on_processes(fn: Callable[[T], R], tasks: Sequence[T], jobs: int, bar: Any) -> list[R]:
-    results: list[Any] = [None] * len(tasks)
-    with ProcessPoolExecutor(jobs) as pool:
-        futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
-        for fut in as_completed(futures):
-            results[futures[fut]] = fut.result()
-            bar.update(1)
     return results
 
 
-def _on_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) -> list[R]:
+def _on_processes(fn: Callable[[T], R], tasks: Sequence[T], jobs: int, done: Done) -> None:
+    with ProcessPoolExecutor(jobs) as pool:
+        futures = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
+        for fut in as_completed(futures):
+            done(futures[fut], fut.result())
+
+
+def _on_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str, done: Done) -> None:
     try:
         import ray
     except ImportError:
@@ -62,12 +72,12 @@ def _on_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) ->
         ray.init(**_ray_init_args(address))
     try:
         remote = ray.remote(num_cpus=1, max_retries=2)(fn)
-        refs = [remote.remote(t) for t in tasks]
-        pending = list(refs)
+        index = {ref: i for i, ref in enumerate(remote.remote(t) for t in tasks)}
+        pending = list(index)
         while pending:
-            done, pending = ray.wait(pending, num_returns=min(len(pending), 8), timeout=30.0)
-            bar.update(len(done))
-        return list(ray.get(refs))
+            ready, pending = ray.wait(pending, num_returns=1, timeout=30.0)
+            for ref in ready:
+                done(index[ref], ray.get(ref))
     finally:
         if started:
             ray.shutdown()
