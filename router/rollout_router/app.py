@@ -159,6 +159,17 @@ class Runtime(RouterContext):
                            self.peering.peers, self.peering.selector, self.peering.namespace)
         self.fleet.start()
 
+    def has_peers(self) -> bool:
+        """Whether another router shares the sessions now (then SIGTERM hands them over: ``leave``)."""
+        return self.fleet is not None and len(self.fleet.members()) > 1
+
+    async def leave(self, timeout: float) -> bool:
+        """Leave the fleet: hand the pins to their new owners, finish the requests in flight (``fleet/leaving.py``)."""
+        from .fleet.leaving import leave
+        assert self.fleet is not None
+        return await leave(self.fleet, lambda: self.http_proxy.answering + self.replicas.total_inflight(),
+                           self.http_proxy.stop_accepting, timeout)
+
     async def stop(self) -> None:
         if self.fleet is not None:
             await self.fleet.stop()

@@ -76,6 +76,11 @@ class Listener:
         self._sweeper = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
         return self._server.sockets[0].getsockname()[1]
 
+    def stop_accepting(self) -> None:
+        """Refuse new connections; those open are served until ``close``."""
+        if self._server is not None:
+            self._server.close()
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
