@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 EXPIRY_INTERVAL = 15.0
 EXPIRY_BATCH = 10_000  # pins dropped per turn of the event loop (about 5 ms), so expiry never stalls traffic
 RELOAD_INTERVAL = 2.0
+STOP_GRACE_SECONDS = 2.0  # gRPC calls in flight at stop are given this long
 
 
 class Runtime(RouterContext):
@@ -174,7 +175,7 @@ class Runtime(RouterContext):
         if self.fleet is not None:
             await self.fleet.stop()
         if self._grpc_server is not None:
-            await self._grpc_server.stop(grace=2)
+            await self._grpc_server.stop(grace=STOP_GRACE_SECONDS)
         for task in (self._background, self._probing, self._discovery):
             if task is not None:
                 task.cancel()

@@ -150,7 +150,7 @@ class Fleet:
             self.loads.change(old, loads)
         if answer.get("leaving") is True and not member.leaving:
             self.peer_leaving(member.id, done=False)
-        elif joined:
+        elif joined and not member.leaving:
             self.handoff.gone.discard(member.id)
             self.handoff.departed.discard(member.id)
             log.info("router %s joined the fleet", member.id)
