@@ -95,6 +95,10 @@ def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod
     try:
         cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
                         "-p", json.dumps({"spec": {"router": {"podAnnotations": {"rolled": "1"}}}}))
+        # The operator applies the new template in its own time: wait for it before waiting for the rollout.
+        eventually(lambda: (cluster.get("deployment", "rollouts-router", "-n", namespace)["spec"]["template"]
+                            ["metadata"].get("annotations") or {}).get("rolled") == "1", 60,
+                   "the operator to apply the new pod template")
         cluster.kubectl("rollout", "status", "deployment/rollouts-router", "-n", namespace, "--timeout=300s")
         new = converged(cluster, namespace, 3)
     finally:
