@@ -307,7 +307,7 @@ def test_a_rolling_update_keeps_every_pin(replicas, workdir):
             assert fleet_sum(routers, "new_sessions") == placed  # no session was placed anew
             assert fleet_sum(routers, "replaced") == 0
 
-        for step in range(3):
+        for _ in range(3):
             everyone.append(spawn_fleet_router(len(everyone), replicas, workdir))
             tell_peers(everyone, replicas, workdir)
             live = [r for r in everyone if r.process.poll() is None]
