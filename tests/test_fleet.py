@@ -212,6 +212,118 @@ def test_a_killed_routers_sessions_alone_are_placed_anew(replicas, workdir):
             router.stop()
 
 
+def ready(router: Service) -> bool:
+    """Whether the router's traffic port says it takes traffic (what a Service's endpoints follow)."""
+    try:
+        with urllib.request.urlopen(f"{router.url}/readyz", timeout=5) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def service_turn(routers: list[Service], entry: int, key: str) -> Turn:
+    """A quick turn entering by the ``entry``-th router, or the next ready one, as a Service would pick it; a
+    router that stopped between its readiness and the connection (refused: nothing sent) means the next one."""
+    for offset in range(len(routers)):
+        router = routers[(entry + offset) % len(routers)]
+        if router.process.poll() is None and ready(router):
+            try:
+                return quick_turn(router, key)
+            except ConnectionRefusedError:
+                continue
+    raise AssertionError(f"no router took a turn of {key}")
+
+
+def fleet_sum(routers: list[Service], name: str) -> int:
+    """A counter summed over the routers (``/status``, or its ``fleet`` object for the fleet's own)."""
+    statuses = [status(r) for r in routers]
+    return sum(s[name] if name in s else s["fleet"][name] for s in statuses)
+
+
+def test_a_router_that_gets_sigterm_hands_its_sessions_over(replicas, workdir):
+    routers = start_router_fleet(3, replicas, workdir)
+    try:
+        converged(routers, 3)
+        ids = [r.admin_url for r in routers]
+        keys = [f"leave-{i}" for i in range(18)]
+        first = {key: quick_turn(routers[i % 3], key).replica for i, key in enumerate(keys)}
+        leaving, survivors = routers[2], routers[:2]
+        mine = [key for key in keys if owner(key, ids) == leaving.admin_url]
+        assert mine and len(mine) < len(keys)
+        placed = fleet_sum(survivors, "new_sessions")
+        results: list[tuple[str, int, str | None]] = []
+        errors: list[BaseException] = []
+
+        def traffic() -> None:  # every turn enters by a ready router, the leaving one too until it is not
+            for round_ in range(6):
+                for i, key in enumerate(keys):
+                    try:
+                        turn = service_turn(routers, i + round_, key)
+                        results.append((key, turn.status, turn.replica))
+                    except (AssertionError, OSError) as error:
+                        errors.append(error)
+
+        held = Turn(leaving, mine[0], max_tokens=100)  # in flight on the leaving router (its owner) at SIGTERM
+        assert held.status == 200 and held.replica == first[mine[0]]
+        worker = threading.Thread(target=traffic)
+        worker.start()
+        wait_until(lambda: len(results) >= len(keys), "traffic to be under way")
+        leaving.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: not ready(leaving) and status(leaving)["fleet"]["leaving"], "the router to be leaving")
+        assert leaving.process.poll() is None  # it waits for the request it is serving
+        body = held.finish()
+        held.release()
+        assert body.rstrip().endswith(b"data: [DONE]"), body[-300:]  # finished, not cut off
+        assert leaving.process.wait(timeout=30) == 0
+        worker.join(timeout=120)
+        assert not worker.is_alive() and not errors, errors  # no turn saw an error
+        assert len(results) == 6 * len(keys)
+        assert all(code == 200 and replica == first[key] for key, code, replica in results), results
+        converged(survivors, 2)
+        for i, key in enumerate(keys):  # a last round, with the leaving router gone
+            assert quick_turn(survivors[i % 2], key).replica == first[key], key
+        assert fleet_sum(survivors, "new_sessions") == placed  # none of its sessions was placed anew
+        assert fleet_sum(survivors, "replaced") == 0
+        assert fleet_sum(survivors, "handoffs") == len(mine)  # each of its sessions arrived once, with its pin
+        wait_until(lambda: fleet_sum(survivors, "total_inflight") == 0, "no request in flight")
+        synced(survivors, 0)  # its counts left with it
+    finally:
+        for router in routers:
+            router.stop()
+
+
+def test_a_rolling_update_keeps_every_pin(replicas, workdir):
+    """Add a router, then SIGTERM the oldest, three times over: every session keeps its replica throughout."""
+    everyone = start_router_fleet(2, replicas, workdir)
+    try:
+        converged(everyone, 2)
+        keys = [f"roll-{i}" for i in range(16)]
+        first = {key: quick_turn(everyone[i % 2], key).replica for i, key in enumerate(keys)}
+
+        def turns(routers: list[Service]) -> None:
+            placed = fleet_sum(routers, "new_sessions")
+            for i, key in enumerate(keys):
+                assert service_turn(routers, i, key).replica == first[key], key
+            assert fleet_sum(routers, "new_sessions") == placed  # no session was placed anew
+            assert fleet_sum(routers, "replaced") == 0
+
+        for _ in range(3):
+            everyone.append(spawn_fleet_router(len(everyone), replicas, workdir))
+            tell_peers(everyone, replicas, workdir)
+            live = [r for r in everyone if r.process.poll() is None]
+            converged(live, 3)
+            turns(live)
+            oldest = live[0]
+            oldest.process.send_signal(signal.SIGTERM)
+            assert oldest.process.wait(timeout=30) == 0
+            tell_peers(everyone, replicas, workdir)
+            converged(live[1:], 2)
+            turns(live[1:])
+    finally:
+        for router in everyone:
+            router.stop()
+
+
 def test_an_added_router_takes_its_sessions_with_their_pins(replicas, workdir):
     routers = start_router_fleet(2, replicas, workdir)
     try:
@@ -281,12 +393,21 @@ def test_fleet_routes_want_the_admin_token_and_ownership(workdir, replicas):
         ask = urllib.request.Request(f"{member.admin_url}/fleet/v1/info", headers={"Authorization": "Bearer s3cret"})
         with urllib.request.urlopen(ask, timeout=5) as answer:
             info = json.load(answer)
-        assert info == {"id": member.admin_url, "http": member.url, "grpc": None}
-        bad = urllib.request.Request(f"{member.admin_url}/fleet/v1/handoff", data=b"[1]", method="POST",
-                                     headers={"Authorization": "Bearer s3cret"})
-        with pytest.raises(urllib.error.HTTPError) as invalid:
-            urllib.request.urlopen(bad, timeout=5)
-        assert invalid.value.code == 400 and json.load(invalid.value)["error"]["param"] == "key"
+        assert info == {"id": member.admin_url, "http": member.url, "grpc": None, "leaving": False}
+        for route, body, param in (("handoff", [1], "key"), ("leave", {"id": "nope"}, "id"),
+                                   ("leave", {"id": "http://10.0.0.9:8081", "done": "yes"}, "done"),
+                                   ("adopt", {"pins": {}}, "pins"),
+                                   ("adopt", {"pins": [{"key": "k", "replica": "http://r", "idleSeconds": 0},
+                                                       {"key": "k", "replica": "http://r", "idleSeconds": -1}]},
+                                    "pins[1]")):
+            bad = urllib.request.Request(f"{member.admin_url}/fleet/v1/{route}", data=json.dumps(body).encode(),
+                                         method="POST", headers={"Authorization": "Bearer s3cret"})
+            with pytest.raises(urllib.error.HTTPError) as invalid:
+                urllib.request.urlopen(bad, timeout=5)
+            assert invalid.value.code == 400 and json.load(invalid.value)["error"]["param"] == param, route
+        ask = urllib.request.Request(f"{member.admin_url}/status", headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(ask, timeout=5) as answer:
+            assert json.load(answer)["fleet"]["handoffs"] == 0  # nothing of a refused batch was adopted
     finally:
         alone.stop()
         member.stop()

@@ -162,6 +162,57 @@ async def test_handoff_counts_a_replaced_session_only_when_the_previous_owner_is
     assert handoff.replaced == 1 and handoff.handoffs == 0 and a in handoff.gone
 
 
+def test_pushed_pins_are_adopted_unless_the_pin_here_was_used_since():
+    me, a = ROUTERS[:2]
+    balancer, now = _balancer()
+
+    async def never(previous: str, key: str) -> str | None:
+        raise AssertionError("nobody is asked")
+
+    handoff = Handoff(History(me, 60.0), balancer, never, lambda: now[0])
+    now[0] = 100.0
+    balancer.adopt("mine", "r1")  # used here at 100 s
+    adopted = handoff.receive([("new", "r2", 5.0), ("mine", "r2", 1.0), ("older-here", "r1", 0.0)])
+    assert adopted == 2 and handoff.handoffs == 2
+    assert balancer.pinned("new") == "r2" and balancer.pinned("mine") == "r1"  # pushed 99 s: older than 100 s
+    now[0] = 110.0
+    assert handoff.receive([("mine", "r2", 1.0)]) == 1 and balancer.pinned("mine") == "r2"  # pushed 109 s: newer
+    assert balancer.last_used("mine") == 110.0 and balancer.last_used("nope") is None
+    assert sorted(balancer.pins()) == [("mine", "r2", 110.0), ("new", "r2", 100.0), ("older-here", "r1", 100.0)]
+
+
+async def test_a_departed_previous_owner_is_not_asked_and_not_a_loss():
+    me, a = ROUTERS[:2]
+    balancer, now = _balancer()
+    history = History(me, 60.0)
+    history.update({me, a}, 0.0)
+    history.update({me}, 1.0)  # a left
+    key = next(k for k in KEYS if owner(k, {me, a}) == a)
+
+    async def refused(previous: str, key: str) -> str | None:
+        raise Unreachable("refused")
+
+    handoff = Handoff(history, balancer, refused, lambda: now[0])
+    handoff.departed.add(a)
+    await handoff.fetch(key)
+    assert handoff.replaced == 0 and a not in handoff.gone
+    handoff.departed.clear()
+    await handoff.fetch(key)
+    assert handoff.replaced == 1 and a in handoff.gone  # gone without saying it handed its pins over: lost
+
+
+def test_a_leaving_member_owns_no_key_but_stays_polled():
+    me, a = ROUTERS[:2]
+    membership = Membership(me)
+    membership.set_source(STATIC, [a])
+    member = membership.get(a)
+    assert member is not None
+    member.http = "http://10.0.0.2:8080"
+    membership.answered(a, now=1.0)
+    member.leaving = True
+    assert membership.members() == {me} and member.live and set(membership.peers) == {a}
+
+
 def test_surrender_gives_the_pin_up():
     balancer, _ = _balancer()
     decision, lease = balancer.acquire("k")

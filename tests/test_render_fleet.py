@@ -9,6 +9,7 @@ import pytest
 
 from rollout_router_operator.render import (ROUTER_ADMIN_PORT, InvalidSpec, admin_token, pod_labels, render,
                                             router_labels)
+from rollout_router.app import STOP_GRACE_SECONDS
 from tests.k8s.emulator import selector_matches
 from tests.test_chart import KUBE_VERSIONS, validate_rolloutrouter
 
@@ -50,6 +51,14 @@ def test_session_ownership_is_on_by_default_and_names_the_router_pods_as_peers()
     assert flag(command, "--advertise") == f"http://$(POD_IP):{admin_port}" == f"http://$(POD_IP):{ROUTER_ADMIN_PORT}"
     # The kubelet expands $(VAR) only for variables the container defines; any other stays literal.
     assert set(re.findall(r"\$\((\w+)\)", " ".join(command))) <= set(env)
+
+
+def test_a_stopped_router_pod_leaves_its_fleet_within_its_grace_period():
+    manifests = render(resource({"router": {"replicas": 3}}))
+    pod = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]
+    drain = float(flag(container_of(manifests)["command"], "--drain-timeout") or "nan")
+    # the leave, then closing the listeners (gRPC's grace), then a margin for the interpreter to exit
+    assert 0 < drain and drain + STOP_GRACE_SECONDS + 5 <= pod["terminationGracePeriodSeconds"]
 
 
 def test_without_session_ownership_each_pod_decides_alone_as_before():

@@ -29,6 +29,10 @@ CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
 ROUTER_PORT = 8080
 ROUTER_ADMIN_PORT = 8081  # the router's admin listener: /metrics, /status, sessions, probes
 ROUTER_GRPC_PORT = 50051  # the router's gRPC listener, opened when the replicas serve gRPC (spec.grpcPort)
+# A router pod that is stopped leaves its fleet first (hands its pins over, finishes its requests) for at most
+# ROUTER_DRAIN_SECONDS, then closes its listeners (gRPC's grace: 2 s): all well within the pod's grace period.
+ROUTER_DRAIN_SECONDS = 20
+ROUTER_TERMINATION_GRACE_SECONDS = 30
 TOKEN_DIR, TOKEN_FILE = "/var/run/secrets/rollout-router", "token"  # the admin token Secret, mounted
 RUN_AS = 65532  # the "nonroot" user of distroless images
 MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
@@ -225,11 +229,12 @@ def _without_nulls(value: Any) -> Any:
 
 def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
     """Session ownership: the members are the Ready pods with this resource's router labels, each
-    addressed by its pod IP (``$(POD_IP)``, expanded by the kubelet) and admin port."""
+    addressed by its pod IP (``$(POD_IP)``, expanded by the kubelet) and admin port; a pod stopped leaves the
+    fleet within ``ROUTER_DRAIN_SECONDS`` (docs/fleet.md, "Leaving the fleet")."""
     if not spec.router.session_ownership:
         return []
     return ["--peer-selector", labels_query(router_labels(name)), "--peer-namespace", "$(POD_NAMESPACE)",
-            "--advertise", f"http://$(POD_IP):{ROUTER_ADMIN_PORT}"]
+            "--advertise", f"http://$(POD_IP):{ROUTER_ADMIN_PORT}", "--drain-timeout", str(ROUTER_DRAIN_SECONDS)]
 
 
 def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str, token: bool) -> dict:
@@ -277,6 +282,7 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
+        "terminationGracePeriodSeconds": ROUTER_TERMINATION_GRACE_SECONDS,
         # A directory mount (not subPath), so the kubelet's updates reach the running router.
         "volumes": [{"name": "config", "configMap": {"name": f"{child_name(name)}-config"}},
                     {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}, *token_volumes],

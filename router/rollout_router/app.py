@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 EXPIRY_INTERVAL = 15.0
 EXPIRY_BATCH = 10_000  # pins dropped per turn of the event loop (about 5 ms), so expiry never stalls traffic
 RELOAD_INTERVAL = 2.0
+STOP_GRACE_SECONDS = 2.0  # gRPC calls in flight at stop are given this long
 
 
 class Runtime(RouterContext):
@@ -158,11 +159,30 @@ class Runtime(RouterContext):
                            self.peering.peers, self.peering.selector, self.peering.namespace)
         self.fleet.start()
 
+    def has_peers(self) -> bool:
+        """Whether another router shares the sessions now (then SIGTERM hands them over: ``leave``)."""
+        return self.fleet is not None and len(self.fleet.members()) > 1
+
+    async def leave(self, timeout: float) -> bool:
+        """Leave the fleet: hand the pins to their new owners, finish the requests in flight (``fleet/leaving.py``)."""
+        from .fleet.leaving import leave
+        assert self.fleet is not None
+        listeners = [self.http_proxy, *([self.grpc_proxy] if self.grpc_proxy is not None else [])]
+
+        def busy() -> int:  # HTTP requests being answered, gRPC calls in progress (forwarded ones too), leases
+            calls = len(self.grpc_proxy.calls) if self.grpc_proxy is not None else 0
+            return self.http_proxy.answering + calls + self.replicas.total_inflight()
+
+        def stop_accepting() -> None:
+            for listener in listeners:
+                listener.stop_accepting()
+        return await leave(self.fleet, busy, stop_accepting, timeout)
+
     async def stop(self) -> None:
         if self.fleet is not None:
             await self.fleet.stop()
         if self.grpc_proxy is not None:
-            await self.grpc_proxy.close(grace=2)
+            await self.grpc_proxy.close(grace=STOP_GRACE_SECONDS)
         for task in (self._background, self._probing, self._discovery):
             if task is not None:
                 task.cancel()

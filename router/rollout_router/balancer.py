@@ -50,6 +50,14 @@ class Balancer:
         """A pin handed over by the session's previous owner (another router)."""
         self.policy.adopt(key, replica, self._clock())
 
+    def last_used(self, key: str) -> float | None:
+        """When ``key``'s pin was last used (this router's clock), if it has one."""
+        return self.policy.last_used(key, self._clock())
+
+    def pins(self) -> list[tuple[str, str, float]]:
+        """Every pin held, as (key, replica, last use on this router's clock)."""
+        return self.policy.pins(self._clock())
+
     def surrender(self, key: str) -> str | None:
         """Give ``key``'s pin to its new owner; the replica it was pinned to, if any."""
         return self.policy.surrender(key, self._clock())

@@ -15,6 +15,8 @@ from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
 from .settings import RouterSettings, SettingsError, load_settings, parse_settings
 
+DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
+
 
 def _margin(text: str) -> int | None:
     if text.lower() in ("null", "none"):
@@ -23,6 +25,16 @@ def _margin(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'null', got {text!r}") from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def _backend(text: str) -> dict:
@@ -72,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: $POD_NAMESPACE, then the service account's).")
     parser.add_argument("--advertise", metavar="URL", help="This router's admin URL as its peers name it "
                         "(default: the admin listener's, with 0.0.0.0 replaced by $POD_IP).")
+    parser.add_argument("--drain-timeout", type=_seconds, default=DRAIN_TIMEOUT, metavar="SECONDS",
+                        help=f"With peers, SIGTERM makes the router leave its fleet: /readyz answers 503, its pins go "
+                        f"to their new owners, its requests in flight finish; it exits after at most this long "
+                        f"(default {DRAIN_TIMEOUT:g}; keep it below the pod's terminationGracePeriodSeconds). "
+                        f"A second SIGTERM, or SIGINT, stops it at once.")
     parser.add_argument("--log-level", default="info", type=str.lower,
                         choices=["debug", "info", "warning", "error", "critical"])
 
@@ -133,24 +150,41 @@ def run(args: argparse.Namespace) -> int:
     peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise)
     runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
                       peering)
-    asyncio.run(_serve(runtime, args.host, args.port, args.port_file))
+    asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout))
     return 0
 
 
-async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None) -> None:
-    """Bind, announce the bound ports, serve until SIGINT/SIGTERM; SIGHUP reloads the settings."""
+async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None, drain_timeout: float) -> None:
+    """Bind, announce the bound ports, serve until SIGINT/SIGTERM; SIGHUP reloads the settings.
+
+    SIGTERM to a router with peers first leaves the fleet (``Runtime.leave``, at most ``drain_timeout``
+    seconds); SIGINT, or SIGTERM again, stops it at once.
+    """
     loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
+    stopping, terminated = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, stopping.set)
+    loop.add_signal_handler(signal.SIGTERM, lambda: (stopping if terminated.is_set() else terminated).set())
     loop.add_signal_handler(signal.SIGHUP, runtime.reload)
     port = await runtime.start(host, port)
     try:
         admin = (runtime.admin_address[0], runtime.admin_port) if runtime.admin_address and runtime.admin_port else None
         listening.announce("rollout-router", host, port, runtime.grpc_port, port_file, admin)
-        await stopping.wait()
+        await _first(stopping.wait(), terminated.wait())
+        if not stopping.is_set() and runtime.has_peers():
+            await _first(stopping.wait(), runtime.leave(drain_timeout))
     finally:
         await runtime.stop()
+
+
+async def _first(*waits) -> None:
+    """Wait until the first of ``waits`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _use_uvloop() -> None:

@@ -3,9 +3,10 @@ ownership (the default), a rolling update of the routers under traffic, and a ro
 
 The checks of the quick tier (tests/test_fleet.py), made here through the router pods the Deployment runs:
 whichever pod a turn enters by, the session's owner decides it, so every session keeps its replica and the
-pods' counters add up to a single router's; when pods leave, the sessions of a pod gone for good are the only
-ones placed anew, and every pin that changed is counted (``replaced``). No kube-proxy runs, so the client picks
-a ready router pod itself, as the Service would, and tries another one if the pod it picked is going away.
+pods' counters add up to a single router's; a pod that is stopped (a rolling update, a deleted pod) leaves the
+fleet first and hands its pins to the pods that stay, so no session is placed anew (``replaced`` stays 0) and
+the handoffs cover every session of the pods that left. No kube-proxy runs, so the client picks a ready router
+pod itself, as the Service would, and tries another one if the pod it picked is going away.
 """
 from __future__ import annotations
 
@@ -94,6 +95,10 @@ def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod
     try:
         cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
                         "-p", json.dumps({"spec": {"router": {"podAnnotations": {"rolled": "1"}}}}))
+        # The operator applies the new template in its own time: wait for it before waiting for the rollout.
+        eventually(lambda: (cluster.get("deployment", "rollouts-router", "-n", namespace)["spec"]["template"]
+                            ["metadata"].get("annotations") or {}).get("rolled") == "1", 60,
+                   "the operator to apply the new pod template")
         cluster.kubectl("rollout", "status", "deployment/rollouts-router", "-n", namespace, "--timeout=300s")
         new = converged(cluster, namespace, 3)
     finally:
@@ -102,12 +107,16 @@ def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod
     assert not worker.is_alive() and not errors, errors  # every turn during the update was answered
     assert not {p["metadata"]["uid"] for p in new} & {p["metadata"]["uid"] for p in pods}  # every pod replaced
     changed = {s for s, replica in results if replica != pins[s]}
+    rolled = fleet_totals(new)
     print(f"\nrolling update: {len(results)} turns, {len(changed)} of {len(SESSIONS)} sessions re-placed; "
-          f"the new pods' counters {fleet_totals(new)}")
-    pins = {s: turn(cluster, namespace, s, i) for i, s in enumerate(SESSIONS)}  # the pins as they are now
-    assert {s: turn(cluster, namespace, s, i + 1) for i, s in enumerate(SESSIONS)} == pins  # and the new pods agree
+          f"the new pods' counters {rolled}")
+    assert not changed, changed  # every turn during the update went to its session's replica
+    # Each old pod handed its pins over as it left: every session reached a new pod by a handoff, none anew.
+    assert rolled["replaced"] == 0 and rolled["handoffs"] >= len(SESSIONS), rolled
+    assert {s: turn(cluster, namespace, s, i + 1) for i, s in enumerate(SESSIONS)} == pins  # the new pods agree
 
-    # A router pod deleted: the Deployment replaces it; only its own sessions may be placed anew.
+    # A router pod deleted: it leaves the fleet, its sessions go to the others with their pins; the Deployment
+    # replaces it, and the new pod takes its sessions from the others.
     victim = new[0]
     ids = [router_admin_url(p) for p in new]
     doomed = {s for s in SESSIONS if owner(s, ids) == router_admin_url(victim)}
@@ -116,11 +125,11 @@ def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod
     after_pods = converged(cluster, namespace, 3)
     after = {s: turn(cluster, namespace, s, i) for i, s in enumerate(SESSIONS)}
     moved = {s for s in SESSIONS if after[s] != pins[s]}
-    assert not moved - doomed, moved - doomed  # the survivors' sessions kept their pins
     totals = fleet_totals(after_pods)
     survivors = [p for p in after_pods if p["metadata"]["uid"] in {q["metadata"]["uid"] for q in new[1:]}]
-    replaced = sum(router_status(p)["fleet"]["replaced"] for p in after_pods) - before["replaced"]
+    replaced, handoffs = totals["replaced"] - before["replaced"], totals["handoffs"] - before["handoffs"]
     print(f"router pod deleted: {len(doomed)} of its sessions, {len(moved)} re-placed elsewhere; "
-          f"replaced counted {replaced}; the pods' counters {totals}")
-    assert len(moved) <= replaced <= len(doomed)
+          f"replaced counted {replaced}, handoffs {handoffs}; the pods' counters {totals}")
+    assert doomed and not moved, moved  # every session kept its replica, the deleted pod's too
+    assert replaced == 0 and handoffs >= len(doomed)
     assert len(survivors) == 2 and totals["total_inflight"] == 0

@@ -1,10 +1,15 @@
 """Routes between routers, on the admin listener (token-protected like the other admin routes).
 
-- ``GET /fleet/v1/info``: ``{"id", "http", "grpc"}``, where this router's traffic is served.
-- ``GET /fleet/v1/loads``: ``{"id", "loads": {replica: n}}``, this router's own in-flight counts (never the
-  peers' it added: each count is reported by the one router that holds it).
+- ``GET /fleet/v1/info``: ``{"id", "http", "grpc", "leaving"}``, where this router's traffic is served.
+- ``GET /fleet/v1/loads``: ``{"id", "loads": {replica: n}, "leaving"}``, this router's own in-flight counts
+  (never the peers' it added: each count is reported by the one router that holds it); ``leaving``: it
+  owns no key any more (``fleet/leaving.py``).
 - ``POST /fleet/v1/handoff`` ``{"key": K}``: give up K's pin to its new owner; ``{"key", "replica"}``
   (``replica`` null when this router held no pin for K).
+- ``POST /fleet/v1/leave`` ``{"id": PEER, "done": bool}``: that peer is leaving (``done``: it handed over
+  every pin it held); ``{"id"}``.
+- ``POST /fleet/v1/adopt`` ``{"from": PEER, "pins": [{"key", "replica", "idleSeconds"}, ...]}``: pins pushed
+  by a peer that is leaving; a pin held here and used more recently is kept. ``{"adopted": n, "kept": n}``.
 
 A router without session ownership answers 404 on each.
 """
@@ -28,14 +33,14 @@ def info(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     fleet = context.fleet
     if fleet is None:
         return _off()
-    return _json({"id": fleet.self_id, "http": fleet.http_url, "grpc": fleet.grpc_target})
+    return _json({"id": fleet.self_id, "http": fleet.http_url, "grpc": fleet.grpc_target, "leaving": fleet.leaving})
 
 
 def loads(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     fleet = context.fleet
     if fleet is None:
         return _off()
-    return _json({"id": fleet.self_id, "loads": context.replicas.own_loads()})
+    return _json({"id": fleet.self_id, "loads": context.replicas.own_loads(), "leaving": fleet.leaving})
 
 
 def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:
@@ -52,8 +57,63 @@ def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     return _json({"key": key, "replica": fleet.handoff.surrender(key)})
 
 
+def peer_leaving(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    fleet = context.fleet
+    if fleet is None:
+        return _off()
+    body = _body(request)
+    body = body if isinstance(body, dict) else {}
+    peer = body.get("id")
+    if not isinstance(peer, str) or not peer.startswith(("http://", "https://")):
+        return error(400, "leave body needs \"id\": the leaving router's admin URL", "id")
+    done = body.get("done", False)
+    if not isinstance(done, bool):
+        return error(400, "leave body's \"done\" must be true or false", "done")
+    fleet.peer_leaving(peer.rstrip("/"), done)
+    return _json({"id": fleet.self_id})
+
+
+def adopt(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    fleet = context.fleet
+    if fleet is None:
+        return _off()
+    body = _body(request)
+    items = body.get("pins") if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return error(400, "adopt body needs \"pins\": [{\"key\", \"replica\", \"idleSeconds\"}, ...]", "pins")
+    pins = []
+    for index, item in enumerate(items):
+        pin = _pin(item)
+        if pin is None:
+            return error(400, f"pins[{index}] needs a non-empty \"key\" and \"replica\" and \"idleSeconds\" >= 0",
+                         f"pins[{index}]")
+        pins.append(pin)
+    adopted = fleet.handoff.receive(pins)
+    return _json({"adopted": adopted, "kept": len(pins) - adopted})
+
+
+def _pin(item: object) -> tuple[str, str, float] | None:
+    if not isinstance(item, dict):
+        return None
+    key, replica, idle = item.get("key"), item.get("replica"), item.get("idleSeconds")
+    if not (isinstance(key, str) and key and isinstance(replica, str) and replica):
+        return None
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle >= 0:
+        return None
+    return key, replica, float(idle)
+
+
+def _body(request: AdminRequest) -> object:
+    try:
+        return json.loads(request.body or b"null")
+    except ValueError:
+        return None
+
+
 ROUTES = [
     Route("/fleet/v1/info", GET, info),
     Route("/fleet/v1/loads", GET, loads),
     Route("/fleet/v1/handoff", ("POST",), handoff),
+    Route("/fleet/v1/leave", ("POST",), peer_leaving),
+    Route("/fleet/v1/adopt", ("POST",), adopt),
 ]

@@ -9,6 +9,10 @@ previous owner could not be reached (gone for good: refused, reset, silent)
 is the session placed anew and counted as replaced. A previous owner that
 answers without the pin means the session is new (or expired): nothing is counted.
 
+A router leaving the fleet (SIGTERM) pushes its pins instead (``receive``);
+once it said it handed them all over it is ``departed``: not asked again, and
+not a loss when it no longer answers.
+
 Concurrent requests for one key wait for the same handoff.
 """
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Handoff:
         self.history, self.balancer, self._ask, self._clock = history, balancer, ask, clock
         self.handoffs = self.replaced = 0
         self.gone: set[str] = set()  # previous owners that could not be reached: not asked again
+        self.departed: set[str] = set()  # previous owners that left after handing over every pin they held
         self._pending: dict[str, asyncio.Future[None]] = {}
 
     def needed(self, key: str, believed: str | None = None) -> bool:
@@ -54,6 +59,8 @@ class Handoff:
         lost = False
         candidates = self.history.previous_owners(key, self._clock())
         for previous in ([believed] if believed else []) + [c for c in candidates if c != believed]:
+            if previous in self.departed:
+                continue
             if previous in self.gone:
                 lost = True
                 continue
@@ -68,12 +75,26 @@ class Handoff:
                 log.warning("previous owner %s did not hand over session %r: %s", previous, key, error)
                 continue
             if replica is not None:
-                if self.balancer.pinned(key) is None:  # a request placed meanwhile wins
+                if self.balancer.pinned(key) is None:  # a pin pushed or placed meanwhile wins
                     self.balancer.adopt(key, replica)
-                self.handoffs += 1
+                    self.handoffs += 1
                 return
         if lost:
             self.replaced += 1
+
+    def receive(self, pins: list[tuple[str, str, float]]) -> int:
+        """Pins pushed by a router leaving the fleet, as (key, replica, seconds since last use); a pin held
+        here used since is kept. Returns how many were adopted (each counted as a handoff)."""
+        now = self._clock()
+        adopted = 0
+        for key, replica, idle in pins:
+            used = self.balancer.last_used(key)
+            if used is not None and used >= now - idle:
+                continue
+            self.balancer.adopt(key, replica)
+            adopted += 1
+        self.handoffs += adopted
+        return adopted
 
     def surrender(self, key: str) -> str | None:
         """The previous owner's side: give up the pin."""

@@ -4,8 +4,10 @@ Candidates come from sources (``--peer`` and ``fleet.peers``: "static"; the
 Ready router pods of ``--peer-selector``: "pods"); each source replaces only
 its own entries. A candidate becomes a member when it answers a poll (its
 ``/fleet/v1/info``) and stays one until it has not answered for
-``peerTimeoutSeconds``; this router is always a member. No I/O here: the
-poller (``node``) reports answers and failures.
+``peerTimeoutSeconds``; this router is always a member. A peer that says it is
+leaving (SIGTERM: ``fleet/leaving.py``) stays polled (its loads still count
+and it still answers handoffs) but owns no key. No I/O here: the poller
+(``node``) reports answers and failures.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class Member:
     loads: dict[str, int] = dataclasses.field(default_factory=dict)  # its own in-flight counts by replica
     answered: float | None = None  # clock of its last answer
     live: bool = False
+    leaving: bool = False  # it said it is leaving: no longer an owner, still a handoff source
 
 
 class Membership:
@@ -45,8 +48,8 @@ class Membership:
         return added, dropped
 
     def members(self) -> frozenset[str]:
-        """The live members, self included."""
-        return frozenset([self.self_id, *(m.id for m in self.peers.values() if m.live)])
+        """The live members that own keys (not leaving), self included."""
+        return frozenset([self.self_id, *(m.id for m in self.peers.values() if m.live and not m.leaving)])
 
     def answered(self, peer_id: str, now: float, loads: dict[str, int] | None = None) -> bool:
         """A peer answered; True when it became a member."""

@@ -6,6 +6,8 @@ in-flight counts for the ``peers`` load view), silence for
 ``peerTimeoutSeconds`` ends its membership. Each change of the member set is
 recorded in the ownership history and clears the owner cache, so the data
 path's ``owner_of`` is a dict lookup for a key seen since the last change.
+A peer that says it is leaving (its loads answer, or ``peer_leaving``) stops
+owning keys at once; this router's own leave is ``fleet/leaving.py``.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ class Fleet:
         self.loads = loadview.PeerLoads(context.replicas)
         self.handoff = Handoff(self.history, context.balancer, self._ask, context.clock)
         self.forwarded = self.owner_unreachable = 0
+        self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
+        self.pushed = 0  # pins handed to their new owners while leaving
         self._owners: dict[str, str] = {}
         self._polls: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
@@ -144,19 +148,37 @@ class Fleet:
         member.loads = loads
         if self.settings.load_view == "peers":
             self.loads.change(old, loads)
-        if joined:
+        if answer.get("leaving") is True and not member.leaving:
+            self.peer_leaving(member.id, done=False)
+        elif joined and not member.leaving:
             self.handoff.gone.discard(member.id)
+            self.handoff.departed.discard(member.id)
             log.info("router %s joined the fleet", member.id)
             self._changed()
 
     def _left(self, member: Member, why: str) -> None:
-        member.live = False
+        member.live = member.leaving = False  # if it answers again, it is a new router there
         if self.settings.load_view == "peers":
             self.loads.change(member.loads, {})
         member.loads = {}
         member.http = None  # asked again when it comes back (it may come back elsewhere)
         log.warning("router %s left the fleet: %s", member.id, why)
         self._changed()
+
+    def stop_owning(self) -> None:
+        """This router is leaving: from now on every key is owned by one of the others."""
+        self.leaving = True
+        self._owners.clear()
+
+    def peer_leaving(self, peer_id: str, done: bool) -> None:
+        """A peer is leaving the fleet: it owns no key from now on; ``done``: it handed over every pin."""
+        if done:
+            self.handoff.departed.add(peer_id)
+        member = self.membership.get(peer_id)
+        if member is not None and not member.leaving:
+            member.leaving = True
+            log.info("router %s is leaving the fleet: its sessions move to the other routers", peer_id)
+            self._changed()
 
     def _changed(self) -> None:
         self.history.update(self.membership.members(), self.context.clock())
@@ -166,7 +188,11 @@ class Fleet:
     def owner_of(self, key: str) -> Member | None:
         """The member owning ``key`` when it is another router (None: this router decides)."""
         members = self.history.current
-        if len(members) == 1:
+        if self.leaving:  # it owns nothing: the owner among the others, if any
+            members = members - {self.self_id}
+            if not members:
+                return None
+        elif len(members) == 1:
             return None
         owner_id = self._owners.get(key)
         if owner_id is None:
@@ -182,10 +208,12 @@ class Fleet:
         and the request goes to the key's owner without it (nothing reached the
         first). Deciding here as the key's owner, the pin is first fetched from
         a previous owner (``handoff``); a request another router sent here
-        (``hopped``) is decided here even when this router's view names another owner.
+        (``hopped``) is decided here even when this router's view names another owner,
+        unless this router is leaving: it owns nothing, so it sends the request on to the
+        key's owner (who decides it: two hops at most).
         """
         owner = self.owner_of(key)
-        if owner is not None and not hopped:
+        if owner is not None and (not hopped or self.leaving):
             for _ in range(2):
                 if await attempt(owner):
                     return True
@@ -217,6 +245,7 @@ class Fleet:
         return {"self": self.self_id, "members": sorted(self.members()), "forwarded": self.forwarded,
                 "ownerUnreachable": self.owner_unreachable, "handoffs": self.handoff.handoffs,
                 "replaced": self.handoff.replaced, "loadView": self.settings.load_view,
+                "leaving": self.leaving, "pushed": self.pushed,
                 "peerLoadAgeSeconds": self.peer_load_ages()}
 
 

@@ -148,6 +148,14 @@ class Policy(abc.ABC):
     def adopt(self, key: str, replica: str, now: float) -> None:
         """Take over a pin another router held (ownership moved); nothing is counted."""
 
+    def last_used(self, key: str, now: float) -> float | None:
+        """When ``key``'s pin was last used, if it has one (a pushed pin older than it does not replace it)."""
+        return None
+
+    def pins(self, now: float) -> list[tuple[str, str, float]]:
+        """Every pin held, as (key, replica, last use): what a router leaving the fleet hands over."""
+        return []
+
     def surrender(self, key: str, now: float) -> str | None:
         """Give up ``key``'s pin to the router that owns it now; the replica it was pinned to, if any."""
         return None

@@ -64,6 +64,16 @@ class SessionTable:
             return None
         return self._replicas[packed & _SLOT_MASK]
 
+    def used(self, key: str, now: float) -> float | None:
+        """When ``key``'s pin was last used (the policy's clock), or None if unknown or idle past the TTL."""
+        return None if self.get(key, now) is None else (self._pins[key] >> _SLOT_BITS) / 1000
+
+    def held(self, now: float) -> list[tuple[str, str, float]]:
+        """Every live pin as (key, replica, last use), least recently used first."""
+        replicas = self._replicas
+        return [(key, replicas[packed & _SLOT_MASK], (packed >> _SLOT_BITS) / 1000)
+                for key, packed in self._pins.items() if not self._idle(packed, now)]
+
     def pin(self, key: str, replica: str, now: float) -> None:
         """Pin (or re-pin) ``key`` and mark it most recently used."""
         slot = self._slots.get(replica)
@@ -155,6 +165,12 @@ class SessionPolicy(Policy):
 
     def adopt(self, key: str, replica: str, now: float) -> None:
         self.table.pin(key, replica, now)
+
+    def last_used(self, key: str, now: float) -> float | None:
+        return self.table.used(key, now)
+
+    def pins(self, now: float) -> list[tuple[str, str, float]]:
+        return self.table.held(now)
 
     def surrender(self, key: str, now: float) -> str | None:
         replica = self.table.get(key, now)

@@ -79,7 +79,10 @@ def healthz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
 
 
 def readyz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
-    """Ready once some replica can take a request, so Services skip an empty router."""
+    """Ready once some replica can take a request, so Services skip an empty router; not while it leaves
+    its fleet (SIGTERM), so Services stop sending it new traffic."""
+    if context.fleet is not None and context.fleet.leaving:
+        return error(503, "this router is leaving its fleet: its sessions are handed to the other routers")
     ready = context.replicas.ready_count()
     if ready == 0:
         return error(503, "no replica is ready")

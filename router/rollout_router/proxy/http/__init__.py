@@ -46,6 +46,7 @@ class HttpProxy(Listener):
         super().__init__(context)
         self.pools = Pools()
         self.active: set[Exchange] = set()
+        self.answering = 0  # requests being answered now (decided, forwarded or relayed)
         self._key_names: tuple[object, tuple[bytes, ...], frozenset[bytes]] = (None, (), frozenset())
 
     def limits(self) -> Limits:
@@ -65,6 +66,10 @@ class HttpProxy(Listener):
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         """Answer one request; never raises (whatever goes wrong, the client gets JSON naming it)."""
+        self.answering += 1
+        fleet = self.context.fleet
+        if fleet is not None and fleet.leaving:
+            request.close_after = True  # the client's next request opens a connection to a router that stays
         try:
             if request.error is not None:
                 return self._refuse(client, request, request.error)
@@ -77,6 +82,8 @@ class HttpProxy(Listener):
         except Exception:
             log.exception("unexpected error on %s %s", request.method.decode(), request.path)
             self._refuse(client, request, RouterError(500, "internal router error; see the router's log"))
+        finally:
+            self.answering -= 1
 
     async def _forward(self, client: ClientConnection, request: HttpRequest) -> None:
         try:

@@ -104,6 +104,11 @@ class Listener:
         from .server import ClientConnection
         return ClientConnection(self)
 
+    def stop_accepting(self) -> None:
+        """Refuse new connections; those open are served until ``close``."""
+        if self._server is not None:
+            self._server.close()
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()

@@ -1,0 +1,119 @@
+"""A router leaving the fleet (SIGTERM) hands its sessions over before it exits.
+
+A router that exits at once takes its pins with it: every session it owned is
+placed anew on its next turn (a rolling update of the router pods re-places
+them all). Leaving instead, within ``timeout`` seconds (``--drain-timeout``):
+
+1. it owns no key any more (``Fleet.leaving``): ``/readyz`` answers 503, so
+   Services stop sending it traffic; a keyed request that still arrives goes
+   to the key's owner among the others;
+2. it tells its peers (``POST /fleet/v1/leave``; its loads answer says
+   ``"leaving": true`` too), which stop counting it as an owner but keep
+   polling it: it still answers pull handoffs (``/fleet/v1/handoff``);
+3. it pushes every pin it holds to the key's new owner, ``BATCH`` at a time
+   (``POST /fleet/v1/adopt``), dropping each pin the owner took;
+4. it finishes the requests in flight, stops accepting connections, pushes
+   the pins made meanwhile, and tells its peers it has handed everything
+   over (``"done": true``): they no longer ask it, nor count it as lost.
+
+If the deadline passes first it exits anyway: the pins it still holds are
+lost, and the peers, never told ``done``, re-place those sessions and count
+them as ``replaced`` (as for a router killed).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .client import PeerError, Unreachable
+from .ownership import owner
+
+if TYPE_CHECKING:
+    from .node import Fleet
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000  # pins per adopt call
+BUSY_POLL_SECONDS = 0.05  # how often the requests still in flight are counted while draining
+
+
+async def leave(fleet: Fleet, busy: Callable[[], int], stop_accepting: Callable[[], None], timeout: float) -> bool:
+    """Hand this router's sessions over and finish its requests; True when all was done within ``timeout``.
+
+    ``busy`` counts the requests in flight here (being decided, relayed or
+    forwarded); ``stop_accepting`` closes the listening sockets.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    fleet.stop_owning()
+    try:
+        async with asyncio.timeout(timeout):
+            await announce(fleet, done=False)
+            await push(fleet)
+            await _until_idle(busy)
+            stop_accepting()
+            await _until_idle(busy)
+            left = await push(fleet)
+            if left == 0:
+                await announce(fleet, done=True)
+    except TimeoutError:
+        log.warning("leaving the fleet took longer than --drain-timeout %.1fs: exiting with %d requests in flight "
+                    "and %d pins not handed over (their sessions are placed anew)",
+                    timeout, busy(), len(fleet.context.balancer.pins()))
+        return False
+    log.info("left the fleet in %.2fs: %d pins handed over%s", loop.time() - started, fleet.pushed,
+             "" if left == 0 else f", {left} not (no owner answered): their sessions are placed anew")
+    return left == 0
+
+
+async def announce(fleet: Fleet, done: bool) -> None:
+    """Tell every candidate peer that this router is leaving (``done``: and has handed every pin over)."""
+    body = {"id": fleet.self_id, "done": done}
+
+    async def tell(peer: str) -> None:
+        try:
+            await fleet.client.call("POST", f"{peer}/fleet/v1/leave", body)
+        except (Unreachable, PeerError) as error:
+            log.info("peer %s not told that this router is leaving: %s", peer, error)
+
+    await asyncio.gather(*(tell(peer) for peer in list(fleet.membership.peers)))
+
+
+async def push(fleet: Fleet) -> int:
+    """Send every pin held here to its owner among the other members; returns how many are still held."""
+    others = fleet.members() - {fleet.self_id}
+    pins = fleet.context.balancer.pins()
+    if not others:
+        return len(pins)
+    by_owner: dict[str, list[tuple[str, str, float]]] = {}
+    for pin in pins:
+        by_owner.setdefault(owner(pin[0], others), []).append(pin)
+    await asyncio.gather(*(_push_to(fleet, peer, held) for peer, held in by_owner.items()))
+    return len(fleet.context.balancer.pins())
+
+
+async def _push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]]) -> None:
+    """``pins`` to ``peer``, ``BATCH`` at a time; each batch it took is dropped here (unless re-pinned since)."""
+    balancer, clock = fleet.context.balancer, fleet.context.clock
+    for start in range(0, len(pins), BATCH):
+        batch = pins[start:start + BATCH]
+        now = clock()
+        body = {"from": fleet.self_id,
+                "pins": [{"key": key, "replica": replica, "idleSeconds": round(max(0.0, now - used), 3)}
+                         for key, replica, used in batch]}
+        try:
+            await fleet.client.call("POST", f"{peer}/fleet/v1/adopt", body)
+        except (Unreachable, PeerError) as error:
+            log.warning("%d pins not handed to %s: %s; it may still ask for them", len(pins) - start, peer, error)
+            return
+        for key, replica, _ in batch:
+            if balancer.pinned(key) == replica:
+                balancer.surrender(key)
+        fleet.pushed += len(batch)
+
+
+async def _until_idle(busy: Callable[[], int]) -> None:
+    while busy():
+        await asyncio.sleep(BUSY_POLL_SECONDS)
