@@ -56,9 +56,16 @@ system-deps:
 demo: install-sim
 	$(BIN)/rollout-router demo
 
-# The full fleet-simulator study behind docs/simulator.md (about 15 minutes on 2 cores).
+# The fleet-simulator grid behind docs/simulator.md and the README's simulator table: runs every point
+# (out/grid-full.json), draws docs/img/grid-*.png and rewrites the docs' generated sections. JOBS local
+# worker processes, or RAY_ADDRESS=host:port for a Ray cluster. Finished steps are kept in out/grid-cache.jsonl
+# (keyed by the model's source): an interrupted run resumes, a changed model reruns. Re-render without simulating:
+# `rollout-router simulate --from-json out/grid-full.json --docs docs/simulator.md --readme README.md`.
+JOBS ?= 2
 study: install-sim
-	$(BIN)/rollout-router simulate --steps 8 --jobs 2 --plots docs/img --markdown out/study.md --json-out out/study.json
+	nice -n 10 $(BIN)/rollout-router simulate --grid full --jobs $(JOBS) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) \
+	  --cache out/grid-cache.jsonl \
+	  --json-out out/grid-full.json --markdown out/grid-full.md --plots docs/img --docs docs/simulator.md --readme README.md
 
 # The quick tier: the type check (mypy, both packages), then the test suite.
 typecheck: install-test

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rollout_router import sim
-from rollout_router.sim.stats import bootstrap_median_ci, sign_test, summarize, wilcoxon
+from rollout_router.sim.stats import median_ci, sign_test, summarize, wilcoxon
 
 
 def test_sign_test_exact_values():
@@ -27,8 +27,8 @@ def test_summary_of_paired_changes():
     s = summarize([90, 95, 99, 80], [100, 100, 100, 100])
     assert s["median"] == pytest.approx(-0.075)
     assert s["wins"] == 4 and s["n"] == 4
-    lo, hi = bootstrap_median_ci([-0.1, -0.05, -0.01, -0.2])
-    assert lo <= s["median"] <= hi
+    assert (s["ci_low"], s["ci_high"], s["coverage"]) == (pytest.approx(-0.2), pytest.approx(-0.01), 0.875)
+    assert median_ci([-0.1, -0.05, -0.01, -0.2])[:2] == (-0.2, -0.01)
 
 
 def test_quick_preset_json(capsys):

@@ -8,6 +8,7 @@ import os
 import sys
 
 from .cost import CostModel
+from .grid import GRIDS
 from .runner import Config, arms_for, resolve_presets, run_study
 from .workload import PRESETS
 
@@ -28,6 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--json-out", metavar="FILE", help="also write the JSON to FILE")
     g.add_argument("--plots", metavar="DIR", help="write PNG plots (sim-*.png) to DIR")
     g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--ray-address", metavar="ADDR",
+                   help="run on a Ray cluster instead of local processes: host:port, 'auto', or 'local' (a private instance)")
+    d = parser.add_argument_group("grid (docs/simulator.md: the margin over KV pool x concurrency x context x routers)")
+    d.add_argument("--grid", choices=sorted(GRIDS), help="run a grid instead of presets ('quick': seconds, for tests)")
+    d.add_argument("--seeds", type=int, help="paired steps per grid point (default: the grid's own)")
+    d.add_argument("--cache", metavar="FILE", help="keep finished grid steps in FILE (JSON lines): a rerun reuses those "
+                   "the same model computed, so an interrupted run resumes")
+    d.add_argument("--from-json", metavar="FILE", help="re-render a saved grid (--json-out) without simulating")
+    d.add_argument("--docs", metavar="FILE", help="rewrite the generated sections of FILE (docs/simulator.md)")
+    d.add_argument("--readme", metavar="FILE", help="rewrite the generated simulator table of FILE (README.md)")
     w = parser.add_argument_group("workload and engine overrides (apply to every chosen preset)")
     w.add_argument("--prompts", type=int, help="GRPO groups per step")
     w.add_argument("--samples", type=int, help="samples per prompt (GRPO n)")
@@ -50,6 +61,8 @@ def _overrides(args) -> dict:
 
 
 def run(args) -> int:
+    if args.grid or args.from_json:
+        return run_grid_command(args)
     names = args.preset or STUDY_PRESETS
     presets = tuple(dataclasses.replace(p, **_overrides(args)) for p in resolve_presets(names))
     if args.list_policies:
@@ -66,7 +79,7 @@ def run(args) -> int:
         print(f"unknown policies: {', '.join(sorted(set(arm_filter) - known))}", file=sys.stderr)
         return 2
     cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter)
-    study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress)
+    study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress, ray_address=args.ray_address)
     if args.plots:
         from .plots import write_plots
 
@@ -75,20 +88,56 @@ def run(args) -> int:
     for pr in study["presets"].values():
         pr.pop("load_traces", None)
     if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(study, fh, indent=1)
+        _write(args.json_out, json.dumps(study, indent=1))
     from .report import markdown
 
-    md = markdown(study)
+    return _emit(args, study, markdown(study))
+
+
+def run_grid_command(args) -> int:
+    """``--grid NAME`` (or ``--from-json``): run or load a grid, then write JSON, plots, markdown and docs."""
+    from . import gridreport
+    from .grid import run_grid
+
+    if args.from_json:
+        with open(args.from_json) as fh:
+            grid = json.load(fh)
+    else:
+        cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
+        grid = run_grid(args.grid, seeds=args.seeds, seed=args.seed, cost=cost, jobs=max(1, args.jobs),
+                        ray_address=args.ray_address, progress=not args.no_progress, cache=args.cache)
+    if args.json_out:
+        _write(args.json_out, json.dumps(grid, indent=1))
+    if args.plots:
+        from .plots import write_grid_plots
+
+        for path in write_grid_plots(grid, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    for path, sections in ((args.docs, gridreport.grid_sections(grid)),
+                           (args.readme, {"simulator": gridreport.presets_table(grid)})):
+        if path:
+            with open(path) as fh:
+                text = fh.read()
+            _write(path, gridreport.fill(text, sections))
+    return _emit(args, grid, gridreport.markdown(grid))
+
+
+def _emit(args, data: dict, md: str) -> int:
+    """Write ``--markdown``, then print the JSON (``--json``) or the markdown."""
     if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(md + "\n")
+        _write(args.markdown, md + "\n")
     if args.json:
-        json.dump(study, sys.stdout)
+        json.dump(data, sys.stdout)
         print()
     else:
         print(md)
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,7 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
     cur_skew = 0
     trace: list | None = [] if record else None
     route = policy.route
+    on_release = getattr(policy, "on_release", None)  # sim.routers.RouterFleet tracks each router's own counts
     unfinished = len(trajs)
 
     def push_step(i: int, t: float | None) -> None:
@@ -104,6 +105,8 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
                 for req in done:
                     inflight[obj] -= 1
                     tokload[obj] -= req.traj.ctx
+                    if on_release is not None:
+                        on_release(names[obj], req.traj.key, t)
                     tr = req.traj
                     if tr.turn + 1 < len(tr.outs):
                         tr.ctx += tr.outs[tr.turn] + tr.tools[tr.turn]

@@ -12,7 +12,7 @@ def _pct(x: float) -> str:
 
 def reproduced_table(study: dict[str, Any]) -> str:
     rows = ["| preset | approximate context (published / simulated mean final) | baseline prefix hit rate (published / simulated) "
-            "| paired steps (published / simulated) | published result | simulated margin=2 vs sticky [95% CI], sign p, Wilcoxon p "
+            "| paired steps (published / simulated) | published result | simulated margin=2 vs sticky [order-statistic CI of the median, >=95% or [min, max]], sign p, Wilcoxon p "
             "| prefix reuse with margin=2 |",
             "|---|---|---|---|---|---|---|"]
     for name, pr in study["presets"].items():
@@ -35,7 +35,7 @@ def preset_table(name: str, pr: dict[str, Any]) -> str:
     head = (f"**{name}** — {pr['steps']} paired steps, mean final context {pr['mean_final_context']:.0f} tokens, "
             f"KV pool {pr['preset']['kv_tokens']:,} tokens/replica; lower bound (median) {lb['lb']:.0f} s "
             f"(work {lb['lb_work']:.0f} s, longest trajectory alone {lb['lb_path']:.0f} s)\n\n")
-    rows = ["| policy | median step (s) | paired change vs sticky [95% CI] | wins | sign p | Wilcoxon p | prefix hit | re-prefilled tokens/step | preemptions/step | in-flight skew | turns moved | gap to LB |",
+    rows = ["| policy | median step (s) | paired change vs sticky [order-statistic CI] | wins | sign p | Wilcoxon p | prefix hit | re-prefilled tokens/step | preemptions/step | in-flight skew | turns moved | gap to LB |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = sorted(pr["policies"].items(), key=lambda kv: kv[1]["median_step_seconds"])
     for label, m in order:

@@ -7,8 +7,6 @@ numbers) and the order or number of workers never changes a result.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -16,6 +14,7 @@ import numpy as np
 from .bounds import lower_bound
 from .cost import CostModel
 from .engine import Arm, run_step
+from .parallel import run_tasks
 from .stats import summarize
 from .workload import PRESETS, Preset, generate
 
@@ -75,7 +74,7 @@ def _lb_task(args: tuple) -> tuple:
     return preset.name, step, lower_bound(preset, trajs, cost), ctx
 
 
-def run_study(cfg: Config, jobs: int = 1, progress: bool = True) -> dict[str, Any]:
+def run_study(cfg: Config, jobs: int = 1, progress: bool = True, ray_address: str | None = None) -> dict[str, Any]:
     tasks, lb_tasks = [], []
     for preset in cfg.presets:
         arms = [a for a in arms_for(preset) if not cfg.arm_filter or a.label in cfg.arm_filter or a.label == BASELINE]
@@ -88,23 +87,13 @@ def run_study(cfg: Config, jobs: int = 1, progress: bool = True) -> dict[str, An
     traces: dict[str, dict[str, list]] = {}
     bounds: dict[str, dict[int, dict]] = {}
     ctxs: dict[str, list[float]] = {}
-    bar = _progress(len(tasks) + len(lb_tasks), progress)
-    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
-    try:
-        mapper = pool.map if pool else map
-        for name, step, lb, ctx in mapper(_lb_task, lb_tasks):
-            bounds.setdefault(name, {})[step] = lb
-            ctxs.setdefault(name, []).append(ctx)
-            bar.update(1)
-        for name, step, label, summary, trace in mapper(_task, tasks):
-            results.setdefault(name, {}).setdefault(label, {})[step] = summary
-            if trace is not None:
-                traces.setdefault(name, {})[label] = trace
-            bar.update(1)
-    finally:
-        bar.close()
-        if pool:
-            pool.shutdown()
+    for name, step, lb, ctx in run_tasks(_lb_task, lb_tasks, jobs, ray_address, progress, "lower bounds"):
+        bounds.setdefault(name, {})[step] = lb
+        ctxs.setdefault(name, []).append(ctx)
+    for name, step, label, summary, trace in run_tasks(_task, tasks, jobs, ray_address, progress):
+        results.setdefault(name, {}).setdefault(label, {})[step] = summary
+        if trace is not None:
+            traces.setdefault(name, {})[label] = trace
     return aggregate(cfg, results, bounds, ctxs, traces)
 
 
@@ -127,7 +116,7 @@ def aggregate(cfg: Config, results, bounds, ctxs, traces) -> dict[str, Any]:
                 "median_step_seconds": float(np.median(times)),
                 "step_seconds": times,
                 "prefix_hit_rate": mean("hit_rate"),
-                "paired_change_vs_sticky": summarize(times, base, seed=cfg.seed),
+                "paired_change_vs_sticky": summarize(times, base),
                 "recomputed_tokens_per_step": mean("recomputed_tokens"),
                 "prefill_tokens_per_step": mean("prefill_tokens"),
                 "preemptions_per_step": mean("preemptions"),
@@ -147,22 +136,6 @@ def aggregate(cfg: Config, results, bounds, ctxs, traces) -> dict[str, Any]:
     first = next(iter(out["presets"].values()), None)
     out["policies"] = first["policies"] if first else {}
     return out
-
-
-class _NoBar:
-    def update(self, n: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return _NoBar()
-    return tqdm(total=total, desc="simulating", unit="run", file=sys.stderr, mininterval=1.0 if sys.stderr.isatty() else 15.0)
 
 
 def resolve_presets(names: list[str]) -> tuple[Preset, ...]:

@@ -1,4 +1,4 @@
-"""RL rollout workload: GRPO groups of multi-turn agent trajectories, and the four presets.
+"""RL rollout workload: GRPO groups of multi-turn agent trajectories, and the presets.
 
 A step draws ``prompts`` prompts, each sampled ``n`` times (one GRPO group).
 Every sample is a trajectory of turns: turn k's context is the prompt plus all
@@ -17,30 +17,36 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .sources import (PHYSICAL_KV_TOKENS, PUBLISHED_TOOL_LATENCY, RECIPE_MAX_BATCHED_TOKENS, RECIPE_N,
+                      RECIPE_PER_REPLICA, RECIPE_PROMPTS, RECIPE_REPLICAS, VERL_MAX_NUM_SEQS, VERL_STICKY_ENTRIES)
+
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
+    """One fleet and workload. The defaults are the shared, sourced values (``sources``); a preset names
+    only what differs: its output length (from the published context) and its KV pool."""
+
     name: str
-    prompts: int  # GRPO groups per step
-    n: int  # samples per prompt
-    prompt_median: float
-    out_median: float  # tokens per turn
-    out_sigma: float
-    turns_mean: float
-    max_turns: int
-    tool_median: float  # tool-result tokens per turn
-    tool_latency: float  # median seconds
+    out_median: float  # tokens per turn; fitted to the published final context (``fit_out_median``)
     kv_tokens: int  # KV pool per replica (tokens)
-    steps: int  # paired steps in the published run
+    steps: int = 0  # paired steps in the published run
+    prompts: int = RECIPE_PROMPTS  # GRPO groups per step
+    n: int = RECIPE_N  # samples per prompt
+    prompt_median: float = 220  # shared: DAPO-Math-17k prompts are short (background notes: ~100-400 tokens)
+    out_sigma: float = 0.9  # shared: log-normal spread of a turn's output
+    turns_mean: float = 3.0  # shared: turns per trajectory (geometric), ReTool-style agent loop
+    max_turns: int = 8  # shared
+    tool_median: float = 200  # shared: tool-result tokens per turn
+    tool_latency: float = PUBLISHED_TOOL_LATENCY  # the published runs had none
     prompt_sigma: float = 0.5
     tool_sigma: float = 0.8
     tool_latency_sigma: float = 0.5
-    max_prompt: int = 2048
-    max_response: int = 20480
-    max_num_seqs: int = 1024
-    max_batched_tokens: int = 22528
-    replicas: int = 16
-    router_lru: int = 10_000  # verl's sticky map (DEFAULT_ROUTING_CACHE_SIZE)
+    max_prompt: int = 2048  # the recipe's max_prompt_length
+    max_response: int = 20480  # the recipe's max_response_length
+    max_num_seqs: int = VERL_MAX_NUM_SEQS
+    max_batched_tokens: int = RECIPE_MAX_BATCHED_TOKENS
+    replicas: int = RECIPE_REPLICAS
+    router_lru: int = VERL_STICKY_ENTRIES  # verl's sticky map
     # the published row this preset stands for
     published_ctx: str = ""
     published_hit: float = 0.0
@@ -48,29 +54,49 @@ class Preset:
     published_note: str = ""
 
 
-# Context shapes target the published "approximate context" (mean final
-# trajectory length); pool size and concurrency were set once so that the
-# sticky baseline's prefix hit rate lands near the published one (see docs).
+# Output medians fitted once (``fit_out_median``, seed 7, two recipe-sized steps) to the published approximate
+# final context (sources.PUBLISHED_CONTEXT) with everything else shared; tests/test_sim_grid.py re-checks the fit.
+# ctx20k cannot reach 19.8K: with the shared shape the mean final context tops out near 19.1K at an output
+# median equal to the whole response budget (20,480), which is what it uses.
+OUT_MEDIAN = {"ctx2k": 330.0, "ctx9k": 2031.0, "ctx20k": 20480.0}
+# The "large KV pool" arm reused 99.7% of prefixes: a pool that never evicts, i.e. one that holds every
+# trajectory of the step at its longest (trajectories per replica x (max prompt + max response)).
+HOLDS_ALL_KV_TOKENS = RECIPE_PER_REPLICA * RECIPE_MAX_BATCHED_TOKENS
+
 PRESETS: dict[str, Preset] = {
     p.name: p for p in [
-        Preset("ctx2k", prompts=384, n=16, prompt_median=220, out_median=380, out_sigma=0.9,
-               turns_mean=3.0, max_turns=8, tool_median=120, tool_latency=0.3, kv_tokens=120_000,
-               steps=39, published_ctx="2.2K", published_hit=0.087, published_change=-0.038),
-        Preset("ctx9k", prompts=384, n=16, prompt_median=220, out_median=1700, out_sigma=0.9,
-               turns_mean=3.5, max_turns=10, tool_median=200, tool_latency=0.3, kv_tokens=300_000,
-               steps=9, published_ctx="8.7K", published_hit=0.053, published_change=-0.086),
-        Preset("ctx20k", prompts=384, n=16, prompt_median=220, out_median=12000, out_sigma=0.9,
-               turns_mean=3.0, max_turns=10, tool_median=250, tool_latency=0.3, kv_tokens=500_000,
-               steps=17, published_ctx="19.8K", published_hit=0.016, published_change=-0.101),
-        Preset("ctx9k-bigkv", prompts=384, n=16, prompt_median=220, out_median=1700, out_sigma=0.9,
-               turns_mean=3.5, max_turns=10, tool_median=200, tool_latency=0.3, kv_tokens=4_000_000,
-               steps=39, published_ctx="8.7K, large KV pool", published_hit=0.997, published_change=-0.054,
+        Preset("ctx2k", OUT_MEDIAN["ctx2k"], PHYSICAL_KV_TOKENS, steps=39,
+               published_ctx="2.2K", published_hit=0.087, published_change=-0.038),
+        Preset("ctx9k", OUT_MEDIAN["ctx9k"], PHYSICAL_KV_TOKENS, steps=9,
+               published_ctx="8.7K", published_hit=0.053, published_change=-0.086),
+        Preset("ctx20k", OUT_MEDIAN["ctx20k"], PHYSICAL_KV_TOKENS, steps=17,
+               published_ctx="19.8K", published_hit=0.016, published_change=-0.101),
+        Preset("ctx9k-bigkv", OUT_MEDIAN["ctx9k"], HOLDS_ALL_KV_TOKENS, steps=39,
+               published_ctx="8.7K, large KV pool", published_hit=0.997, published_change=-0.054,
                published_note="prefix reuse 99.7% -> 97.6%"),
-        Preset("quick", prompts=12, n=8, prompt_median=200, out_median=400, out_sigma=0.9,
-               turns_mean=3.0, max_turns=6, tool_median=100, tool_latency=0.3, kv_tokens=40_000,
-               steps=4, replicas=4),
+        # a test fixture, not a study preset: seconds per step on one core
+        Preset("quick", 400, 40_000, steps=4, prompts=12, n=8, prompt_median=200, max_turns=6, tool_median=100,
+               tool_latency=0.3, replicas=4, max_batched_tokens=22528, router_lru=10_000),
     ]
 }
+
+
+def mean_final_context(preset: Preset, seed: int = 7, steps: int = 2) -> float:
+    """Mean final context (prompt + every output and tool result) of ``steps`` generated steps."""
+    ctx = [t.contexts()[-1] + t.outs[-1] for s in range(steps) for t in generate(preset, seed, s)]
+    return float(np.mean(ctx))
+
+
+def fit_out_median(preset: Preset, target: float, iters: int = 30) -> float:
+    """The output median at which ``preset``'s mean final context is ``target`` (bisection in log space)."""
+    lo, hi = np.log(16.0), np.log(float(preset.max_response))
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if mean_final_context(dataclasses.replace(preset, out_median=float(np.exp(mid)))) < target:
+            lo = mid
+        else:
+            hi = mid
+    return float(np.exp((lo + hi) / 2))
 
 
 class Trajectory:
