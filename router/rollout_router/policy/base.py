@@ -35,13 +35,19 @@ class Request:
     ``loads`` maps every routable replica to its load *before* this request is
     added (in-flight requests for the router; the simulator may pass another
     measure). ``prefix`` is optional request content (token ids or text) for
-    cache-aware policies; affinity policies ignore it.
+    cache-aware policies; affinity policies ignore it. ``context_tokens`` is
+    the session's context so far in tokens, when the caller knows it;
+    ``kv_usage`` maps replicas to vLLM's ``kv_cache_usage_perc`` (0-1) as last
+    read from their ``/metrics`` (a replica missing: not known). Both are read
+    only by ``cost_affinity``.
     """
 
     key: str | None
     loads: Mapping[str, float]
     now: float = 0.0
     prefix: Sequence[int] | str | None = None
+    context_tokens: int | None = None
+    kv_usage: Mapping[str, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
