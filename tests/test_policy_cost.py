@@ -90,3 +90,23 @@ def test_bad_options_are_rejected_naming_them(options, named):
 def test_unknown_option_is_rejected():
     with pytest.raises(ValueError, match="takes no option 'margin_tokens'"):
         registry.create("cost_affinity", margin_tokens=3)
+
+
+def test_router_settings_reach_the_policy_live():
+    from rollout_router.balancer import Balancer
+    from rollout_router.replicas import ReplicaSet
+    from rollout_router.settings import SettingsError, parse_settings
+
+    settings = parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 1,
+                               "costAffinity": {"relative": 0.05, "kvHigh": 0.9}})
+    balancer = Balancer(ReplicaSet(), settings.policy, settings.live_config())
+    policy = balancer.policy
+    assert (policy.name, policy.margin, policy.relative, policy.kv_high) == ("cost_affinity", 1, 0.05, 0.9)
+    home = pin(policy)
+    policy.route(Request("other", dict.fromkeys(R, 0)))
+    balancer.apply("cost_affinity", parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 1}).live_config())
+    assert (policy.relative, policy.kv_high, policy.sessions()) == (0.01, None, 2)  # the defaults; pins kept
+    assert policy.pinned("s", 0.0) == home
+    for bad in ({"relative": -1}, {"kvHigh": 0}, {"kvHigh": 1.1}, {"relativ": 0.1}, {"relative": "nan"}):
+        with pytest.raises(SettingsError):
+            parse_settings({"policy": "cost_affinity", "costAffinity": bad})

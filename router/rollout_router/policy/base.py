@@ -104,6 +104,8 @@ class LiveConfig:
     full_determinism: bool = False
     max_sessions: int = 100_000
     idle_ttl: float | None = 3600.0
+    relative: float = 0.0  # cost_affinity: skew tolerated per in-flight request on the least-loaded replica
+    kv_high: float | None = None  # cost_affinity: KV usage at which a pinned replica's prefix counts as evicted
 
 
 class Policy(abc.ABC):

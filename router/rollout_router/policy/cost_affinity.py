@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .affinity import AffinityPolicy
-from .base import Decision, Request
+from .base import Decision, LiveConfig, Request
 from .hashing import lowest
 
 
@@ -36,9 +36,17 @@ class CostAffinityPolicy(AffinityPolicy):
     def __init__(self, margin: int = 2, relative: float = 0.0, context_scale: float | None = None,
                  kv_high: float | None = None, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
         _check(margin, relative, context_scale, kv_high)
-        super().__init__(margin, False, max_sessions, idle_ttl)
-        self.relative, self.context_scale, self.kv_high = float(relative), context_scale, kv_high
+        self.context_scale = context_scale
+        self.relative, self.kv_high = 0.0, None
         self._request: Request | None = None
+        super().__init__(margin, False, max_sessions, idle_ttl)
+        self.configure(LiveConfig(margin, False, max_sessions, idle_ttl, relative, kv_high))
+
+    def configure(self, config: LiveConfig) -> None:
+        """The router's live knobs: the margin (None keeps every pin), ``relative`` and ``kv_high``."""
+        _check(0, config.relative, None, config.kv_high)
+        super().configure(config)
+        self.relative, self.kv_high = float(config.relative), config.kv_high
 
     def route(self, request: Request) -> Decision:
         self._request = request
