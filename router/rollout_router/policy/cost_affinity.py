@@ -34,9 +34,12 @@ class CostAffinityPolicy(AffinityPolicy):
     name = "cost_affinity"
 
     def __init__(self, margin: int = 2, relative: float = 0.0, context_scale: float | None = None,
-                 kv_high: float | None = None, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
+                 kv_high: float | None = None, min_context: int | None = None, kv_skew: float | None = None,
+                 min_gap: float | None = None,
+                 max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
         _check(margin, relative, context_scale, kv_high)
         self.context_scale = context_scale
+        self.min_context, self.kv_skew, self.min_gap = min_context, kv_skew, min_gap  # EXPERIMENT
         self.relative, self.kv_high = 0.0, None
         self._request: Request | None = None
         super().__init__(margin, False, max_sessions, idle_ttl)
@@ -71,6 +74,17 @@ class CostAffinityPolicy(AffinityPolicy):
         if self.margin is None or self.full_determinism or request is None:
             return super()._keeps(loads, pinned)
         least = lowest(loads)
+        if self.min_context is not None and request.context_tokens is not None \
+                and request.context_tokens < self.min_context:
+            return True
+        if self.min_gap is not None and request.key is not None:
+            last = self.table.last_used(request.key)
+            if last is not None and request.now - last < self.min_gap:
+                return True
+        if self.kv_skew is not None and request.kv_usage is not None:
+            low = min(request.kv_usage.values())
+            if request.kv_usage[pinned] - low < self.kv_skew:
+                return True
         return loads[pinned] - least <= self.threshold(request, pinned, least)
 
 

@@ -64,6 +64,11 @@ class SessionTable:
             return None
         return self._replicas[packed & _SLOT_MASK]
 
+    def last_used(self, key: str) -> float | None:
+        """When ``key``'s pin was last used (its previous turn was routed), to the millisecond; None if unpinned."""
+        packed = self._pins.get(key)
+        return None if packed is None else (packed >> _SLOT_BITS) / 1000
+
     def pin(self, key: str, replica: str, now: float) -> None:
         """Pin (or re-pin) ``key`` and mark it most recently used."""
         slot = self._slots.get(replica)
