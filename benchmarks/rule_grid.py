@@ -37,20 +37,12 @@ def arms(lru: int) -> dict[str, Arm]:
         Arm("consistent_hash", "consistent_hash", {"load_factor": 1.25, **s}),
         Arm("power_of_two", "power_of_two", {"seed": 0}),
         Arm("dual_threshold", "dual_threshold", {"abs_threshold": 4, "rel_threshold": 1.05, **s}),
-        # candidates
-        Arm("cost_rel1", "cost_affinity", {"margin": 2, "relative": 0.01, **s}),
-        Arm("cost_rel2", "cost_affinity", {"margin": 2, "relative": 0.02, **s}),
-        Arm("cost_ctx", "cost_affinity", {"margin": 2, "context_scale": 2048, **s}),
-        Arm("cost_ctx_kv", "cost_affinity", {"margin": 2, "context_scale": 2048, "kv_high": 0.95, **s}),
-        Arm("cost_rel1_kv", "cost_affinity", {"margin": 2, "relative": 0.01, "kv_high": 0.95, **s}),
-        Arm("token_load", "affinity", {"margin": 32768, **s}, load="tokens"),
-        Arm("cost_minctx4k", "cost_affinity", {"margin": 2, "relative": 0.01, "min_context": 4096, **s}),
-        Arm("cost_minctx2k", "cost_affinity", {"margin": 2, "relative": 0.01, "min_context": 2048, **s}),
-        Arm("cost_kvskew1", "cost_affinity", {"margin": 2, "relative": 0.01, "kv_skew": 0.01, **s}),
-        Arm("cost_kvskew3", "cost_affinity", {"margin": 2, "relative": 0.01, "kv_skew": 0.03, **s}),
-        Arm("cost_gap20", "cost_affinity", {"margin": 2, "relative": 0.01, "min_gap": 20.0, **s}),
-        Arm("cost_gap40", "cost_affinity", {"margin": 2, "relative": 0.01, "min_gap": 40.0, **s}),
-        Arm("cost_gap20_m1", "cost_affinity", {"margin": 1, "min_gap": 20.0, **s}),
+        # candidates (cost_affinity; the context-, KV- and token-load candidates of the first round are at
+        # commit 10dbfa6, see docs/simulator.md)
+        Arm("cost_rel1", "cost_affinity", {"margin": 2, "relative": 0.01, "min_turn_seconds": None, **s}),
+        Arm("cost_gap20", "cost_affinity", {"margin": 2, "relative": 0.01, "min_turn_seconds": 20.0, **s}),
+        Arm("cost_gap40", "cost_affinity", {"margin": 2, "relative": 0.01, "min_turn_seconds": 40.0, **s}),
+        Arm("cost_gap20_m1", "cost_affinity", {"margin": 1, "relative": 0.0, "min_turn_seconds": 20.0, **s}),
     ]
     return {a.label: a for a in out}
 
@@ -74,6 +66,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=6, help="steps 0..N-1 per point and arm")
     ap.add_argument("--skip-seeds", type=int, default=0, help="simulate only steps K..N-1 (the rest merged from JSON)")
     ap.add_argument("--json-out")
+    ap.add_argument("--points", help="only the points whose label contains this")
     ap.add_argument("--only", nargs="*", help="arm labels (default: all)")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
                     help="no simulation: merge the step times of earlier runs (same seeds) and report")
@@ -90,7 +83,7 @@ def main() -> int:
     else:
         labels = args.only or list(arms(1))
         labels = list(dict.fromkeys(["sticky", *labels]))
-        pts = points()
+        pts = [p for p in points() if args.points is None or args.points in p.label]
         pts_labels = [p.label for p in pts]
         tasks = [(p, a, s) for p in pts for a in labels for s in range(args.skip_seeds, args.seeds)]
         tasks.sort(key=lambda t: -t[0].conc * OUT_MEDIAN[t[0].ctx])
@@ -117,15 +110,17 @@ def report(table: dict[str, dict[str, list[float]]], labels: list[str]) -> None:
     """
     med = {pt: {a: statistics.median(v) for a, v in row.items()} for pt, row in table.items()}
     print("point | " + " | ".join(labels))
-    for pt, row in med.items():
-        print(pt + " | " + " | ".join(f"{row[a]:+.1%}" for a in labels))
+    for pt, medians in med.items():
+        print(pt + " | " + " | ".join(f"{medians[a]:+.1%}" for a in labels))
     base = [a for a in labels if a in BASE]
     peers = [a for a in labels if a in PEERS]
     for cand in (a for a in labels if a not in PEERS):
-        excess, fails, beats = [], [], 0
-        for pt, row in table.items():
+        excess: list[float] = []
+        fails: list[str] = []
+        beats = 0
+        for pt, changes in table.items():
             best = min(base, key=lambda b: med[pt][b])
-            ratios = [(1 + c) / (1 + b) - 1 for c, b in zip(row[cand], row[best])]
+            ratios = [(1 + c) / (1 + b) - 1 for c, b in zip(changes[cand], changes[best])]
             e = statistics.median(ratios)
             excess.append(e)
             if e > 0.01:

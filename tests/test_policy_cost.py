@@ -1,4 +1,4 @@
-"""cost_affinity: a margin priced by what a move saves and what it re-prefills."""
+"""cost_affinity: a margin that grows with the load and spares sessions whose last turn was short."""
 from __future__ import annotations
 
 import random
@@ -11,9 +11,9 @@ from rollout_router.policy.base import LiveConfig, Outcome, Request
 R = ["a", "b", "c", "d"]
 
 
-def pin(policy, key="s"):
-    """Place ``key`` on an empty fleet; its replica."""
-    return policy.route(Request(key, dict.fromkeys(R, 0))).replica
+def pin(policy, key="s", now=0.0):
+    """Place ``key`` on an empty fleet at ``now``; its replica."""
+    return policy.route(Request(key, dict.fromkeys(R, 0), now)).replica
 
 
 def skewed(home, least, skew):
@@ -23,7 +23,8 @@ def skewed(home, least, skew):
 
 def test_without_extras_it_decides_exactly_like_affinity():
     rng = random.Random(7)
-    ours, theirs = registry.create("cost_affinity", margin=2), registry.create("affinity", margin=2)
+    ours = registry.create("cost_affinity", margin=2, relative=0, min_turn_seconds=None)
+    theirs = registry.create("affinity", margin=2)
     for _ in range(2000):
         key = f"s{rng.randrange(40)}"
         loads = {r: rng.randrange(12) for r in R}
@@ -33,54 +34,47 @@ def test_without_extras_it_decides_exactly_like_affinity():
 
 
 def test_relative_part_grows_with_the_least_load():
-    p = registry.create("cost_affinity", margin=2, relative=0.05)
+    p = registry.create("cost_affinity", margin=2, relative=0.05, min_turn_seconds=None)
     home = pin(p)
     assert p.route(Request("s", skewed(home, 100, 7))).outcome is Outcome.KEPT  # 7 <= 2 + 0.05 x 100
     d = p.route(Request("s", skewed(home, 100, 8)))
     assert d.outcome is Outcome.BROKEN and d.previous == home
-    q = registry.create("cost_affinity", margin=2, relative=0.05)
+    q = registry.create("cost_affinity", margin=2, relative=0.05, min_turn_seconds=None)
     home = pin(q)
     assert q.route(Request("s", skewed(home, 10, 3))).outcome is Outcome.BROKEN  # 3 > 2 + 0.5
 
 
-def test_context_part_prices_the_re_prefill():
-    p = registry.create("cost_affinity", margin=0, context_scale=1024)
+def test_a_session_whose_last_turn_was_short_keeps_its_pin():
+    p = registry.create("cost_affinity", margin=0, relative=0, min_turn_seconds=40)
+    home = pin(p, now=100.0)
+    assert p.route(Request("s", skewed(home, 0, 9), 139.9)).outcome is Outcome.KEPT  # turn of 39.9 s: short
+    # the clock of the last turn restarts at every routing, kept or moved
+    assert p.route(Request("s", skewed(home, 0, 9), 170.0)).outcome is Outcome.KEPT  # 30.1 s after the last
+    d = p.route(Request("s", skewed(home, 0, 1), 210.0))  # 40 s: long enough to pay for a move
+    assert d.outcome is Outcome.BROKEN and d.previous == home
+    assert p.route(Request("s", skewed(d.replica, 0, 9), 220.0)).outcome is Outcome.KEPT  # just moved: short
+    assert p.route(Request("other", dict.fromkeys(R, 5), 220.0)).outcome is Outcome.NEW  # new sessions unaffected
+
+
+def test_defaults_and_live_config():
+    p = registry.create("cost_affinity")
+    assert (p.margin, p.relative, p.min_turn_seconds) == (2, 0.01, 40.0)
     home = pin(p)
-    assert p.route(Request("s", skewed(home, 5, 4), context_tokens=4096)).outcome is Outcome.KEPT
-    assert p.route(Request("s", skewed(home, 5, 4), context_tokens=3000)).outcome is Outcome.BROKEN
-    q = registry.create("cost_affinity", margin=0, context_scale=1024)
-    home = pin(q)
-    assert q.route(Request("s", skewed(home, 5, 1))).outcome is Outcome.BROKEN  # no length given: margin only
-
-
-def test_kv_pressure_on_the_pinned_replica_drops_the_extras():
-    def decide(usage):
-        p = registry.create("cost_affinity", margin=1, relative=0.1, kv_high=0.9)
-        home = pin(p)
-        kv = None if usage is None else {home: usage}
-        return p.route(Request("s", skewed(home, 50, 4), kv_usage=kv)).outcome
-    assert decide(None) is Outcome.KEPT  # usage unknown: the prefix may be there, 4 <= 1 + 5
-    assert decide(0.5) is Outcome.KEPT
-    assert decide(0.9) is Outcome.BROKEN  # evicted there most likely: only the fixed margin, 4 > 1
-    assert decide(1.0) is Outcome.BROKEN
-
-
-def test_live_config_margin_none_keeps_every_pin_and_margin_changes_live():
-    p = registry.create("cost_affinity", margin=0, relative=0.0)
-    home = pin(p)
-    p.configure(LiveConfig(margin=None))
-    assert p.route(Request("s", skewed(home, 0, 50))).outcome is Outcome.KEPT
-    p.configure(LiveConfig(margin=3))
-    assert p.route(Request("s", skewed(home, 0, 3))).outcome is Outcome.KEPT
-    assert p.route(Request("s", skewed(home, 0, 4))).outcome is Outcome.BROKEN
+    p.configure(LiveConfig(margin=None, relative=0.0, min_turn_seconds=None))
+    assert p.route(Request("s", skewed(home, 0, 50), 100.0)).outcome is Outcome.KEPT  # null margin: sticky
+    p.configure(LiveConfig(margin=3, relative=0.0, min_turn_seconds=None))
+    assert p.route(Request("s", skewed(home, 0, 3), 200.0)).outcome is Outcome.KEPT
+    assert p.route(Request("s", skewed(home, 0, 4), 300.0)).outcome is Outcome.BROKEN
     assert p.sessions() == 1
+    p.configure(LiveConfig(margin=3, full_determinism=True))
+    assert p.route(Request("s", dict.fromkeys(R, 0) | {"a": 99}, 400.0)).outcome is Outcome.KEPT
 
 
 @pytest.mark.parametrize("options, named", [
     ({"margin": True}, "margin"), ({"margin": -1}, "margin"), ({"margin": 1.5}, "margin"),
     ({"relative": -0.1}, "relative"), ({"relative": "0.1"}, "relative"), ({"relative": 11}, "relative"),
-    ({"context_scale": 0}, "context_scale"), ({"context_scale": False}, "context_scale"),
-    ({"kv_high": 0}, "kv_high"), ({"kv_high": 1.5}, "kv_high"), ({"kv_high": "0.9"}, "kv_high"),
+    ({"relative": True}, "relative"), ({"min_turn_seconds": -1}, "min_turn_seconds"),
+    ({"min_turn_seconds": float("inf")}, "min_turn_seconds"), ({"min_turn_seconds": "40"}, "min_turn_seconds"),
 ])
 def test_bad_options_are_rejected_naming_them(options, named):
     with pytest.raises(ValueError, match=named):
@@ -88,8 +82,8 @@ def test_bad_options_are_rejected_naming_them(options, named):
 
 
 def test_unknown_option_is_rejected():
-    with pytest.raises(ValueError, match="takes no option 'margin_tokens'"):
-        registry.create("cost_affinity", margin_tokens=3)
+    with pytest.raises(ValueError, match="takes no option 'kv_high'"):
+        registry.create("cost_affinity", kv_high=0.9)
 
 
 def test_router_settings_reach_the_policy_live():
@@ -98,15 +92,16 @@ def test_router_settings_reach_the_policy_live():
     from rollout_router.settings import SettingsError, parse_settings
 
     settings = parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 1,
-                               "costAffinity": {"relative": 0.05, "kvHigh": 0.9}})
+                               "costAffinity": {"relative": 0.05, "minTurnSeconds": 12.5}})
     balancer = Balancer(ReplicaSet(), settings.policy, settings.live_config())
     policy = balancer.policy
-    assert (policy.name, policy.margin, policy.relative, policy.kv_high) == ("cost_affinity", 1, 0.05, 0.9)
+    assert (policy.name, policy.margin, policy.relative, policy.min_turn_seconds) == ("cost_affinity", 1, 0.05, 12.5)
     home = pin(policy)
     policy.route(Request("other", dict.fromkeys(R, 0)))
     balancer.apply("cost_affinity", parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 1}).live_config())
-    assert (policy.relative, policy.kv_high, policy.sessions()) == (0.01, None, 2)  # the defaults; pins kept
+    assert (policy.relative, policy.min_turn_seconds, policy.sessions()) == (0.01, 40.0, 2)  # defaults; pins kept
     assert policy.pinned("s", 0.0) == home
-    for bad in ({"relative": -1}, {"kvHigh": 0}, {"kvHigh": 1.1}, {"relativ": 0.1}, {"relative": "nan"}):
+    for bad in ({"relative": -1}, {"minTurnSeconds": -2}, {"relativ": 0.1}, {"relative": "nan"},
+                {"minTurnSeconds": "inf"}):
         with pytest.raises(SettingsError):
             parse_settings({"policy": "cost_affinity", "costAffinity": bad})

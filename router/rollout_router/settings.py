@@ -57,9 +57,9 @@ class CostAffinitySettings(Model):
 
     relative: float = Field(0.01, ge=0, le=10, allow_inf_nan=False, description="Skew tolerated beyond "
                             "affinityBreakMargin, per in-flight request on the least-loaded replica.")
-    kv_high: float | None = Field(None, gt=0, le=1, allow_inf_nan=False, description="A pinned replica whose "
-                                  "vllm:kv_cache_usage_perc is at or above this keeps only affinityBreakMargin "
-                                  "(its prefix is likely evicted); null: KV usage is not read.")
+    min_turn_seconds: float | None = Field(40.0, ge=0, allow_inf_nan=False, description="A session whose previous "
+                                           "turn was routed less than this many seconds ago keeps its pin; null: "
+                                           "every session may move.")
 
 
 class PolicySettings(Model):
@@ -67,8 +67,8 @@ class PolicySettings(Model):
 
     policy: Literal["affinity", "cost_affinity", "least_loaded", "round_robin", "consistent_hash",
                     "power_of_two"] = Field(
-        "affinity", description="Routing policy; affinity is the margin policy, cost_affinity the margin plus a "
-                                "part that grows with load, the others are baselines "
+        "affinity", description="Routing policy; affinity is the margin policy, cost_affinity the margin that "
+                                "grows with load and spares short turns, the others are baselines "
                                 "(consistent_hash: bounded loads, c=1.25).")
     affinity_break_margin: StrictInt | None = Field(
         None, ge=0, description="Skew tolerated before a pin moves; null keeps every pin, 0 moves unless least-loaded.")
@@ -81,7 +81,7 @@ class PolicySettings(Model):
         """What the running policy takes from these settings."""
         return LiveConfig(self.affinity_break_margin, self.full_determinism,
                           self.session.max_sessions, self.session.idle_timeout_seconds,
-                          self.cost_affinity.relative, self.cost_affinity.kv_high)
+                          self.cost_affinity.relative, self.cost_affinity.min_turn_seconds)
 
 
 class LabelSelectorRequirement(Model):

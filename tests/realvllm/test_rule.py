@@ -43,8 +43,11 @@ VLLM_FLAGS = ["--block-size", "32", "--num-gpu-blocks-override", "49",  # 48 usa
 ARMS = {  # router flags per arm
     "sticky": ["--policy", "affinity"],
     "margin2": ["--policy", "affinity", "--affinity-break-margin", "2"],
-    "cost_affinity": ["--policy", "cost_affinity", "--affinity-break-margin", "2"],
+    # minTurnSeconds scaled to this workload: its turns take about 0.3-3 s here (the default, 40 s, is
+    # for GPU rollouts, where it would keep every pin of this workload)
+    "cost_affinity": ["--policy", "cost_affinity", "--affinity-break-margin", "2", "--config", "COST_CONFIG"],
 }
+COST_SETTINGS = {"costAffinity": {"relative": 0.01, "minTurnSeconds": 1.0}}
 COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:num_preemptions_total")
 REPORT = LOG_DIR / "rule.json"
 ROUNDS = 3
@@ -93,6 +96,10 @@ async def workload(router_url: str, arm: int) -> dict[str, str]:
 
 def run_arm(replicas: list[VllmServer], arm: str, flags: list[str], seed: int) -> dict:
     """One arm, one round: the workload through a router of its own; what vLLM and the router counted."""
+    config = LOG_DIR / "router-rule-cost.json"
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(COST_SETTINGS))
+    flags = [str(config) if flag == "COST_CONFIG" else flag for flag in flags]
     router = start_router(f"router-rule-{arm}", [s.url for s in replicas], flags)
     try:
         before = counters(replicas)

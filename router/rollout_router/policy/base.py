@@ -35,19 +35,13 @@ class Request:
     ``loads`` maps every routable replica to its load *before* this request is
     added (in-flight requests for the router; the simulator may pass another
     measure). ``prefix`` is optional request content (token ids or text) for
-    cache-aware policies; affinity policies ignore it. ``context_tokens`` is
-    the session's context so far in tokens, when the caller knows it;
-    ``kv_usage`` maps replicas to vLLM's ``kv_cache_usage_perc`` (0-1) as last
-    read from their ``/metrics`` (a replica missing: not known). Both are read
-    only by ``cost_affinity``.
+    cache-aware policies; affinity policies ignore it.
     """
 
     key: str | None
     loads: Mapping[str, float]
     now: float = 0.0
     prefix: Sequence[int] | str | None = None
-    context_tokens: int | None = None
-    kv_usage: Mapping[str, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,7 +99,7 @@ class LiveConfig:
     max_sessions: int = 100_000
     idle_ttl: float | None = 3600.0
     relative: float = 0.0  # cost_affinity: skew tolerated per in-flight request on the least-loaded replica
-    kv_high: float | None = None  # cost_affinity: KV usage at which a pinned replica's prefix counts as evicted
+    min_turn_seconds: float | None = None  # cost_affinity: sessions whose last turn was shorter keep their pin
 
 
 class Policy(abc.ABC):

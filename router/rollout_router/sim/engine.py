@@ -4,9 +4,7 @@ Events are (time, seq, kind, ...) on one heap; nothing sleeps. Every turn of
 every trajectory is routed by calling ``policy.route(Request(...))`` on a
 policy built by ``rollout_router.policy.registry.create`` -- the router's own
 code, never a copy. The policy sees the router-local load (in-flight requests
-per replica, or in-flight context tokens for the token-load arm), the
-turn's context length and each replica's KV usage as vLLM reports it
-(``kv_cache_usage_perc``, read instantly here); a request
+per replica, or in-flight context tokens for the token-load arm); a request
 counts from routing until its last token, not while the trajectory waits on a
 tool, exactly like verl's acquire/release.
 """
@@ -129,9 +127,7 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
         # a turn arrives at the router
         tr = obj
         loads = dict(zip(names, tokload if by_tokens else inflight))
-        usage = {nm: 1.0 - rep.pool.available() / rep.pool.num_blocks for nm, rep in zip(names, reps)}
-        decision = route(Request(tr.key, loads, t, BlockChainPrefix(tr.gid, tr.tid, tr.P, tr.ctx // block_size),
-                                 tr.ctx, usage))
+        decision = route(Request(tr.key, loads, t, BlockChainPrefix(tr.gid, tr.tid, tr.P, tr.ctx // block_size)))
         i = index[decision.replica]
         if tr.last is not None and tr.last != i:
             moved += 1
