@@ -67,6 +67,9 @@ def main() -> int:
     ap.add_argument("--skip-seeds", type=int, default=0, help="simulate only steps K..N-1 (the rest merged from JSON)")
     ap.add_argument("--json-out")
     ap.add_argument("--points", help="only the points whose label contains this")
+    ap.add_argument("--plot", metavar="PNG", help="bars: median change vs sticky per point for --plot-arms")
+    ap.add_argument("--plot-arms", nargs="+", default=["margin2", "margin4", "least_loaded", "cache_aware",
+                                                       "consistent_hash", "cost_gap40"])
     ap.add_argument("--only", nargs="*", help="arm labels (default: all)")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
                     help="no simulation: merge the step times of earlier runs (same seeds) and report")
@@ -79,7 +82,8 @@ def main() -> int:
         times = {(pt, a, int(s)): v for (pt, a, s), v in times.items()}
         known = {a for _, a, _ in times}
         labels = [a for a in arms(1) if a in known]
-        pts_labels = list(dict.fromkeys(pt for pt, _, _ in times))
+        present = set(pt for pt, _, _ in times)
+        pts_labels = [p.label for p in points() if p.label in present]
     else:
         labels = args.only or list(arms(1))
         labels = list(dict.fromkeys(["sticky", *labels]))
@@ -94,6 +98,8 @@ def main() -> int:
         steps = [s for s in range(args.seeds) if all((pt, a, s) in times for a in labels)]
         table[pt] = {a: [times[(pt, a, s)] / times[(pt, "sticky", s)] - 1 for s in steps] for a in labels}
     report(table, labels)
+    if args.plot:
+        plot(table, [a for a in args.plot_arms if a in labels], args.plot)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"seeds": args.seeds, "median_change_vs_sticky": table,
@@ -128,6 +134,28 @@ def report(table: dict[str, dict[str, list[float]]], labels: list[str]) -> None:
             beats += all(med[pt][cand] < med[pt][p] for p in peers)
         print(f"{cand}: worst excess over the best baseline {max(excess):+.2%}; points over 1%: {len(fails)}"
               f" {fails}; beats every peer at {beats}/{len(table)} points")
+
+
+def plot(table: dict[str, dict[str, list[float]]], labels: list[str], path: str) -> None:
+    """Grouped bars, one group per point: each arm's median paired change of the step time vs sticky."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = list(table)
+    fig, ax = plt.subplots(figsize=(13, 4.5))
+    width = 0.8 / len(labels)
+    for i, arm in enumerate(labels):
+        ys = [100 * statistics.median(table[pt][arm]) for pt in pts]
+        ax.bar([x + i * width for x in range(len(pts))], ys, width, label=arm)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(pts))])
+    ax.set_xticklabels([pt.split(" lru")[0].replace(" kv=", "\n").replace(" c=", " c=") for pt in pts], fontsize=7)
+    ax.set_ylabel("step time vs sticky (%), median of paired steps")
+    ax.set_ylim(-12, 16)
+    ax.legend(fontsize=7, ncol=len(labels))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
