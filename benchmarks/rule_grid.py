@@ -23,6 +23,7 @@ from rollout_router.sim.workload import OUT_MEDIAN, generate
 
 BASE = ("sticky", "margin0", "margin2", "margin4", "margin8", "least_loaded")
 PEERS = ("cache_aware", "consistent_hash", "power_of_two", "dual_threshold")
+LEGEND = {"cost_gap40": "cost_affinity (defaults)", "cost_rel1": "cost_affinity, no turn rule"}
 
 
 def arms(lru: int) -> dict[str, Arm]:
@@ -80,10 +81,9 @@ def main() -> int:
             with open(name) as f:
                 times.update({tuple(k.rsplit("|", 2)): v for k, v in json.load(f)["step_seconds"].items()})
         times = {(pt, a, int(s)): v for (pt, a, s), v in times.items()}
-        known = {a for _, a, _ in times}
-        labels = [a for a in arms(1) if a in known]
-        present = set(pt for pt, _, _ in times)
-        pts_labels = [p.label for p in points() if p.label in present]
+        everything = range(args.seeds)  # a point and an arm count only with every step
+        pts_labels = [p.label for p in points() if all((p.label, "sticky", s) in times for s in everything)]
+        labels = [a for a in arms(1) if all((pt, a, s) in times for pt in pts_labels for s in everything)]
     else:
         labels = args.only or list(arms(1))
         labels = list(dict.fromkeys(["sticky", *labels]))
@@ -95,8 +95,8 @@ def main() -> int:
         times = {(p.label, a, s): x for (p, a, s), x in zip(tasks, secs)}
     table = {}
     for pt in pts_labels:
-        steps = [s for s in range(args.seeds) if all((pt, a, s) in times for a in labels)]
-        table[pt] = {a: [times[(pt, a, s)] / times[(pt, "sticky", s)] - 1 for s in steps] for a in labels}
+        table[pt] = {a: [times[(pt, a, s)] / times[(pt, "sticky", s)] - 1 for s in range(args.seeds)]
+                     for a in labels}
     report(table, labels)
     if args.plot:
         plot(table, [a for a in args.plot_arms if a in labels], args.plot)
@@ -147,7 +147,7 @@ def plot(table: dict[str, dict[str, list[float]]], labels: list[str], path: str)
     width = 0.8 / len(labels)
     for i, arm in enumerate(labels):
         ys = [100 * statistics.median(table[pt][arm]) for pt in pts]
-        ax.bar([x + i * width for x in range(len(pts))], ys, width, label=arm)
+        ax.bar([x + i * width for x in range(len(pts))], ys, width, label=LEGEND.get(arm, arm))
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(pts))])
     ax.set_xticklabels([pt.split(" lru")[0].replace(" kv=", "\n").replace(" c=", " c=") for pt in pts], fontsize=7)
