@@ -100,7 +100,7 @@ def main_table(grid: dict[str, Any]) -> str:
     for ctx in sorted({p["ctx"] for p in main}, key=lambda c: OUT_MEDIAN.get(c, 0)):
         rows = [f"**{ctx}**\n", "| KV pool | trajectories / replica | sticky: step s, hit, LRU evictions | "
                 + " | ".join(COMPARED) + " |", "|---|---|---|" + "---|" * len(COMPARED)]
-        for p in sorted((p for p in main if p["ctx"] == ctx), key=lambda p: (p["kv_tokens"], p["conc"])):
+        for p in sorted((p for p in main if p["ctx"] == ctx), key=lambda p: (p["kv"] == "all", p["kv_tokens"], p["conc"])):
             st = p["policies"]["sticky"]
             rows.append(f"| {p['kv']} ({p['kv_tokens'] / 1e6:.2f}M) | {p['conc']} "
                         f"| {sum(st['step_seconds']) / len(st['step_seconds']):.0f}, {st['hit_rate']:.0%}, {st['evicted_lru']:.0f} | "

@@ -70,8 +70,7 @@ def _heatmaps(plt, grid: dict[str, Any], path: str) -> str:
     pts = [p for p in grid["points"] if p["routers"] == 1 and p["replicas"] == min(q["replicas"] for q in grid["points"])
            and p["lru"] is not None]
     ctxs = sorted({p["ctx"] for p in pts}, key=lambda c: [q["ctx"] for q in pts].index(c))
-    kvs = sorted({(p["kv_tokens"], p["kv"]) for p in pts})
-    kv_labels = list(dict.fromkeys(k for _, k in kvs))
+    kv_labels = sorted({p["kv"] for p in pts}, key=lambda k: (k == "all", 0.0 if k == "all" else float(k[1:])))
     concs = sorted({p["conc"] for p in pts})
     arms = [a for a in COMPARED if any(a in p["policies"] for p in pts)]
     fig, axes = plt.subplots(len(arms), len(ctxs), figsize=(3.4 * len(ctxs) + 1.4, 2.2 * len(arms) + 0.8),
@@ -96,7 +95,7 @@ def _heatmaps(plt, grid: dict[str, Any], path: str) -> str:
             if c == 0:
                 ax.set_ylabel(f"{arm}\ntraj./replica", fontsize=8)
             if r == len(arms) - 1:
-                ax.set_xlabel("KV pool (x physical)", fontsize=8)
+                ax.set_xlabel("KV pool (x physical; all: never evicts)", fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.5, label="% vs sticky (blue: faster)")
     fig.suptitle(f"Median paired change of step time vs sticky, % ({grid['seeds']} steps per cell; "
                  "* the interval excludes 0)", fontsize=9)
