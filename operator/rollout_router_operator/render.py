@@ -129,7 +129,8 @@ def check_image(spec: RolloutRouterSpec, allowed_images: Sequence[str]) -> None:
 
 def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
     """What the router reads from --config: the policy knobs plus pod discovery."""
-    policy = {field: getattr(spec, field) for field in ("policy", "affinity_break_margin", "full_determinism", "session")}
+    fields = ("policy", "affinity_break_margin", "full_determinism", "cost_affinity", "session")
+    policy = {field: getattr(spec, field) for field in fields}
     discovery = DiscoverySettings(namespace=namespace, selector=spec.selector, port=spec.backend_port,
                                   grpc_port=spec.grpc_port)
     return RouterSettings(**policy, discovery=discovery)

@@ -17,7 +17,7 @@ from pydantic.alias_generators import to_camel
 from .policy import LiveConfig
 
 __all__ = [
-    "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
+    "Backend", "CostAffinitySettings", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
     "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
 ]
 
@@ -52,21 +52,36 @@ class SessionSettings(Model):
         return names
 
 
+class CostAffinitySettings(Model):
+    """What ``cost_affinity`` adds to the margin (docs/simulator.md, "A rule for every point")."""
+
+    relative: float = Field(0.01, ge=0, le=10, allow_inf_nan=False, description="Skew tolerated beyond "
+                            "affinityBreakMargin, per in-flight request on the least-loaded replica.")
+    min_turn_seconds: float | None = Field(40.0, ge=0, allow_inf_nan=False, description="A session whose previous "
+                                           "turn was routed less than this many seconds ago keeps its pin; null: "
+                                           "every session may move.")
+
+
 class PolicySettings(Model):
     """The knobs that can change while the router runs, without losing pins."""
 
-    policy: Literal["affinity", "least_loaded", "round_robin", "consistent_hash", "power_of_two"] = Field(
-        "affinity", description="Routing policy; affinity is the margin policy, the others are baselines "
+    policy: Literal["affinity", "cost_affinity", "least_loaded", "round_robin", "consistent_hash",
+                    "power_of_two"] = Field(
+        "affinity", description="Routing policy; affinity is the margin policy, cost_affinity the margin that "
+                                "grows with load and spares short turns, the others are baselines "
                                 "(consistent_hash: bounded loads, c=1.25).")
     affinity_break_margin: StrictInt | None = Field(
         None, ge=0, description="Skew tolerated before a pin moves; null keeps every pin, 0 moves unless least-loaded.")
     full_determinism: bool = Field(False, description="Place sessions by key hash only; the margin is ignored.")
+    cost_affinity: CostAffinitySettings = Field(default_factory=CostAffinitySettings,
+                                                description="Read only by policy cost_affinity.")
     session: SessionSettings = Field(default_factory=SessionSettings)
 
     def live_config(self) -> LiveConfig:
         """What the running policy takes from these settings."""
         return LiveConfig(self.affinity_break_margin, self.full_determinism,
-                          self.session.max_sessions, self.session.idle_timeout_seconds)
+                          self.session.max_sessions, self.session.idle_timeout_seconds,
+                          self.cost_affinity.relative, self.cost_affinity.min_turn_seconds)
 
 
 class LabelSelectorRequirement(Model):

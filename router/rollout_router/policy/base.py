@@ -98,6 +98,8 @@ class LiveConfig:
     full_determinism: bool = False
     max_sessions: int = 100_000
     idle_ttl: float | None = 3600.0
+    relative: float = 0.0  # cost_affinity: skew tolerated per in-flight request on the least-loaded replica
+    min_turn_seconds: float | None = None  # cost_affinity: sessions whose last turn was shorter keep their pin
 
 
 class Policy(abc.ABC):

@@ -9,6 +9,7 @@ from .affinity import AffinityPolicy
 from .base import Policy
 from .cache_aware import CacheAwarePolicy
 from .consistent_hash import ConsistentHashPolicy
+from .cost_affinity import CostAffinityPolicy
 from .dual_threshold import DualThresholdPolicy
 from .least_loaded import LeastLoadedPolicy
 from .power_of_two import PowerOfTwoPolicy
@@ -17,7 +18,7 @@ from .round_robin import RoundRobinPolicy
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (
         AffinityPolicy, LeastLoadedPolicy, RoundRobinPolicy, DualThresholdPolicy, CacheAwarePolicy,
-        ConsistentHashPolicy, PowerOfTwoPolicy, AdaptiveAffinityPolicy,
+        ConsistentHashPolicy, PowerOfTwoPolicy, AdaptiveAffinityPolicy, CostAffinityPolicy,
     )
 }
 

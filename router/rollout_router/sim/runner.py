@@ -41,6 +41,7 @@ def arms_for(preset: Preset) -> list[Arm]:
         Arm("cand_token_load", "affinity", {"margin": 32768, **lru}, load="tokens"),
         Arm("cand_context_margin", "affinity_adaptive", {"margin": 2, "context_scale": 256, **lru}),
         Arm("cand_cooldown", "affinity_adaptive", {"margin": 2, "cooldown": 30.0, **lru}),
+        Arm("cost_affinity", "cost_affinity", {**lru}),  # its defaults: margin 2, relative 0.01, 40 s
     ]
 
 
