@@ -50,6 +50,19 @@ def test_a_prompt_is_admitted_only_when_all_of_it_fits():
         assert run.preemptions == []
 
 
+def test_turns_due_together_queue_in_the_order_vllm_received_them():
+    """Same as above, but session 2's prompt reached vLLM first: it is admitted first and session 1 waits.
+
+    The order comes from vLLM's trace (its add events), not from session numbers; a replay that broke
+    ties by session admitted another request than vLLM did in a loaded real-tier run.
+    """
+    workload = Workload(3, 1, prompt=100, output=4, user=0)
+    order = {(2, 0): 0, (0, 0): 1, (1, 0): 2}
+    for replay in (replay_replica, replay_fake):
+        run = replay(workload, EngineShape(10, 32, 8, 256), Arrivals({0: 0, 1: 0, 2: 0}, {}, order))
+        assert [(step, key) for step, key, *_ in run.admissions] == [(1, (2, 0)), (1, (0, 0)), (5, (1, 0))]
+
+
 def test_a_readmitted_request_is_not_counted_as_a_prefix_cache_query():
     workload = Workload(8, 3, prompt=100, output=40, user=20)
     arrivals = _closed(workload, 0, 1)

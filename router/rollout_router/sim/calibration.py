@@ -71,9 +71,16 @@ class EngineShape:
 class Arrivals:
     first: dict[int, int]  # session -> tag of its first turn
     gap: dict[Key, int]  # (session, turn >= 1) -> steps after the previous turn's last token
+    # Turns due at the same step reach the waiting queue in this order (vLLM's own order of arrival, read
+    # from its trace: two sessions whose turns come due together were added in wall-clock order, not by
+    # session number); without it, by session.
+    order: dict[Key, int] = dataclasses.field(default_factory=dict)
+
+    def rank(self, key: Key) -> int:
+        return self.order.get(key, key[0])
 
     def first_turns(self) -> list[tuple[int, int, Key]]:
-        return sorted((tag, s, (s, 0)) for s, tag in self.first.items())
+        return sorted((tag, self.rank((s, 0)), (s, 0)) for s, tag in self.first.items())
 
 
 @dataclasses.dataclass
@@ -128,7 +135,8 @@ class _Closed:
         self.run.finishes.append((step, key))
         s, k = key
         if k + 1 < self.workload.turns:
-            heapq.heappush(self.heap, (step + self.arrivals.gap[(s, k + 1)], s, (s, k + 1)))
+            turn = (s, k + 1)
+            heapq.heappush(self.heap, (step + self.arrivals.gap[turn], self.arrivals.rank(turn), turn))
 
 
 class _UnitCost:
@@ -239,6 +247,7 @@ def parse_vllm_trace(workload: Workload, events: Iterable[dict]) -> tuple[Run, A
     run = Run()
     keys: dict[str, Key] = {}
     added: dict[Key, int] = {}
+    order: dict[Key, int] = {}
     finished: dict[Key, int] = {}
     events = list(events)
     empty = sorted(ev["step"] for ev in events if ev["ev"] == "step" and not ev["tokens"])
@@ -249,6 +258,7 @@ def parse_vllm_trace(workload: Workload, events: Iterable[dict]) -> tuple[Run, A
             key = workload.key_of(ev["prompt_len"], ev["head"])
             keys[ev["id"]] = key
             added[key] = ev["step"]
+            order[key] = len(order)
             run.arrivals.append((ev["step"], key))
         elif ev["ev"] == "step" and ev["tokens"]:
             for rid, hit, tokens, resumed in ev["admitted"]:
@@ -262,4 +272,4 @@ def parse_vllm_trace(workload: Workload, events: Iterable[dict]) -> tuple[Run, A
     first = {s: added[(s, 0)] for s in range(workload.sessions)}
     gap = {(s, k): added[(s, k)] - finished[(s, k - 1)]
            for s in range(workload.sessions) for k in range(1, workload.turns)}
-    return run, Arrivals(first, gap)
+    return run, Arrivals(first, gap, order)
