@@ -47,11 +47,14 @@ install: $(VENV)/.installed
 install-sim: $(VENV)/.installed-sim
 install-test: $(VENV)/.installed-test $(VENV)/.installed-verl $(VENV)/.installed-peers
 
-# Debian packages the tests use (a real Prometheus server); installed once.
+# Debian packages the tests use, installed once: a real Prometheus server, and HAProxy as a front end hashing
+# X-Session-ID in front of routers with entry ownership (tests/test_fleet_entry.py).
+SYSTEM_DEPS := prometheus haproxy
 system-deps:
-	@command -v prometheus >/dev/null 2>&1 || { \
-	  echo "installing Debian packages: prometheus"; \
-	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@missing=""; for bin in $(SYSTEM_DEPS); do \
+	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $$bin"; done; \
+	  [ -z "$$missing" ] || { echo "installing Debian packages:$$missing"; \
+	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends $$missing >/dev/null; }
 
 demo: install-sim
 	$(BIN)/rollout-router demo

@@ -23,7 +23,7 @@ from .listening import address
 from .proxy.http import HttpProxy
 from .proxy.http.admin_listener import AdminListener, TokenFile
 from .replicas import DISCOVERED, STATIC
-from .settings import DiscoverySettings, FleetSettings, RouterSettings, SettingsError, load_settings
+from .settings import DiscoverySettings, FleetSettings, Ownership, RouterSettings, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from .proxy.grpc import GrpcProxy
@@ -156,7 +156,7 @@ class Runtime(RouterContext):
         self.fleet = Fleet(self, self_id, f"http://{address(host, self.port or 0)}",
                            address(host, self.grpc_port) if self.grpc_port is not None else None,
                            lambda: token.current() if token is not None else None,
-                           self.peering.peers, self.peering.selector, self.peering.namespace)
+                           self.peering.peers, self.peering.selector, self.peering.namespace, self.peering.ownership)
         self.fleet.start()
 
     def has_peers(self) -> bool:
@@ -194,12 +194,14 @@ class Runtime(RouterContext):
 
 @dataclasses.dataclass(frozen=True)
 class Peering:
-    """The command line's peer sources (``--peer``, ``--peer-selector``/``--peer-namespace``, ``--advertise``)."""
+    """The command line's peer sources (``--peer``, ``--peer-selector``/``--peer-namespace``, ``--advertise``)
+    and ``--ownership``."""
 
     peers: tuple[str, ...] = ()
     selector: str | None = None
     namespace: str | None = None
     advertise: str | None = None
+    ownership: Ownership | None = None
 
     def wanted(self, settings: RouterSettings) -> bool:
         """Session ownership is on when any peer source is given (the config's ``fleet`` section is one)."""

@@ -89,7 +89,9 @@ def _fleet_metrics(context: RouterContext) -> Iterator[Metric]:
             ("handoffs", "Pins received from a session's previous owner after ownership moved.",
              fleet and fleet.handoff.handoffs),
             ("sessions_replaced", "Sessions placed anew because their previous owner router is gone for good.",
-             fleet and fleet.handoff.replaced)):
+             fleet and fleet.handoff.replaced),
+            ("pin_lookups", "Entry ownership: keys without a pin here that every peer router was asked for.",
+             fleet and fleet.handoff.lookups)):
         yield CounterMetricFamily(f"rolloutrouter_{name}", doc, value=value or 0)
     yield GaugeMetricFamily("rolloutrouter_fleet_members", "Routers sharing the sessions, this one included.",
                             value=len(fleet.members()) if fleet else 1)

@@ -85,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: $POD_NAMESPACE, then the service account's).")
     parser.add_argument("--advertise", metavar="URL", help="This router's admin URL as its peers name it "
                         "(default: the admin listener's, with 0.0.0.0 replaced by $POD_IP).")
+    parser.add_argument("--ownership", choices=["rendezvous", "entry"],
+                        help="Which router owns a session (overrides the config's fleet.ownership): rendezvous "
+                        "(default: the rendezvous hash's winner; the others forward its turns there: for a plain "
+                        "Service) or entry (the router the turn enters by; it pulls the pin from its peers: for a "
+                        "front end hashing the session key, docs/fleet.md).")
     parser.add_argument("--drain-timeout", type=_seconds, default=DRAIN_TIMEOUT, metavar="SECONDS",
                         help=f"With peers, SIGTERM makes the router leave its fleet: /readyz answers 503, its pins go "
                         f"to their new owners, its requests in flight finish; it exits after at most this long "
@@ -148,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
-    peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise)
+    peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise, args.ownership)
     runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
                       peering)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout))

@@ -150,6 +150,7 @@ class HealthSettings(Model):
 
 
 LoadView = Literal["peers", "vllm", "local"]
+Ownership = Literal["rendezvous", "entry"]
 
 
 class FleetSettings(Model):
@@ -161,6 +162,13 @@ class FleetSettings(Model):
 
     peers: list[str] = Field(default_factory=list, description="Admin URLs (http://host:adminport) of the other "
                              "routers; this router is always a member too. Reloaded live.")
+    ownership: Ownership = Field("rendezvous", description="Which router owns a session: rendezvous (the "
+                                 "member that wins the rendezvous hash of the key; the others forward its turns "
+                                 "there: for a plain Service) or entry (the router the turn enters by; it pulls "
+                                 "the pin from its peers when it has none: for a front end that hashes the session "
+                                 "key). The --ownership flag overrides it.")
+    lookup_timeout_seconds: float = Field(0.5, gt=0, le=5, description="With ownership entry: how long a router "
+                                          "waits for its peers' answers when it asks them for a pin it lacks.")
     load_view: LoadView = Field("peers", description="What the margin compares: peers (own exact in-flight counts "
                                 "plus the other routers', polled), vllm (each replica's vllm:num_requests_running "
                                 "+ vllm:num_requests_waiting, scraped), or local (own counts only).")

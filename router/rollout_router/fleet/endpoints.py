@@ -4,8 +4,9 @@
 - ``GET /fleet/v1/loads``: ``{"id", "loads": {replica: n}, "leaving"}``, this router's own in-flight counts
   (never the peers' it added: each count is reported by the one router that holds it); ``leaving``: it
   owns no key any more (``fleet/leaving.py``).
-- ``POST /fleet/v1/handoff`` ``{"key": K}``: give up K's pin to its new owner; ``{"key", "replica"}``
-  (``replica`` null when this router held no pin for K).
+- ``POST /fleet/v1/handoff`` ``{"key": K}``: give up K's pin to its new owner; ``{"key", "replica", "idleSeconds"}``
+  (``replica`` null and no ``idleSeconds`` when this router held no pin for K; ``idleSeconds``: since
+  the pin's last use, so a router that finds two pins keeps the fresher).
 - ``POST /fleet/v1/leave`` ``{"id": PEER, "done": bool}``: that peer is leaving (``done``: it handed over
   every pin it held); ``{"id"}``.
 - ``POST /fleet/v1/adopt`` ``{"from": PEER, "pins": [{"key", "replica", "idleSeconds"}, ...]}``: pins pushed
@@ -54,7 +55,12 @@ def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     key = body.get("key") if isinstance(body, dict) else None
     if not isinstance(key, str) or not key:
         return error(400, "handoff body needs \"key\": a non-empty session key", "key")
-    return _json({"key": key, "replica": fleet.handoff.surrender(key)})
+    used = context.balancer.last_used(key)
+    replica = fleet.handoff.surrender(key)
+    answer: dict = {"key": key, "replica": replica}
+    if replica is not None and used is not None:
+        answer["idleSeconds"] = round(max(0.0, context.clock() - used), 3)
+    return _json(answer)
 
 
 def peer_leaving(context: RouterContext, request: AdminRequest) -> AdminAnswer:

@@ -13,7 +13,13 @@ A router leaving the fleet (SIGTERM) pushes its pins instead (``receive``);
 once it said it handed them all over it is ``departed``: not asked again, and
 not a loss when it no longer answers.
 
-Concurrent requests for one key wait for the same handoff.
+With entry ownership (``fleet.ownership: entry``) the router a turn enters by
+owns its session: lacking a pin, it asks every live peer at once (``lookup``);
+a peer holding one gives it up, so the pin moves and there is never a second
+copy. Finding none, the session is new (or was held by a router that no
+longer answers: ``lookup`` says so).
+
+Concurrent requests for one key wait for the same handoff or lookup.
 """
 from __future__ import annotations
 
@@ -27,13 +33,15 @@ from .ownership import History
 
 log = logging.getLogger(__name__)
 
-Ask = Callable[[str, str], Awaitable[str | None]]  # (previous owner, key) -> the replica it held, or None
+# (peer, key, timeout or None for the default) -> (the replica it held, seconds since that pin's last use), or None
+Ask = Callable[[str, str, float | None], Awaitable[tuple[str, float] | None]]
 
 
 class Handoff:
     def __init__(self, history: History, balancer: Balancer, ask: Ask, clock: Callable[[], float]):
         self.history, self.balancer, self._ask, self._clock = history, balancer, ask, clock
         self.handoffs = self.replaced = 0
+        self.lookups = 0  # entry ownership: keys without a pin here that every peer was asked for
         self.gone: set[str] = set()  # previous owners that could not be reached: not asked again
         self.departed: set[str] = set()  # previous owners that left after handing over every pin they held
         self._pending: dict[str, asyncio.Future[None]] = {}
@@ -45,17 +53,56 @@ class Handoff:
 
     async def fetch(self, key: str, believed: str | None = None) -> None:
         """Bring ``key``'s pin here if a previous owner holds it; count a handoff or a replaced session."""
+        await self._once(key, lambda: self._fetch(key, believed))
+
+    async def lookup(self, key: str, peers: list[str], timeout: float) -> bool:
+        """Entry ownership: ask every peer in ``peers`` at once (each for at most ``timeout`` s) for ``key``'s pin.
+
+        Every peer that held one gave it up; the most recently used is adopted
+        here (a handoff). More than one is found only after two routers placed
+        the same new session at once: this merges them. False when no pin was
+        found and some peer did not answer (it may have held it).
+        """
+        return await self._once(key, lambda: self._lookup(key, peers, timeout))
+
+    async def _once(self, key: str, work: Callable[[], Awaitable[bool]]) -> bool:
+        """Run ``work`` for ``key`` unless it runs already; then wait for that one (and report True)."""
         pending = self._pending.get(key)
         if pending is not None:
-            return await asyncio.shield(pending)
+            await asyncio.shield(pending)
+            return True
         future = self._pending[key] = asyncio.get_running_loop().create_future()
         try:
-            await self._fetch(key, believed)
+            return await work()
         finally:
             del self._pending[key]
             future.set_result(None)
 
-    async def _fetch(self, key: str, believed: str | None) -> None:
+    async def _lookup(self, key: str, peers: list[str], timeout: float) -> bool:
+        self.lookups += 1
+        answers = await asyncio.gather(*(self._ask(peer, key, timeout) for peer in peers), return_exceptions=True)
+        found: list[tuple[str, float]] = []
+        unanswered: list[str] = []
+        for peer, answer in zip(peers, answers):
+            if isinstance(answer, (Unreachable, PeerError)):
+                unanswered.append(peer)
+                log.info("peer %s did not answer a lookup of session %r: %s", peer, key, answer)
+            elif isinstance(answer, BaseException):
+                raise answer
+            elif answer is not None:
+                found.append(answer)
+        if found:
+            replica, _ = min(found, key=lambda pin: pin[1])  # the freshest: its replica has the newest turns cached
+            self._take(key, replica)
+            return True
+        return not unanswered
+
+    def _take(self, key: str, replica: str) -> None:
+        if self.balancer.pinned(key) is None:  # a pin pushed or placed meanwhile wins
+            self.balancer.adopt(key, replica)
+            self.handoffs += 1
+
+    async def _fetch(self, key: str, believed: str | None) -> bool:
         lost = False
         candidates = self.history.previous_owners(key, self._clock())
         for previous in ([believed] if believed else []) + [c for c in candidates if c != believed]:
@@ -65,7 +112,7 @@ class Handoff:
                 lost = True
                 continue
             try:
-                replica = await self._ask(previous, key)
+                answer = await self._ask(previous, key, None)
             except Unreachable as error:
                 log.warning("previous owner %s is unreachable (%s): its sessions are placed anew", previous, error)
                 self.gone.add(previous)
@@ -74,13 +121,12 @@ class Handoff:
             except PeerError as error:
                 log.warning("previous owner %s did not hand over session %r: %s", previous, key, error)
                 continue
-            if replica is not None:
-                if self.balancer.pinned(key) is None:  # a pin pushed or placed meanwhile wins
-                    self.balancer.adopt(key, replica)
-                    self.handoffs += 1
-                return
+            if answer is not None:
+                self._take(key, answer[0])
+                return True
         if lost:
             self.replaced += 1
+        return True
 
     def receive(self, pins: list[tuple[str, str, float]]) -> int:
         """Pins pushed by a router leaving the fleet, as (key, replica, seconds since last use); a pin held

@@ -8,6 +8,11 @@ recorded in the ownership history and clears the owner cache, so the data
 path's ``owner_of`` is a dict lookup for a key seen since the last change.
 A peer that says it is leaving (its loads answer, or ``peer_leaving``) stops
 owning keys at once; this router's own leave is ``fleet/leaving.py``.
+
+Ownership is ``rendezvous`` (the hash's winner owns a key; the others forward
+to it) or ``entry`` (the router a turn enters by owns its session and pulls
+the pin from its peers when it has none: ``Handoff.lookup``; it forwards only
+while it leaves the fleet).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..settings import FleetSettings
+from ..settings import FleetSettings, Ownership
 from . import loadview
 from .client import PeerClient, PeerError, Unreachable
 from .handoff import Handoff
@@ -45,10 +50,12 @@ def advertised(admin_host: str, admin_port: int) -> str:
 class Fleet:
     def __init__(self, context: RouterContext, self_id: str, http_url: str, grpc_target: str | None,
                  token: Callable[[], bytes | None], cli_peers: Sequence[str] = (),
-                 peer_selector: str | None = None, peer_namespace: str | None = None):
+                 peer_selector: str | None = None, peer_namespace: str | None = None,
+                 ownership: Ownership | None = None):
         self.context, self.self_id = context, self_id.rstrip("/")
         self.http_url, self.grpc_target = http_url, grpc_target
         self._cli_peers, self._selector, self._namespace = list(cli_peers), peer_selector, peer_namespace
+        self._cli_ownership = ownership  # --ownership: wins over fleet.ownership
         self.settings = context.settings.fleet or FleetSettings()
         self.membership = Membership(self.self_id)
         self.history = History(self.self_id, self._window())
@@ -93,6 +100,10 @@ class Fleet:
                 for member in self.live_peers():
                     self.loads.change({}, member.loads)
         self._start_scraper(settings.load_view == "vllm")
+
+    @property
+    def ownership(self) -> Ownership:
+        return self._cli_ownership or self.settings.ownership
 
     def _window(self) -> float:
         return self.context.settings.session.idle_timeout_seconds or DEFAULT_WINDOW
@@ -192,7 +203,7 @@ class Fleet:
             members = members - {self.self_id}
             if not members:
                 return None
-        elif len(members) == 1:
+        elif len(members) == 1 or self.ownership == "entry":
             return None
         owner_id = self._owners.get(key)
         if owner_id is None:
@@ -210,7 +221,9 @@ class Fleet:
         a previous owner (``handoff``); a request another router sent here
         (``hopped``) is decided here even when this router's view names another owner,
         unless this router is leaving: it owns nothing, so it sends the request on to the
-        key's owner (who decides it: two hops at most).
+        key's owner (who decides it: two hops at most). With entry ownership nothing is
+        forwarded unless this router is leaving, and a key without a pin here is first
+        looked up at every peer.
         """
         owner = self.owner_of(key)
         if owner is not None and (not hopped or self.leaving):
@@ -220,10 +233,22 @@ class Fleet:
                 failed, owner = owner, self.owner_of(key)
                 if owner is None or owner is failed:
                     break
+        if self.ownership == "entry":
+            await self._look_up(key)
+            return False
         believed = owner.id if owner is not None and hopped else None
         if (owner is None or believed) and self.handoff.needed(key, believed):
             await self.handoff.fetch(key, believed)
         return False
+
+    async def _look_up(self, key: str) -> None:
+        """Entry ownership: pull ``key``'s pin from whichever peer holds it (leaving peers included, not those
+        that handed every pin over); with none found and a peer silent, the session is decided here uninformed."""
+        if self.context.balancer.pinned(key) is not None:
+            return
+        peers = [m.id for m in self.live_peers() if m.id not in self.handoff.departed]
+        if peers and not await self.handoff.lookup(key, peers, self.settings.lookup_timeout_seconds):
+            self.owner_unreachable += 1
 
     def unreachable(self, member: Member, gone: bool) -> None:
         """Forwarding to ``member`` failed before any byte came back; ``gone``: refused or reset, not slow."""
@@ -231,10 +256,15 @@ class Fleet:
         if gone and member.live and self.membership.failed(member.id, self.context.clock(), 0.0, gone=True):
             self._left(member, "refused a forwarded request")
 
-    async def _ask(self, previous: str, key: str) -> str | None:
-        answer = await self.client.call("POST", f"{previous}/fleet/v1/handoff", {"key": key, "from": self.self_id})
+    async def _ask(self, peer: str, key: str, timeout: float | None) -> tuple[str, float] | None:
+        """``peer`` gives up ``key``'s pin: (its replica, seconds since its last use), or None when it held none."""
+        answer = await self.client.call("POST", f"{peer}/fleet/v1/handoff", {"key": key, "from": self.self_id},
+                                        timeout)
         replica = answer.get("replica") if isinstance(answer, dict) else None
-        return replica if isinstance(replica, str) else None
+        if not isinstance(replica, str):
+            return None
+        idle = answer.get("idleSeconds")
+        return replica, float(idle) if isinstance(idle, (int, float)) and not isinstance(idle, bool) else 0.0
 
     # what /status and /metrics show
     def peer_load_ages(self) -> dict[str, float]:
@@ -242,7 +272,8 @@ class Fleet:
         return {m.id: round(now - m.answered, 3) for m in self.live_peers() if m.answered is not None}
 
     def status(self) -> dict:
-        return {"self": self.self_id, "members": sorted(self.members()), "forwarded": self.forwarded,
+        return {"self": self.self_id, "ownership": self.ownership, "members": sorted(self.members()),
+                "forwarded": self.forwarded, "lookups": self.handoff.lookups,
                 "ownerUnreachable": self.owner_unreachable, "handoffs": self.handoff.handoffs,
                 "replaced": self.handoff.replaced, "loadView": self.settings.load_view,
                 "leaving": self.leaving, "pushed": self.pushed,
