@@ -84,6 +84,18 @@ def test_the_example_rolloutrouter_sets_session_ownership(chart, owned):
     assert ("sessionAffinity" in one(children, "Service")["spec"]) is not owned
 
 
+def test_the_example_rolloutrouter_may_name_its_session_owner(chart):
+    values = {"example": {"enabled": True, "spec": {"selector": {"matchLabels": {"app": "vllm"}},
+                                                    "router": {"sessionOwner": "Entry"}}}}
+    resource = one(render(chart, values), "RolloutRouter")
+    validate_rolloutrouter(resource)
+    children = render_children({**resource, "metadata": {**resource["metadata"], "uid": "u"}})
+    command = one(children, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--ownership") + 1] == "entry"
+    with pytest.raises(Exception, match="sessionOwner"):
+        render(chart, {"example": {"enabled": True, "spec": {"selector": {}, "router": {"sessionOwner": "entry"}}}})
+
+
 def test_the_default_example_spells_out_ownership_and_the_token(chart):
     resource = one(render(chart, {"example": {"enabled": True}}), "RolloutRouter")
     assert resource["spec"]["router"] == {"sessionOwnership": True, "adminToken": True}

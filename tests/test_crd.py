@@ -101,6 +101,7 @@ BAD = [  # (change to the minimal example, the field the schema must name)
     (lambda s: s.update(router={"replicas": -1}), "spec.router.replicas"),
     (lambda s: s.update(router={"sessionOwnership": "false"}), "spec.router.sessionOwnership"),
     (lambda s: s.update(router={"adminToken": 0}), "spec.router.adminToken"),
+    (lambda s: s.update(router={"sessionOwner": "entry"}), "spec.router.sessionOwner"),
     (lambda s: s.update(router={"service": {"type": "ExternalName"}}), "spec.router.service.type"),
     (lambda s: s.update(router={"service": {"port": 70000}}), "spec.router.service.port"),
     (lambda s: s.update(router={"tolerations": [{"effect": "Sometimes"}]}), "spec.router.tolerations.0.effect"),
@@ -127,6 +128,8 @@ CEL_ONLY = [  # the schema's CEL rules, which jsonschema cannot run: the operato
     ({"selector": {"matchLabels": {"a": "b"}}, "router": {"tolerations": [{"operator": "Equal"}]}}, "without a key"),
     ({"selector": {"matchLabels": {"a": "b"}}, "router": {"env": [{"name": "A", "value": "1", "valueFrom": {}}]}},
      "not both"),
+    ({"selector": {"matchLabels": {"a": "b"}}, "router": {"sessionOwnership": False, "sessionOwner": "Entry"}},
+     "sessionOwner Entry needs sessionOwnership true"),
 ]
 
 

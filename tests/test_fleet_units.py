@@ -127,10 +127,10 @@ async def test_handoff_takes_the_pin_from_the_previous_owner():
     key = next(k for k in KEYS if owner(k, {me, a}) == me)
     asked: list[tuple[str, str]] = []
 
-    async def ask(previous: str, key: str) -> str | None:
+    async def ask(previous: str, key: str, timeout: float | None) -> tuple[str, float] | None:
         asked.append((previous, key))
         await asyncio.sleep(0)
-        return "r2"
+        return "r2", 1.0
 
     handoff = Handoff(history, balancer, ask, lambda: now[0])
     assert handoff.needed(key)
@@ -150,7 +150,7 @@ async def test_handoff_counts_a_replaced_session_only_when_the_previous_owner_is
     keys = [k for k in KEYS if owner(k, {me, a}) == me][:3]
     answers: dict[str, object] = {keys[0]: None, keys[1]: PeerError("401"), keys[2]: Unreachable("refused")}
 
-    async def ask(previous: str, key: str) -> str | None:
+    async def ask(previous: str, key: str, timeout: float | None) -> tuple[str, float] | None:
         answer = answers[key]
         if isinstance(answer, Exception):
             raise answer
@@ -166,7 +166,7 @@ def test_pushed_pins_are_adopted_unless_the_pin_here_was_used_since():
     me, a = ROUTERS[:2]
     balancer, now = _balancer()
 
-    async def never(previous: str, key: str) -> str | None:
+    async def never(previous: str, key: str, timeout: float | None) -> tuple[str, float] | None:
         raise AssertionError("nobody is asked")
 
     handoff = Handoff(History(me, 60.0), balancer, never, lambda: now[0])
@@ -189,7 +189,7 @@ async def test_a_departed_previous_owner_is_not_asked_and_not_a_loss():
     history.update({me}, 1.0)  # a left
     key = next(k for k in KEYS if owner(k, {me, a}) == a)
 
-    async def refused(previous: str, key: str) -> str | None:
+    async def refused(previous: str, key: str, timeout: float | None) -> tuple[str, float] | None:
         raise Unreachable("refused")
 
     handoff = Handoff(history, balancer, refused, lambda: now[0])
@@ -199,6 +199,40 @@ async def test_a_departed_previous_owner_is_not_asked_and_not_a_loss():
     handoff.departed.clear()
     await handoff.fetch(key)
     assert handoff.replaced == 1 and a in handoff.gone  # gone without saying it handed its pins over: lost
+
+
+async def test_entry_lookup_asks_every_peer_at_once_and_keeps_the_freshest_pin():
+    me, a, b, c = ROUTERS[:4]
+    balancer, now = _balancer()
+    held = {a: ("r1", 30.0), b: ("r2", 2.0)}  # two pins: two routers placed the same new session at once
+    asked: list[tuple[str, float | None]] = []
+    both_asked = asyncio.Event()
+
+    async def ask(peer: str, key: str, timeout: float | None) -> tuple[str, float] | None:
+        asked.append((peer, timeout))
+        if len(asked) == 3:
+            both_asked.set()
+        await both_asked.wait()  # every question is out before any answer: they are asked at once
+        if peer == c:
+            raise Unreachable("timed out")
+        return held.pop(peer, None)
+
+    handoff = Handoff(History(me, 60.0), balancer, ask, lambda: now[0])
+    answered = await asyncio.gather(handoff.lookup("k", [a, b, c], 0.5), handoff.lookup("k", [a, b, c], 0.5))
+    assert answered == [True, True] and sorted(asked) == [(a, 0.5), (b, 0.5), (c, 0.5)]  # one lookup for both
+    assert balancer.pinned("k") == "r2" and handoff.handoffs == 1 and handoff.lookups == 1 and not held
+    assert await handoff.lookup("new", [a, b], 0.5) is True  # nobody holds it: a new session, nothing counted
+    assert await handoff.lookup("unsure", [a, c], 0.5) is False  # c did not answer: it may have held it
+    assert handoff.handoffs == 1 and handoff.replaced == 0 and handoff.lookups == 3
+
+
+@pytest.mark.parametrize("bad", ["Entry", "owner", None])
+def test_fleet_ownership_is_rendezvous_or_entry(bad):
+    from rollout_router.settings import SettingsError, parse_settings
+    assert parse_settings({"fleet": {}}).fleet.ownership == "rendezvous"  # type: ignore[union-attr]
+    assert parse_settings({"fleet": {"ownership": "entry"}}).fleet.ownership == "entry"  # type: ignore[union-attr]
+    with pytest.raises(SettingsError, match="fleet.ownership"):
+        parse_settings({"fleet": {"ownership": bad}})
 
 
 def test_a_leaving_member_owns_no_key_but_stays_polled():

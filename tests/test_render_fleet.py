@@ -67,6 +67,31 @@ def test_without_session_ownership_each_pod_decides_alone_as_before():
     assert "POD_IP" not in {e["name"] for e in container["env"]}
 
 
+def test_session_owner_entry_adds_the_ownership_flag_and_nothing_else():
+    rendezvous = render(resource({"router": {"replicas": 3}}))
+    entry = render(resource({"router": {"replicas": 3, "sessionOwner": "Entry"}}))
+    assert "--ownership" not in container_of(rendezvous)["command"]  # the default: as before
+    command = container_of(entry)["command"]
+    assert flag(command, "--ownership") == "entry" and flag(command, "--peer-selector")
+    assert command[:command.index("--ownership")] == container_of(rendezvous)["command"]
+    assert by_kind(entry)["Service"] == by_kind(rendezvous)["Service"]  # no ClientIP affinity either way
+    assert by_kind(entry)["ConfigMap"] == by_kind(rendezvous)["ConfigMap"]
+
+
+@pytest.mark.parametrize("value", ["entry", "Hash", None, True])
+def test_session_owner_is_rendezvous_or_entry(value):
+    body = resource({"router": {"sessionOwner": value}})
+    with pytest.raises(Exception, match="sessionOwner"):
+        validate_rolloutrouter(body)
+    with pytest.raises(InvalidSpec, match=r"spec\.router\.sessionOwner"):
+        render(body)
+
+
+def test_session_owner_entry_needs_session_ownership():
+    with pytest.raises(InvalidSpec, match=r"spec\.router: sessionOwner Entry needs sessionOwnership true"):
+        render(resource({"router": {"sessionOwnership": False, "sessionOwner": "Entry"}}))
+
+
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_session_ownership_is_a_strict_boolean(value):
     body = resource({"router": {"sessionOwnership": value}})

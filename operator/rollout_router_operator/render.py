@@ -5,7 +5,7 @@ router's settings go into a ConfigMap that the router re-reads on change, so
 policy knobs (margin, determinism, session) reach running routers without a
 restart, and so do selector and port changes (the router restarts its pod
 watch); the pod template changes only with image, resources, scheduling, env,
-annotations, session ownership and the admin token's presence, and only then
+annotations, session ownership (and its sessionOwner) and the admin token's presence, and only then
 does the Deployment roll.
 """
 from __future__ import annotations
@@ -231,11 +231,15 @@ def _without_nulls(value: Any) -> Any:
 def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
     """Session ownership: the members are the Ready pods with this resource's router labels, each
     addressed by its pod IP (``$(POD_IP)``, expanded by the kubelet) and admin port; a pod stopped leaves the
-    fleet within ``ROUTER_DRAIN_SECONDS`` (docs/fleet.md, "Leaving the fleet")."""
+    fleet within ``ROUTER_DRAIN_SECONDS`` (docs/fleet.md, "Leaving the fleet"). ``sessionOwner: Entry``: the
+    pod a turn enters by owns its session (docs/fleet.md, "Entry ownership"); a flag, so changing it rolls
+    the pods rather than switching a running fleet's routers one by one as the kubelet updates each config."""
     if not spec.router.session_ownership:
         return []
+    entry = ["--ownership", "entry"] if spec.router.session_owner == "Entry" else []
     return ["--peer-selector", labels_query(router_labels(name)), "--peer-namespace", "$(POD_NAMESPACE)",
-            "--advertise", f"http://$(POD_IP):{ROUTER_ADMIN_PORT}", "--drain-timeout", str(ROUTER_DRAIN_SECONDS)]
+            "--advertise", f"http://$(POD_IP):{ROUTER_ADMIN_PORT}", "--drain-timeout", str(ROUTER_DRAIN_SECONDS),
+            *entry]
 
 
 def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str, token: bool) -> dict:

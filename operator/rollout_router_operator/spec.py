@@ -89,6 +89,11 @@ class EnvVar(Model):
 class RouterDeploymentSpec(Model):
     """How the router runs; changing these rolls the Deployment (replicas only scales it)."""
 
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        cel("self.sessionOwner == 'Rendezvous' || self.sessionOwnership",
+            "sessionOwner Entry needs sessionOwnership true", ".sessionOwner"),
+    ]}}
+
     replicas: StrictInt = Field(1, ge=0, le=100, description="Router pods; a PodDisruptionBudget is added above 1.")
     image: str | None = Field(None, min_length=1, description=(
         "Router image. Unset: the operator's --router-image (the Helm chart passes its routerImage), "
@@ -106,12 +111,25 @@ class RouterDeploymentSpec(Model):
         "pods exchange their in-flight counts, and pins are handed over when ownership moves "
         "(docs/operator.md, 'Many router pods'). The routers watch their own pods (--peer-selector) and the "
         "Service has no ClientIP affinity. false: every pod decides alone and the Service pins clients by IP."))
+    session_owner: Literal["Rendezvous", "Entry"] = Field("Rendezvous", description=(
+        "With sessionOwnership, which router pod owns a session. Rendezvous: the winner of the rendezvous hash "
+        "of the session key; a pod forwards the turns it does not own there (for a plain Service). Entry: the "
+        "pod a turn enters by; it never forwards, and pulls the session's pin from the other pods when it has "
+        "none (one lookup per new session, and per session whose entry pod changed): for a Gateway, Envoy, "
+        "HAProxy or nginx in front that hashes X-Session-ID, so that every turn of a session enters by the same "
+        "pod (docs/operator.md, 'A Gateway or Envoy in front'). Rendered as the router's --ownership flag."))
     admin_token: StrictBool = Field(True, description=(
         "Require a bearer token on the routers' admin routes (/status, /metrics, session deletion, the "
         "worker API, /fleet/v1/*). The operator renders it into the Secret <name>-router-admin-token, "
         "shared by the resource's router pods (peers call each other with it) and used by its status poller; "
         "a Prometheus scraping /metrics needs it too (docs/security.md). false: no token; only "
         "spec.networkPolicy guards the admin port."))
+
+    @model_validator(mode="after")
+    def _entry_needs_ownership(self) -> RouterDeploymentSpec:
+        if self.session_owner == "Entry" and not self.session_ownership:
+            raise ValueError("sessionOwner Entry needs sessionOwnership true")
+        return self
 
 
 class IPBlock(Model):
