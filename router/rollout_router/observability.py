@@ -85,7 +85,8 @@ def _fleet_metrics(context: RouterContext) -> Iterator[Metric]:
     for name, doc, value in (
             ("forwarded", "Requests forwarded to their session's owner router.", fleet and fleet.forwarded),
             ("owner_unreachable", "Requests whose owner router could not be reached before the first byte: "
-             "decided here.", fleet and fleet.owner_unreachable),
+             "decided here (entry ownership: lookups that found no pin while a peer did not answer).",
+             fleet and fleet.owner_unreachable),
             ("handoffs", "Pins received from a session's previous owner after ownership moved.",
              fleet and fleet.handoff.handoffs),
             ("sessions_replaced", "Sessions placed anew because their previous owner router is gone for good.",
