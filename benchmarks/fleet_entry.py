@@ -79,8 +79,7 @@ class Client:
     """One keep-alive connection per router; ``turn`` times one request of ``key`` through its entry router."""
 
     def __init__(self, routers: list[Service]):
-        self.conns = [http.client.HTTPConnection(urlsplit(r.url).hostname, urlsplit(r.url).port, timeout=30)
-                      for r in routers]
+        self.conns = [http.client.HTTPConnection(urlsplit(r.url).netloc, timeout=30) for r in routers]
 
     def turn(self, key: str) -> float:
         conn = self.conns[entry_router(key, len(self.conns))]
