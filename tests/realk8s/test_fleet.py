@@ -10,6 +10,7 @@ pod itself, as the Service would, and tries another one if the pod it picked is 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 
@@ -23,7 +24,7 @@ from .workloads import ROUTER_SELECTOR, chat, deploy_rollouts, router_admin_url,
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(900)]
 SESSIONS = [f"fleet-{i}" for i in range(18)]
-FLEET = ("forwarded", "handoffs", "ownerUnreachable", "replaced")
+FLEET = ("forwarded", "handoffs", "ownerUnreachable", "replaced", "lookups")
 
 
 def routers(cluster, namespace: str) -> list[dict]:
@@ -133,3 +134,39 @@ def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod
     assert doomed and not moved, moved  # every session kept its replica, the deleted pod's too
     assert replaced == 0 and handoffs >= len(doomed)
     assert len(survivors) == 2 and totals["total_inflight"] == 0
+
+
+def entry_pod(session: str, pods: list[dict]) -> dict:
+    """The pod a front end hashing X-Session-ID consistently sends ``session`` to (its own hash of pod names)."""
+    return max(pods, key=lambda p: hashlib.sha256(f"{p['metadata']['name']} {session}".encode()).digest())
+
+
+def test_entry_ownership_pods_forward_nothing_and_pins_follow_the_entry_pod(cluster, operator_release, namespace):
+    """``sessionOwner: Entry`` behind a hashing front end (the client hashes each session to a pod): nothing is
+    forwarded, and when a pod is deleted the sessions that enter elsewhere bring their pins along."""
+    deploy_rollouts(cluster, namespace, routers=3)
+    cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"spec": {"router": {"sessionOwner": "Entry"}}}))
+    eventually(lambda: "--ownership" in cluster.get("deployment", "rollouts-router", "-n", namespace)["spec"]
+               ["template"]["spec"]["containers"][0]["command"], 60, "the operator to render --ownership entry")
+    cluster.kubectl("rollout", "status", "deployment/rollouts-router", "-n", namespace, "--timeout=300s")
+    pods = converged(cluster, namespace, 3)
+    assert all(router_status(p)["fleet"]["ownership"] == "entry" for p in pods)
+    pins = {s: chat(entry_pod(s, pods), s, turns=2)[0] for s in SESSIONS}
+    assert {s: chat(entry_pod(s, pods), s, turns=1)[0] for s in SESSIONS} == pins
+    totals = fleet_totals(pods)
+    assert totals["forwarded"] == totals["handoffs"] == totals["ownerUnreachable"] == totals["replaced"] == 0
+    assert totals["lookups"] == len(SESSIONS) and totals["affinity_kept"] == 2 * len(SESSIONS)
+
+    victim = pods[0]
+    moved = {s for s in SESSIONS if entry_pod(s, pods) is victim}
+    cluster.kubectl("delete", "pod", victim["metadata"]["name"], "-n", namespace, "--wait=true")
+    after_pods = converged(cluster, namespace, 3)
+    after = {s: chat(entry_pod(s, after_pods), s, turns=1)[0] for s in SESSIONS}
+    totals = fleet_totals(after_pods)
+    print(f"entry ownership, router pod deleted: {len(moved)} of its sessions; the pods' counters {totals}")
+    assert moved and after == pins  # every session kept its replica, the deleted pod's too
+    assert totals["replaced"] == totals["ownerUnreachable"] == 0 and totals["handoffs"] >= len(moved)
+    survivors = [p for p in after_pods if p["metadata"]["uid"] in {q["metadata"]["uid"] for q in pods[1:]}]
+    assert len(survivors) == 2 and all(router_status(p)["fleet"]["forwarded"] == 0 for p in survivors)
+    assert totals["total_inflight"] == 0
