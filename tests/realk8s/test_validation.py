@@ -30,7 +30,12 @@ def rollouts(spec: dict) -> str:
     ({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
      "In and NotIn need values"),
     ({"selector": {"matchLabels": {"app": "vllm"}}, "affinityBreakMarginn": 3}, 'unknown field "spec.affinityBreakMarginn"'),
-], ids=["negative-margin", "unknown-policy", "empty-selector-cel", "in-without-values-cel", "unknown-field"])
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "router": {"sessionOwner": "entry"}},
+     'spec.router.sessionOwner: Unsupported value: "entry"'),
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "router": {"sessionOwnership": False, "sessionOwner": "Entry"}},
+     "sessionOwner Entry needs sessionOwnership true"),
+], ids=["negative-margin", "unknown-policy", "empty-selector-cel", "in-without-values-cel", "unknown-field",
+        "lower-case-session-owner", "entry-without-ownership-cel"])
 def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec, expected):
     cluster.kubectl("apply", "-f", "crds/")  # the CRD alone, as the README's first step does
     answer = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=rollouts(spec), check=False)
