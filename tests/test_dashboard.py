@@ -102,9 +102,9 @@ def test_covers_what_a_vllm_fleet_operator_needs():
 def test_the_fleet_row_plots_every_session_ownership_metric():
     """Issue 11's counters, peer-load age and membership, in the fleet row and nowhere else."""
     need = {
-        "Forwarded, handed off, owner unreachable, re-placed": [
+        "Forwarded, handed off, owner unreachable, re-placed, looked up": [
             "rolloutrouter_forwarded_total", "rolloutrouter_handoffs_total", "rolloutrouter_owner_unreachable_total",
-            "rolloutrouter_sessions_replaced_total"],
+            "rolloutrouter_sessions_replaced_total", "rolloutrouter_pin_lookups_total"],
         "Forwarded share": ["rolloutrouter_forwarded_total", "rolloutrouter_requests_total"],
         "Fleet members": ["min(rolloutrouter_fleet_members", "max(rolloutrouter_fleet_members"],
         "Peer load age": ["max by (peer) (rolloutrouter_peer_load_age_seconds"],

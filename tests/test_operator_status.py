@@ -170,7 +170,7 @@ def test_a_status_that_is_not_a_routers_is_refused(body, problem):
         parse_report(body)
 
 
-NO_FLEET = {"forwarded": 0, "handoffs": 0, "ownerUnreachable": 0, "replaced": 0}
+NO_FLEET = {"forwarded": 0, "handoffs": 0, "ownerUnreachable": 0, "replaced": 0, "lookups": 0}
 
 
 def test_a_routers_status_gives_its_counters():
@@ -178,8 +178,9 @@ def test_a_routers_status_gives_its_counters():
         {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0, "fleet": NO_FLEET}
     assert parse_report(b'{"affinity_kept": 3, "fleet": null}')["fleet"] == NO_FLEET  # a router without ownership
     owned = b'{"fleet": {"self": "http://10.0.0.1:8081", "members": ["a", "b"], "forwarded": 4, "handoffs": 2, ' \
-            b'"ownerUnreachable": 1, "replaced": 3, "loadView": "exchange", "peerLoadAgeSeconds": {"b": 0.1}}}'
-    assert parse_report(owned)["fleet"] == {"forwarded": 4, "handoffs": 2, "ownerUnreachable": 1, "replaced": 3}
+            b'"ownerUnreachable": 1, "replaced": 3, "lookups": 6, "loadView": "exchange", "peerLoadAgeSeconds": {"b": 0.1}}}'
+    assert parse_report(owned)["fleet"] == {"forwarded": 4, "handoffs": 2, "ownerUnreachable": 1, "replaced": 3,
+                                            "lookups": 6}
 
 
 @pytest.mark.parametrize(("body", "problem"), [
@@ -194,11 +195,13 @@ def test_fleet_counters_that_are_not_counts_are_refused(body, problem):
 
 
 def test_fleet_counters_are_summed_over_router_pods_missing_or_null_as_zero():
-    reports = {"r0": parse_report(b'{"fleet": {"forwarded": 5, "handoffs": 1, "ownerUnreachable": 2, "replaced": 0}}'),
-               "r1": parse_report(b'{"fleet": {"forwarded": 7, "handoffs": 0, "ownerUnreachable": 0, "replaced": 4}}'),
+    reports = {"r0": parse_report(b'{"fleet": {"forwarded": 5, "handoffs": 1, "ownerUnreachable": 2, "replaced": 0, '
+                                   b'"lookups": 3}}'),
+               "r1": parse_report(b'{"fleet": {"forwarded": 7, "handoffs": 0, "ownerUnreachable": 0, "replaced": 4, '
+                                   b'"lookups": 2}}'),
                "r2": parse_report(b'{"fleet": null}'), "r3": {"affinity_kept": 1}}  # an older router: no fleet at all
     status = summarize(obs(reports=reports), {}, 1)
-    assert status["fleet"] == {"forwarded": 12, "handoffs": 1, "ownerUnreachable": 2, "replaced": 4}
+    assert status["fleet"] == {"forwarded": 12, "handoffs": 1, "ownerUnreachable": 2, "replaced": 4, "lookups": 5}
     assert summarize(obs(), {}, 1)["fleet"] == NO_FLEET and status["affinity"]["routersRead"] == 4
 
 

@@ -238,6 +238,8 @@ class Fleet(Model):
     owner_unreachable: int = Field(0, description="Requests whose owner could not be reached before the first "
                                    "byte, decided by the pod that received them.")
     replaced: int = Field(0, description="Sessions placed anew because their previous owner is gone for good.")
+    lookups: int = Field(0, description="sessionOwner Entry: keys without a pin on the pod they entered by, "
+                         "for which every peer pod was asked.")
 
 
 class RolloutRouterStatus(Model):

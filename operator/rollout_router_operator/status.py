@@ -34,7 +34,7 @@ _reported: set[str] = set()  # uids of stranger pods already logged, so each is 
 COUNTERS = {"kept": "affinity_kept", "broken": "affinity_broken", "new_sessions": "new_sessions"}
 # status.fleet field -> key of the router's /status "fleet" object (null or absent without session ownership)
 FLEET_COUNTERS = {"forwarded": "forwarded", "handoffs": "handoffs", "owner_unreachable": "ownerUnreachable",
-                  "replaced": "replaced"}
+                  "replaced": "replaced", "lookups": "lookups"}
 
 
 def now() -> str:

@@ -38,7 +38,7 @@ NAMESPACE, ROLLOUTROUTER = "llm-rollouts", "rollouts"
 # tests/test_prometheus.py cannot give the panels that read them data.
 FLEET_METRICS = ("rolloutrouter_forwarded_total", "rolloutrouter_handoffs_total", "rolloutrouter_owner_unreachable_total",
                  "rolloutrouter_sessions_replaced_total", "rolloutrouter_peer_load_age_seconds",
-                 "rolloutrouter_fleet_members")
+                 "rolloutrouter_fleet_members", "rolloutrouter_pin_lookups_total")
 LISTENING = re.compile(r'"Listening on".*?\baddress=(\S+)')
 VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]")
 
