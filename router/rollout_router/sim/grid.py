@@ -144,6 +144,13 @@ PRESET_POINTS = {
 }
 
 
+# The points cost_affinity's constants were chosen on (benchmarks/rule_grid.py; docs/simulator.md, "A rule for every
+# point"): every context at a tight and the physical pool and two concurrencies, ctx2k and ctx9k x4 at the recipe's.
+# The criterion on the full grid (sim.criterion) reports them apart from the out-of-sample rest.
+RULE_SAMPLE = (*(Point(c, kv, n) for c in CTX for kv in ("x0.25", "x1") for n in (RECIPE // 16, RECIPE // 4)),
+               Point("ctx2k", "x1", RECIPE), Point("ctx9k", "x4", RECIPE))
+
+
 def plan(blocks: Iterable[Block]) -> dict[Point, tuple[str, ...]]:
     """Every point of the blocks with the union of the policies its blocks compare (sticky always)."""
     out: dict[Point, set[str]] = {}
