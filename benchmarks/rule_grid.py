@@ -17,7 +17,7 @@ import sys
 
 from rollout_router.sim.cost import CostModel
 from rollout_router.sim.engine import Arm, run_step
-from rollout_router.sim.grid import Point
+from rollout_router.sim.grid import RULE_SAMPLE, Point
 from rollout_router.sim.parallel import run_tasks
 from rollout_router.sim.workload import OUT_MEDIAN, generate
 
@@ -49,10 +49,9 @@ def arms(lru: int) -> dict[str, Arm]:
 
 
 def points() -> list[Point]:
-    """A medium subset of the full grid: every context, a tight and the physical pool, two concurrencies,
-    and the recipe's concurrency at ctx2k (where moving costs most)."""
-    pts = [Point(c, kv, n) for c in ("ctx2k", "ctx9k", "ctx20k") for kv in ("x0.25", "x1") for n in (48, 192)]
-    return pts + [Point("ctx2k", "x1", 768), Point("ctx9k", "x4", 768)]
+    """The in-sample subset of the full grid (``grid.RULE_SAMPLE``): every context, a tight and the physical pool,
+    two concurrencies, and the recipe's concurrency at ctx2k (where moving costs most) and ctx9k x4."""
+    return list(RULE_SAMPLE)
 
 
 def run(task: tuple[Point, str, int]) -> float:

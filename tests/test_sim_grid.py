@@ -179,7 +179,8 @@ def test_grid_command_writes_json_plots_and_the_docs_sections(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("".join(f"x\n<!-- generated:{n} -->\nold\n<!-- /generated:{n} -->\n" for n in gridreport.SECTIONS))
     readme = tmp_path / "README.md"
-    readme.write_text("a\n<!-- generated:simulator -->\nold\n<!-- /generated:simulator -->\nb\n")
+    readme.write_text("a\n<!-- generated:simulator -->\nold\n<!-- /generated:simulator -->\nb\n"
+                      "<!-- generated:rule -->\nold\n<!-- /generated:rule -->\n")
     parser = argparse.ArgumentParser()
     sim.add_arguments(parser)
     out = tmp_path / "grid.json"
@@ -188,10 +189,13 @@ def test_grid_command_writes_json_plots_and_the_docs_sections(tmp_path):
     assert sim.run(args) == 0
     grid = json.loads(out.read_text())
     assert grid["seeds"] == 3 and all(m["change"]["coverage"] == 0.75 for p in grid["points"] for m in p["policies"].values())
-    assert {p.name for p in (tmp_path / "img").iterdir()} == {"grid-heatmap.png", "grid-routers.png"}
+    assert {p.name for p in (tmp_path / "img").iterdir()} == {"grid-heatmap.png", "grid-peers-heatmap.png",
+                                                              "grid-routers.png"}
     text = doc.read_text()
     assert "\nold\n" not in text and "| ctx2k, kv x0.02, 32/replica | 2 | every 250 ms |" in text
     assert readme.read_text().startswith("a\n<!-- generated:simulator -->\n| preset")
+    assert "\nold\n" not in readme.read_text() and "| out-of-sample | 2 | " in readme.read_text()  # the quick grid's 2
+    assert "| ctx2k x0.02 c32 R=4 | out | " in text  # the criterion per point, with the rule and the peers
     with pytest.raises(ValueError, match="generated:grid"):
         gridreport.fill("no markers", {"grid": "x"})
 
@@ -201,7 +205,7 @@ def test_the_docs_hold_every_generated_section():
         text = fh.read()
     gridreport.fill(text, {n: "" for n in gridreport.SECTIONS})
     with open("README.md") as fh:
-        gridreport.fill(fh.read(), {"simulator": ""})
+        gridreport.fill(fh.read(), dict.fromkeys(gridreport.README_SECTIONS, ""))
 
 
 def test_cache_resumes_a_grid_and_misses_after_a_model_change(tmp_path, monkeypatch):

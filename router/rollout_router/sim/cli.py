@@ -114,7 +114,7 @@ def run_grid_command(args) -> int:
         for path in write_grid_plots(grid, args.plots):
             print(f"wrote {path}", file=sys.stderr)
     for path, sections in ((args.docs, gridreport.grid_sections(grid)),
-                           (args.readme, {"simulator": gridreport.presets_table(grid)})):
+                           (args.readme, gridreport.readme_sections(grid))):
         if path:
             with open(path) as fh:
                 text = fh.read()

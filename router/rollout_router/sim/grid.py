@@ -14,6 +14,7 @@ per-replica concurrency, with the sticky map scaled by ``replicas / 32``; the
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 from collections.abc import Iterable
@@ -27,15 +28,40 @@ from .sources import (PHYSICAL_KV_TOKENS, RECIPE_MAX_BATCHED_TOKENS, RECIPE_N, R
 from .workload import OUT_MEDIAN, Preset, generate
 
 BASELINE = "sticky"
+RULE = "cost_affinity"
+PEERS = ("cache_aware", "consistent_hash", "power_of_two", "dual_threshold")
 UNBOUNDED = 10**9  # a sticky map that never evicts
 
 
 def grid_arms(lru: int) -> dict[str, Arm]:
-    """The policies compared at every point: sticky (margin null), margins 0-8, no affinity."""
-    arms = [Arm(BASELINE, "affinity", {"margin": None, "max_sessions": lru})]
-    arms += [Arm(f"margin{m}", "affinity", {"margin": m, "max_sessions": lru}) for m in (0, 2, 4, 8)]
-    arms.append(Arm("least_loaded", "least_loaded"))
+    """The policies compared: sticky (margin null), margins 0-8, no affinity; the peer policies (options as in
+    ``sim.runner``); and ``cost_affinity`` as the router ships it (``shipped_cost_affinity``)."""
+    s = {"max_sessions": lru}
+    arms = [Arm(BASELINE, "affinity", {"margin": None, **s})]
+    arms += [Arm(f"margin{m}", "affinity", {"margin": m, **s}) for m in (0, 2, 4, 8)]
+    arms += [
+        Arm("least_loaded", "least_loaded"),
+        Arm("cache_aware", "cache_aware", {"cache_threshold": 0.3, "balance_abs_threshold": 64,
+                                           "balance_rel_threshold": 1.5}),
+        Arm("consistent_hash", "consistent_hash", {"load_factor": 1.25, **s}),
+        Arm("power_of_two", "power_of_two", {"seed": 0}),
+        Arm("dual_threshold", "dual_threshold", {"abs_threshold": 4, "rel_threshold": 1.05, **s}),
+        Arm(RULE, "cost_affinity", {**shipped_cost_affinity(), **s}),
+    ]
     return {a.label: a for a in arms}
+
+
+def shipped_cost_affinity() -> dict[str, Any]:
+    """``cost_affinity``'s options as the router ships them: ``relative`` and ``min_turn_seconds`` from the
+    router's settings (``CostAffinitySettings``), the margin from the policy's own default (the router's
+    ``affinityBreakMargin`` is null, which keeps every pin; docs/operator.md says to set it, e.g. 2).
+    Spelled out in the arm, so the result cache keys by the values, not by a name."""
+    from rollout_router.policy.cost_affinity import CostAffinityPolicy
+    from rollout_router.settings import CostAffinitySettings
+
+    shipped = CostAffinitySettings()
+    margin = inspect.signature(CostAffinityPolicy).parameters["margin"].default
+    return {"margin": margin, "relative": shipped.relative, "min_turn_seconds": shipped.min_turn_seconds}
 
 
 ARM_LABELS = tuple(grid_arms(1))
@@ -100,9 +126,9 @@ GRIDS: dict[str, dict[str, Any]] = {
     "full": {"seeds": 6, "blocks": (
         Block("main", CTX, KV, (RECIPE // 16, RECIPE // 4, RECIPE)),
         Block("sticky-table", CTX, ("x1", "all"), (RECIPE,), lru=(None,)),
-        Block("scale", ("ctx9k",), ("x1", "all"), (RECIPE,), replicas=(8, RECIPE_REPLICAS), arms=FEW),
+        Block("scale", ("ctx9k",), ("x1", "all"), (RECIPE,), replicas=(8, RECIPE_REPLICAS)),
         # an unbounded sticky map, so that N routers' N tables do not also change how many pins survive
-        Block("routers", ("ctx9k",), ("x1", "all"), (RECIPE,), lru=(None,), routers=ROUTER_SETS, arms=FEW),
+        Block("routers", ("ctx9k",), ("x1", "all"), (RECIPE,), lru=(None,), routers=ROUTER_SETS),
     )},
     "quick": {"seeds": 3, "blocks": (
         Block("main", ("ctx2k",), ("x0.02", "all"), (32,), replicas=(4,)),
@@ -116,6 +142,13 @@ PRESET_POINTS = {
     "ctx2k": Point("ctx2k", "x1", RECIPE), "ctx9k": Point("ctx9k", "x1", RECIPE),
     "ctx20k": Point("ctx20k", "x1", RECIPE), "ctx9k-bigkv": Point("ctx9k", "all", RECIPE),
 }
+
+
+# The points cost_affinity's constants were chosen on (benchmarks/rule_grid.py; docs/simulator.md, "A rule for every
+# point"): every context at a tight and the physical pool and two concurrencies, ctx2k and ctx9k x4 at the recipe's.
+# The criterion on the full grid (sim.criterion) reports them apart from the out-of-sample rest.
+RULE_SAMPLE = (*(Point(c, kv, n) for c in CTX for kv in ("x0.25", "x1") for n in (RECIPE // 16, RECIPE // 4)),
+               Point("ctx2k", "x1", RECIPE), Point("ctx9k", "x4", RECIPE))
 
 
 def plan(blocks: Iterable[Block]) -> dict[Point, tuple[str, ...]]:

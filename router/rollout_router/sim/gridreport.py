@@ -11,12 +11,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .grid import FEW, PRESET_POINTS, Point
+from . import criterion
+from .grid import PEERS, PRESET_POINTS, RULE, Point
 from .sources import (PHYSICAL_KV_TOKENS, PUBLISHED_CONTEXT, RECIPE_PER_REPLICA, RECIPE_REPLICAS,
                       RECIPE_TRAJECTORIES, VERL_STICKY_ENTRIES)
 from .workload import OUT_MEDIAN, PRESETS
 
-COMPARED = ("margin0", "margin2", "margin4", "margin8", "least_loaded")
+COMPARED = ("margin0", "margin2", "margin4", "margin8", "least_loaded", RULE)
+SCALE_ARMS = ("margin2", "least_loaded", RULE)
 Key = tuple[str, str, int, int | None, int, int, float | None]
 
 
@@ -126,20 +128,20 @@ def sticky_table(grid: dict[str, Any]) -> str:
 
 
 def scale_table(grid: dict[str, Any]) -> str:
-    rows = ["| point | replicas (trajectories/step) | sticky step s | " + " | ".join(a for a in FEW if a != "sticky") + " |",
-            "|---|---|---|" + "---|" * (len(FEW) - 1)]
+    rows = ["| point | replicas (trajectories/step) | sticky step s | " + " | ".join(SCALE_ARMS) + " |",
+            "|---|---|---|" + "---|" * len(SCALE_ARMS)]
     for q in _block(grid, "scale"):
         st = q["policies"]["sticky"]["step_seconds"]
         rows.append(f"| {q['ctx']}, kv {q['kv']}, {q['conc']}/replica | {q['replicas']} ({q['replicas'] * q['conc']:,}) "
-                    f"| {sum(st) / len(st):.0f} | " + " | ".join(_ch(q["policies"].get(a)) for a in FEW if a != "sticky") + " |")
+                    f"| {sum(st) / len(st):.0f} | " + " | ".join(_ch(q["policies"].get(a)) for a in SCALE_ARMS) + " |")
     return "\n".join(rows)
 
 
 def routers_table(grid: dict[str, Any]) -> str:
     pts = _block(grid, "routers")
     bases = list(dict.fromkeys(_key(p)[:5] for p in pts))
-    rows = ["| point | routers | load exchange | margin 2 vs sticky | share of the 1-router gain | least-loaded vs sticky | sticky step s |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| point | routers | load exchange | margin 2 vs sticky | share of the 1-router gain | least-loaded vs sticky "
+            f"| {RULE} vs sticky | sticky step s |", "|---|---|---|---|---|---|---|---|"]
     for base in bases:
         group = [p for p in pts if _key(p)[:5] == base]
         one = next((p for p in group if p["routers"] == 1), None)
@@ -151,8 +153,79 @@ def routers_table(grid: dict[str, Any]) -> str:
             ex = "—" if p["routers"] == 1 else ("none (own counts only)" if p["exchange_s"] is None else f"every {p['exchange_s'] * 1000:.0f} ms")
             st = p["policies"]["sticky"]["step_seconds"]
             rows.append(f"| {p['ctx']}, kv {p['kv']}, {p['conc']}/replica | {p['routers']} | {ex} | {_ch(m2)} "
-                        f"| {'—' if math.isnan(share) else f'{share:.0%}'} | {_ch(p['policies'].get('least_loaded'))} | {sum(st) / len(st):.0f} |")
+                        f"| {'—' if math.isnan(share) else f'{share:.0%}'} | {_ch(p['policies'].get('least_loaded'))} "
+                        f"| {_ch(p['policies'].get(RULE))} | {sum(st) / len(st):.0f} |")
     return "\n".join(rows) + "\n\n" + _coverage_note(grid)
+
+
+def _short(p: dict[str, Any]) -> str:
+    """``ctx2k x1 c768``, plus what differs from the main block: the sticky map, replicas, routers."""
+    text = f"{p['ctx']} {p['kv']} c{p['conc']}"
+    if p["lru"] is None:
+        text += " lru=inf"
+    if p["replicas"] != 8:
+        text += f" R={p['replicas']}"
+    if p["routers"] > 1:
+        ex = "no exchange" if p["exchange_s"] is None else f"ex {p['exchange_s'] * 1000:.0f} ms"
+        text += f" {p['routers']} routers, {ex}"
+    return text
+
+
+def _where(v: criterion.Verdict) -> str:
+    sig = ", significant" if v.significant else ""
+    return f"{v.excess:+.2%} at {_short(v.point)} (vs {v.best}{sig})"
+
+
+def criterion_summary(grid: dict[str, Any]) -> str:
+    """In-sample, out-of-sample and all points: the worst excess, points within 1%, points beating every peer."""
+    rows = [f"| points | n | worst excess of {RULE} over the best baseline | within 1% | misses over 1% with every "
+            "step above the best | beats every peer |", "|---|---|---|---|---|---|"]
+    names = {"in-sample": "in-sample (its 40 s chosen on steps 0-2 of these)", "out-of-sample": "out-of-sample",
+             "all": "all"}
+    for name, verdicts in criterion.split(criterion.evaluate(grid)).items():
+        s = criterion.summarize(verdicts)
+        if not s.points:
+            continue
+        worst = _where(s.worst) if s.worst else "—"
+        rows.append(f"| {names[name]} | {s.points} | {worst} | {s.within}/{s.points} | {s.significant_misses} "
+                    f"| {s.beats_peers}/{s.points} |")
+    return "\n".join(rows) + (f"\n\nBaselines: {', '.join(criterion.BASELINES)}; peers: {', '.join(PEERS)}. Excess: the "
+                              f"median over the {grid['seeds']} paired steps of t_{RULE} / t_best - 1, best = the baseline "
+                              "of lowest median change vs sticky at the point.")
+
+
+def criterion_table(grid: dict[str, Any]) -> str:
+    """Per point: the best baseline, the rule, its excess, the peers, and whether it beats them all."""
+    verdicts = criterion.evaluate(grid)
+    rows = [f"| point | sample | best baseline vs sticky | {RULE} vs sticky | excess over best: median [min, max] | "
+            + " | ".join(PEERS) + " | beats every peer |", "|---|---|---|---|---|" + "---|" * len(PEERS) + "---|"]
+    for v in verdicts:
+        ex = f"{v.excess:+.1%} [{v.excess_low:+.1%}, {v.excess_high:+.1%}]"
+        peers = " | ".join(f"**{v.change(a):+.2%}**" if a in v.beaten_by else f"{v.change(a):+.2%}" for a in PEERS)
+        rows.append(f"| {_short(v.point)} | {'in' if v.in_sample else 'out'} | {v.best} {v.change(v.best):+.2%} "
+                    f"| {v.change(RULE):+.2%} | {ex if v.within else f'**{ex}**'} | {peers} "
+                    f"| {'yes' if v.beats_peers else 'no'} |")
+    misses = [_miss(v) for v in verdicts if not v.within or not v.beats_peers]
+    note = ("Cells: median paired change vs sticky. **Bold** excess: over 1%; **bold** peer: at or below "
+            f"{RULE} there.")
+    return "\n".join(rows) + "\n\n" + note + ("\n\nWhere it misses (means over the steps: prefix hit rate, share "
+                                             "of later turns moved, preemptions per step, in-flight skew):\n\n"
+                                             + "\n".join(misses) if misses else "")
+
+
+def _diag(pol: dict[str, Any]) -> str:
+    return (f"hit {pol['hit_rate']:.1%}, moved {pol['moved_share']:.1%}, {pol['preemptions']:.0f} preemptions, "
+            f"skew {pol['skew']:.1f}")
+
+
+def _miss(v: criterion.Verdict) -> str:
+    pol = v.point["policies"]
+    parts = [f"- {_short(v.point)} ({'in' if v.in_sample else 'out of'} sample): {RULE} {_diag(pol[RULE])}"]
+    if not v.within:
+        parts.append(f"over 1% ({v.excess:+.1%}) behind {v.best}: {_diag(pol[v.best])}")
+    for a in v.beaten_by:
+        parts.append(f"{a} {v.change(a):+.1%} against {v.change(RULE):+.1%}: {_diag(pol[a])}")
+    return "; ".join(parts)
 
 
 SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -162,6 +235,8 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "sticky-table": sticky_table,
     "scale": scale_table,
     "routers": routers_table,
+    "criterion-summary": criterion_summary,
+    "criterion": criterion_table,
 }
 
 
@@ -184,3 +259,11 @@ def grid_sections(grid: dict[str, Any]) -> dict[str, str]:
     return {name: fn(grid) for name, fn in SECTIONS.items()}
 
 
+README_SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "simulator": presets_table,  # the presets beside the published numbers
+    "rule": criterion_summary,  # cost_affinity against issue 13's criterion
+}
+
+
+def readme_sections(grid: dict[str, Any]) -> dict[str, str]:
+    return {name: fn(grid) for name, fn in README_SECTIONS.items()}

@@ -49,30 +49,34 @@ def write_plots(study: dict[str, Any], outdir: str, prefix: str = "sim-") -> lis
 
 
 def write_grid_plots(grid: dict[str, Any], outdir: str, prefix: str = "grid-") -> list[str]:
-    """Heatmaps of each policy's median paired change over KV pool x concurrency (one column per context),
-    and the margin's change against the number of routers."""
+    """Heatmaps of each policy's median paired change over KV pool x concurrency (one column per context): the
+    margins, least-loaded and cost_affinity in one figure, the peer policies in another; and the margin's change
+    against the number of routers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     os.makedirs(outdir, exist_ok=True)
-    written = [_heatmaps(plt, grid, os.path.join(outdir, f"{prefix}heatmap.png"))]
+    from .gridreport import COMPARED
+    from .grid import PEERS
+
+    written = [_heatmaps(plt, grid, COMPARED, os.path.join(outdir, f"{prefix}heatmap.png"))]
+    if any(a in p["policies"] for p in grid["points"] for a in PEERS):
+        written.append(_heatmaps(plt, grid, PEERS, os.path.join(outdir, f"{prefix}peers-heatmap.png")))
     routed = [p for p in grid["points"] if p["routers"] > 1]
     if routed:
         written.append(_routers_plot(plt, grid, os.path.join(outdir, f"{prefix}routers.png")))
     return written
 
 
-def _heatmaps(plt, grid: dict[str, Any], path: str) -> str:
-    from .gridreport import COMPARED
-
+def _heatmaps(plt, grid: dict[str, Any], compared: tuple[str, ...], path: str) -> str:
     pts = [p for p in grid["points"] if p["routers"] == 1 and p["replicas"] == min(q["replicas"] for q in grid["points"])
            and p["lru"] is not None]
     ctxs = sorted({p["ctx"] for p in pts}, key=lambda c: [q["ctx"] for q in pts].index(c))
     kv_labels = sorted({p["kv"] for p in pts}, key=lambda k: (k == "all", 0.0 if k == "all" else float(k[1:])))
     concs = sorted({p["conc"] for p in pts})
-    arms = [a for a in COMPARED if any(a in p["policies"] for p in pts)]
+    arms = [a for a in compared if any(a in p["policies"] for p in pts)]
     fig, axes = plt.subplots(len(arms), len(ctxs), figsize=(3.4 * len(ctxs) + 1.4, 2.2 * len(arms) + 0.8),
                              squeeze=False, layout="constrained")
     lim = 20.0  # percent
