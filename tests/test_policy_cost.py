@@ -104,4 +104,16 @@ def test_router_settings_reach_the_policy_live():
     for bad in ({"relative": -1}, {"minTurnSeconds": -2}, {"relativ": 0.1}, {"relative": "nan"},
                 {"minTurnSeconds": "inf"}):
         with pytest.raises(SettingsError):
-            parse_settings({"policy": "cost_affinity", "costAffinity": bad})
+            parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 2, "costAffinity": bad})
+
+
+def test_cost_affinity_without_a_margin_is_refused_by_name():
+    """A null margin would make cost_affinity sticky: a configuration nobody means, refused rather than obeyed."""
+    from rollout_router.settings import SettingsError, parse_settings
+
+    with pytest.raises(SettingsError, match="policy cost_affinity needs affinityBreakMargin"):
+        parse_settings({"policy": "cost_affinity"})
+    with pytest.raises(SettingsError, match="policy cost_affinity needs affinityBreakMargin"):
+        parse_settings({"policy": "cost_affinity", "affinityBreakMargin": None})
+    assert parse_settings({"policy": "cost_affinity", "fullDeterminism": True}).full_determinism  # margin ignored
+    assert parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 0}).affinity_break_margin == 0

@@ -204,3 +204,9 @@ def test_render_is_pure(margin, determinism, replicas):
     assert render(body, default_image="m/rr:1") == render(body, default_image="m/rr:1")
     assert render(body, token_key=b"k" * 32) == render(body, token_key=b"k" * 32)  # the token is derived, not drawn
     assert body == frozen
+
+
+def test_cost_affinity_without_a_margin_is_an_invalid_spec():
+    with pytest.raises(InvalidSpec, match="policy cost_affinity needs affinityBreakMargin"):
+        render(resource({"policy": "cost_affinity"}))
+    assert render(resource({"policy": "cost_affinity", "affinityBreakMargin": 2}))

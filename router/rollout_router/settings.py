@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .policy import LiveConfig
@@ -76,6 +76,14 @@ class PolicySettings(Model):
     cost_affinity: CostAffinitySettings = Field(default_factory=CostAffinitySettings,
                                                 description="Read only by policy cost_affinity.")
     session: SessionSettings = Field(default_factory=SessionSettings)
+
+    @model_validator(mode="after")
+    def _cost_affinity_has_a_margin(self) -> PolicySettings:
+        """cost_affinity only adds to the margin: with a null margin it would keep every pin, exactly sticky,
+        which nobody choosing it means (docs/simulator.md, "A rule for every point")."""
+        if self.policy == "cost_affinity" and self.affinity_break_margin is None and not self.full_determinism:
+            raise ValueError("policy cost_affinity needs affinityBreakMargin (e.g. 2): null keeps every pin")
+        return self
 
     def live_config(self) -> LiveConfig:
         """What the running policy takes from these settings."""
