@@ -111,9 +111,9 @@ def test_cost_affinity_without_a_margin_is_refused_by_name():
     """A null margin would make cost_affinity sticky: a configuration nobody means, refused rather than obeyed."""
     from rollout_router.settings import SettingsError, parse_settings
 
-    with pytest.raises(SettingsError, match="policy cost_affinity needs affinityBreakMargin"):
+    with pytest.raises(SettingsError, match="affinityBreakMargin: policy cost_affinity needs a number"):
         parse_settings({"policy": "cost_affinity"})
-    with pytest.raises(SettingsError, match="policy cost_affinity needs affinityBreakMargin"):
+    with pytest.raises(SettingsError, match="affinityBreakMargin: policy cost_affinity needs a number"):
         parse_settings({"policy": "cost_affinity", "affinityBreakMargin": None})
     assert parse_settings({"policy": "cost_affinity", "fullDeterminism": True}).full_determinism  # margin ignored
     assert parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 0}).affinity_break_margin == 0

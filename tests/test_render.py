@@ -207,6 +207,6 @@ def test_render_is_pure(margin, determinism, replicas):
 
 
 def test_cost_affinity_without_a_margin_is_an_invalid_spec():
-    with pytest.raises(InvalidSpec, match="policy cost_affinity needs affinityBreakMargin"):
+    with pytest.raises(InvalidSpec, match="affinityBreakMargin: policy cost_affinity needs a number"):
         render(resource({"policy": "cost_affinity"}))
     assert render(resource({"policy": "cost_affinity", "affinityBreakMargin": 2}))

@@ -82,7 +82,7 @@ class PolicySettings(Model):
         """cost_affinity only adds to the margin: with a null margin it would keep every pin, exactly sticky,
         which nobody choosing it means (docs/simulator.md, "A rule for every point")."""
         if self.policy == "cost_affinity" and self.affinity_break_margin is None and not self.full_determinism:
-            raise ValueError("policy cost_affinity needs affinityBreakMargin (e.g. 2): null keeps every pin")
+            raise ValueError("affinityBreakMargin: policy cost_affinity needs a number (e.g. 2); null would keep every pin")
         return self
 
     def live_config(self) -> LiveConfig:
