@@ -109,7 +109,8 @@ async def test_traffic_flows_and_status_matches_the_router(stack: Stack):
                 and affinity.get("newSessions") == 6 and status["backends"]["summary"] == "3/3"
                 and status["routers"]["summary"] == "1/1" and affinity.get("unreachable") == [])
     wait_for(matches, "the resource status to show the router's counters (read with the token)")
-    assert stack.rr()["status"]["fleet"] == {"forwarded": 0, "handoffs": 0, "ownerUnreachable": 0, "replaced": 0}
+    assert stack.rr()["status"]["fleet"] == {"forwarded": 0, "handoffs": 0, "ownerUnreachable": 0, "replaced": 0,
+                                             "lookups": 0}
     conditions = {c["type"]: c for c in stack.rr()["status"]["conditions"]}
     assert conditions["Ready"]["status"] == "True" and conditions["Degraded"]["status"] == "False"
 
