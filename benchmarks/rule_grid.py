@@ -17,35 +17,27 @@ import sys
 
 from rollout_router.sim.cost import CostModel
 from rollout_router.sim.engine import Arm, run_step
-from rollout_router.sim.grid import RULE_SAMPLE, Point
+from rollout_router.sim.criterion import BASELINES as BASE
+from rollout_router.sim.grid import PEERS, RULE, RULE_SAMPLE, Point, grid_arms
 from rollout_router.sim.parallel import run_tasks
 from rollout_router.sim.workload import OUT_MEDIAN, generate
 
-BASE = ("sticky", "margin0", "margin2", "margin4", "margin8", "least_loaded")
-PEERS = ("cache_aware", "consistent_hash", "power_of_two", "dual_threshold")
 LEGEND = {"cost_gap40": "cost_affinity (defaults)", "cost_rel1": "cost_affinity, no turn rule"}
 
 
 def arms(lru: int) -> dict[str, Arm]:
-    """Every arm; options as in ``sim.runner``'s preset study for the peers."""
+    """The grid's baselines and peers (``grid.grid_arms``), and the candidates tried in their place."""
     s = {"max_sessions": lru}
-    out = [Arm("sticky", "affinity", {"margin": None, **s})]
-    out += [Arm(f"margin{m}", "affinity", {"margin": m, **s}) for m in (0, 2, 4, 8)]
-    out += [
-        Arm("least_loaded", "least_loaded"),
-        Arm("cache_aware", "cache_aware", {"cache_threshold": 0.3, "balance_abs_threshold": 64,
-                                           "balance_rel_threshold": 1.5}),
-        Arm("consistent_hash", "consistent_hash", {"load_factor": 1.25, **s}),
-        Arm("power_of_two", "power_of_two", {"seed": 0}),
-        Arm("dual_threshold", "dual_threshold", {"abs_threshold": 4, "rel_threshold": 1.05, **s}),
-        # candidates (cost_affinity; the context-, KV- and token-load candidates of the first round are at
-        # commit 10dbfa6, see docs/simulator.md)
+    # candidates (cost_affinity; the context-, KV- and token-load candidates of the first round are at
+    # commit 10dbfa6, see docs/simulator.md)
+    candidates = [
         Arm("cost_rel1", "cost_affinity", {"margin": 2, "relative": 0.01, "min_turn_seconds": None, **s}),
         Arm("cost_gap20", "cost_affinity", {"margin": 2, "relative": 0.01, "min_turn_seconds": 20.0, **s}),
         Arm("cost_gap40", "cost_affinity", {"margin": 2, "relative": 0.01, "min_turn_seconds": 40.0, **s}),
         Arm("cost_gap20_m1", "cost_affinity", {"margin": 1, "relative": 0.0, "min_turn_seconds": 20.0, **s}),
     ]
-    return {a.label: a for a in out}
+    grid = {label: arm for label, arm in grid_arms(lru).items() if label != RULE}
+    return grid | {a.label: a for a in candidates}
 
 
 def points() -> list[Point]:

@@ -54,7 +54,7 @@ def grid_arms(lru: int) -> dict[str, Arm]:
 def shipped_cost_affinity() -> dict[str, Any]:
     """``cost_affinity``'s options as the router ships them: ``relative`` and ``min_turn_seconds`` from the
     router's settings (``CostAffinitySettings``), the margin from the policy's own default (the router's
-    ``affinityBreakMargin`` is null, which keeps every pin; docs/operator.md says to set it, e.g. 2).
+    ``affinityBreakMargin`` defaults to null, which it refuses under ``cost_affinity``: a deployment sets it).
     Spelled out in the arm, so the result cache keys by the values, not by a name."""
     from rollout_router.policy.cost_affinity import CostAffinityPolicy
     from rollout_router.settings import CostAffinitySettings
