@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from fleet_overhead import converge
-from proxy_overhead import CHAT, start_ours, start_raw_replica, wrk
+from fleet_overhead import converge, start_arms
+from proxy_overhead import CHAT, wrk
 
-from rollout_router.localfleet import Service, start_router_fleet
+from rollout_router.localfleet import Service
 from rollout_router.localfleet import stop as stop_process
 
 CONNECTIONS, SESSIONS = 32, 256
@@ -112,14 +112,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp())
     services: list[Service] = []
     try:
-        backends = [start_raw_replica(f"127.0.0.{20 + i}") for i in range(2)]
-        services += backends
-        arms: dict[str, list[Service]] = {"1 router": [start_ours([b.url for b in backends])]}
-        services += arms["1 router"]
-        for mode in ("rendezvous", "entry"):
-            (work / mode).mkdir()
-            arms[f"3 {mode}"] = start_router_fleet(3, backends, work / mode, {"fleet": {"ownership": mode}})
-            services += arms[f"3 {mode}"]
+        arms = start_arms(work, {f"3 {mode}": (3, {"fleet": {"ownership": mode}}) for mode in ("rendezvous", "entry")},
+                          services)
         lua = {name: scripts(work, len(routers)) for name, routers in arms.items()}
         for name, routers in arms.items():
             converge(routers)

@@ -57,14 +57,7 @@ def main() -> int:
     script.write_text(WRK_SCRIPT % CHAT)
     services: list[Service] = []
     try:
-        backends = [start_raw_replica(f"127.0.0.{20 + i}") for i in range(2)]
-        services += backends
-        arms: dict[str, list[Service]] = {"1 router": [start_ours([b.url for b in backends])]}
-        services += arms["1 router"]
-        for count in (2, 3):
-            (work / str(count)).mkdir()
-            arms[f"{count} routers"] = start_router_fleet(count, backends, work / str(count))
-            services += arms[f"{count} routers"]
+        arms = start_arms(work, {f"{count} routers": (count, None) for count in (2, 3)}, services)
         for routers in arms.values():
             converge(routers)
             split_wrk(routers, script, 2)  # warm-up: pools, owners, peers' loads
@@ -101,6 +94,23 @@ def main() -> int:
         for service in services:
             stop_process(service.process)
     return 0
+
+
+def start_arms(work: Path, fleets: dict[str, tuple[int, dict | None]],
+               services: list[Service]) -> dict[str, list[Service]]:
+    """Two raw replicas, a router alone in front of them (arm "1 router"), and one fleet per entry of ``fleets``
+    (arm name -> routers, their settings); each process is added to ``services`` as it starts, so a failure
+    part-way still stops them all."""
+    backends = [start_raw_replica(f"127.0.0.{20 + i}") for i in range(2)]
+    services.extend(backends)
+    arms = {"1 router": [start_ours([b.url for b in backends])]}
+    services.extend(arms["1 router"])
+    for name, (count, settings) in fleets.items():
+        workdir = work / name.replace(" ", "-")
+        workdir.mkdir()
+        arms[name] = start_router_fleet(count, backends, workdir, settings)
+        services.extend(arms[name])
+    return arms
 
 
 def converge(routers: list[Service]) -> None:
