@@ -130,6 +130,7 @@ CEL_ONLY = [  # the schema's CEL rules, which jsonschema cannot run: the operato
      "not both"),
     ({"selector": {"matchLabels": {"a": "b"}}, "router": {"sessionOwnership": False, "sessionOwner": "Entry"}},
      "sessionOwner Entry needs sessionOwnership true"),
+    ({"selector": {"matchLabels": {"a": "b"}}, "policy": "cost_affinity"}, "policy cost_affinity needs a number"),
 ]
 
 

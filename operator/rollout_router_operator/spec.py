@@ -185,8 +185,16 @@ REQUIREMENT_RULE = cel(
     "In and NotIn need values; Exists and DoesNotExist take none")
 
 
+COST_AFFINITY_RULE = cel(  # a null field is absent to CEL; policy and fullDeterminism always have their defaults
+    "self.policy != 'cost_affinity' || self.fullDeterminism || has(self.affinityBreakMargin)",
+    "policy cost_affinity needs a number (e.g. 2); null would keep every pin", ".affinityBreakMargin")
+
+
 class RolloutRouterSpec(PolicySettings):
     """What a user writes under spec: the policy knobs, where the vLLM pods are, how the router runs."""
+
+    model_config = PolicySettings.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        COST_AFFINITY_RULE]}}
 
     selector: LabelSelector = Field(
         description="The vLLM pods, in the resource's namespace.",
