@@ -1,12 +1,16 @@
 """The load index the router routes from agrees with a plain scan of the replica set, whatever happens."""
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from rollout_router.policy import AffinityPolicy, LoadIndex, Request, create
+from rollout_router.policy import LoadIndex, Request, create
 from rollout_router.policy.hashing import least_loaded, lowest, ordered, total
+from rollout_router.policy.registry import options
 from rollout_router.replicas import ReplicaSet
+from rollout_router.settings import PolicySettings
 
 R = [f"http://r{i}" for i in range(5)]
 
@@ -73,7 +77,7 @@ def test_replica_set_loads_match_a_scan_of_the_live_replicas(ops):
             assert dict(replicas.loads(grpc)) == scan
 
 
-@pytest.mark.parametrize("policy", ["affinity", "consistent_hash", "round_robin", "power_of_two"])
+@pytest.mark.parametrize("policy", get_args(PolicySettings.model_fields["policy"].annotation))
 def test_routing_cost_does_not_grow_with_the_fleet(policy):
     """The decision at 1,024 idle replicas touches the same few entries as at 16 (counted, not timed).
 
@@ -83,7 +87,7 @@ def test_routing_cost_does_not_grow_with_the_fleet(policy):
         replicas = ReplicaSet(clock=lambda: 0.0)
         for i in range(size):
             replicas.add(f"http://r{i}")
-        routing = AffinityPolicy(margin=2) if policy == "affinity" else create(policy)
+        routing = create(policy, margin=2) if "margin" in options(policy) else create(policy)
         counting = _CountingIndex(replicas.loads())
         keys = [f"k{i % 25}" for i in range(50)] + [None] * 10
         for key in keys:
