@@ -47,12 +47,13 @@ install: $(VENV)/.installed
 install-sim: $(VENV)/.installed-sim
 install-test: $(VENV)/.installed-test $(VENV)/.installed-verl $(VENV)/.installed-peers
 
-# Debian packages the tests use, installed once: a real Prometheus server, and HAProxy as a front end hashing
-# X-Session-ID in front of routers with entry ownership (tests/test_fleet_entry.py).
-SYSTEM_DEPS := prometheus haproxy
+# Debian packages the tests use, installed once (command:package): a real Prometheus server, HAProxy as a front
+# end hashing X-Session-ID in front of routers with entry ownership (tests/test_fleet_entry.py), and unshare + ip
+# for a network namespace with IPv4 and IPv6 loopback (tests/test_dual_stack.py).
+SYSTEM_DEPS := prometheus:prometheus haproxy:haproxy unshare:util-linux ip:iproute2
 system-deps:
-	@missing=""; for bin in $(SYSTEM_DEPS); do \
-	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $$bin"; done; \
+	@missing=""; for dep in $(SYSTEM_DEPS); do bin=$${dep%%:*}; \
+	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $${dep#*:}"; done; \
 	  [ -z "$$missing" ] || { echo "installing Debian packages:$$missing"; \
 	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends $$missing >/dev/null; }
 

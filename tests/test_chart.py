@@ -197,6 +197,7 @@ def test_helm_lint_catches_a_broken_template(tmp_path):
     ({"operator": {"metricsPort": "8080"}}, "/operator/metricsPort"),
     ({"service": {"metricsPort": 0}}, "/service/metricsPort"),
     ({"operator": {"verbose": "yes"}}, "/operator/verbose"),
+    ({"operator": {"bindAddress": "[::]"}}, "/operator/bindAddress"),
     ({"operator": {"nodeSelector": {"disk": 1}}}, "/operator/nodeSelector/disk"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"image": {"tag": 1.0}}, "/image/tag"),
@@ -295,7 +296,8 @@ def test_defaults_render_the_operator_namespaced_locked_down(chart):
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert container["image"] == OPERATOR_IMAGE and container["imagePullPolicy"] == "IfNotPresent"
     assert container["command"] == ["rollout-router", "operator", f"--namespace={NAMESPACE}", "--status-interval=10",
-                                    "--liveness=http://0.0.0.0:8081/healthz", "--metrics-port=8080",
+                                    "--liveness=http://0.0.0.0:8081/healthz", "--metrics-host=0.0.0.0",
+                                    "--metrics-port=8080",
                                     f"--router-image={DEFAULT_IMAGE}",
                                     "--admin-token-key-file=/var/run/secrets/rollout-router-operator/key"]
     assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
@@ -478,3 +480,9 @@ def test_packaged_chart_carries_the_crd_dashboard_and_schema(tmp_path):
             packaged.render({"operator": {"statusInterval": "ten"}}, name=RELEASE, namespace=NAMESPACE, is_install=True)
     finally:
         packaged.close()
+
+
+def test_an_ipv6_cluster_sets_the_operators_bind_address(chart):
+    command = one(render(chart, {"operator": {"bindAddress": "::"}}), "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+    assert "--liveness=http://[::]:8081/healthz" in command and "--metrics-host=::" in command

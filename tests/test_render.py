@@ -66,7 +66,7 @@ def test_router_pods_are_locked_down_and_probed():
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["command"][:12] == ["rollout-router", "serve", "--config", "/etc/rollout-router/config.yaml",
-                                         "--host", "0.0.0.0", "--port", "8080", "--admin-host", "0.0.0.0",
+                                         "--host", "::", "--port", "8080", "--admin-host", "::",
                                          "--admin-port", "8081"]  # then the fleet flags (tests/test_render_fleet.py)
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "admin": 8081}
     service = by_kind(render(resource()))["Service"]["spec"]

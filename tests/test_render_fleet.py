@@ -7,9 +7,10 @@ import re
 import kubernetes_validate
 import pytest
 
-from rollout_router_operator.render import (ROUTER_ADMIN_PORT, InvalidSpec, admin_token, pod_labels, render,
+from rollout_router_operator.render import (InvalidSpec, admin_token, pod_labels, render,
                                             router_labels)
 from rollout_router.app import STOP_GRACE_SECONDS
+from rollout_router.fleet.node import advertised
 from tests.k8s.emulator import selector_matches
 from tests.test_chart import KUBE_VERSIONS, validate_rolloutrouter
 
@@ -35,7 +36,7 @@ def flag(command: list[str], name: str) -> str | None:
     return command[command.index(name) + 1] if name in command else None
 
 
-def test_session_ownership_is_on_by_default_and_names_the_router_pods_as_peers():
+def test_session_ownership_is_on_by_default_and_names_the_router_pods_as_peers(monkeypatch):
     manifests = render(resource({"router": {"replicas": 3}}))
     container = container_of(manifests)
     command, env = container["command"], {e["name"]: e for e in container["env"]}
@@ -48,7 +49,11 @@ def test_session_ownership_is_on_by_default_and_names_the_router_pods_as_peers()
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     admin_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "admin")
-    assert flag(command, "--advertise") == f"http://$(POD_IP):{admin_port}" == f"http://$(POD_IP):{ROUTER_ADMIN_PORT}"
+    assert "--advertise" not in command and flag(command, "--admin-port") == str(admin_port)
+    listener = flag(command, "--admin-host") or "", admin_port
+    for pod_ip, member in (("10.1.2.3", "http://10.1.2.3:8081"), ("fd00::7", "http://[fd00::7]:8081")):
+        monkeypatch.setenv("POD_IP", pod_ip)
+        assert advertised(*listener) == member  # how the pod names itself to its peers, IPv4 or IPv6
     # The kubelet expands $(VAR) only for variables the container defines; any other stays literal.
     assert set(re.findall(r"\$\((\w+)\)", " ".join(command))) <= set(env)
 

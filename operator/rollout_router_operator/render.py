@@ -230,7 +230,8 @@ def _without_nulls(value: Any) -> Any:
 
 def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
     """Session ownership: the members are the Ready pods with this resource's router labels, each
-    addressed by its pod IP (``$(POD_IP)``, expanded by the kubelet) and admin port; a pod stopped leaves the
+    addressed by its pod IP and admin port (a pod names itself so from ``$POD_IP``, in brackets when it is
+    IPv6: no ``--advertise``, which could not bracket it); a pod stopped leaves the
     fleet within ``ROUTER_DRAIN_SECONDS`` (docs/fleet.md, "Leaving the fleet"). ``sessionOwner: Entry``: the
     pod a turn enters by owns its session (docs/fleet.md, "Entry ownership"); a flag, so changing it rolls
     the pods rather than switching a running fleet's routers one by one as the kubelet updates each config."""
@@ -238,8 +239,7 @@ def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
         return []
     entry = ["--ownership", "entry"] if spec.router.session_owner == "Entry" else []
     return ["--peer-selector", labels_query(router_labels(name)), "--peer-namespace", "$(POD_NAMESPACE)",
-            "--advertise", f"http://$(POD_IP):{ROUTER_ADMIN_PORT}", "--drain-timeout", str(ROUTER_DRAIN_SECONDS),
-            *entry]
+            "--drain-timeout", str(ROUTER_DRAIN_SECONDS), *entry]
 
 
 def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str, token: bool) -> dict:
@@ -268,8 +268,8 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         "image": router.image or default_image,
         "imagePullPolicy": router.image_pull_policy,
         "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
-                    "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
-                    "--admin-host", "0.0.0.0", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args, *token_args,
+                    "--host", "::", "--port", str(ROUTER_PORT),  # every address: IPv4, IPv6 and dual-stack pods
+                    "--admin-host", "::", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args, *token_args,
                     *_fleet_args(name, spec)],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"}, *grpc_ports],

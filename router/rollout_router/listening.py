@@ -5,19 +5,51 @@ can take them between choosing and binding. The parent learns the real ports
 from the ``--port-file`` (JSON ``{"http": PORT, "grpc": PORT or null, "admin": PORT or null}``),
 written only after every listener is bound and renamed into place, so a reader
 never sees a partial file.
+
+``::`` as a host means every address of both families, as Go's and nginx's
+dual-stack listeners do (asyncio alone would make it IPv6 only): a router pod
+then answers on its pod IP in IPv4, IPv6 and dual-stack clusters alike.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import socket
 from pathlib import Path
+
+EVERY_ADDRESS = "::"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port-file", type=Path, metavar="PATH",
                         help="Once listening, write the bound ports here as JSON "
                              '({"http": PORT, "grpc": PORT or null, "admin": PORT or null}); useful with --port 0.')
+
+
+def dual_stack_socket(port: int) -> socket.socket:
+    """A TCP socket bound to ``[::]:port`` that also takes IPv4 (``IPV6_V6ONLY`` off), or to ``0.0.0.0:port`` on a
+    machine without IPv6, for ``loop.create_server(sock=...)``."""
+    for family, host in ((socket.AF_INET6, EVERY_ADDRESS), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as error:
+            if error.errno != errno.EAFNOSUPPORT:
+                raise
+            continue  # the kernel has no IPv6 (ipv6.disable=1)
+        try:
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError as error:
+            sock.close()
+            if family == socket.AF_INET6 and error.errno == errno.EADDRNOTAVAIL:
+                continue
+            raise
+        return sock
+    raise OSError(errno.EAFNOSUPPORT, "neither IPv6 nor IPv4 is available")
 
 
 def address(host: str, port: int) -> str:

@@ -45,13 +45,14 @@ def _backend(text: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default="0.0.0.0", help="Address of the traffic listeners (HTTP and gRPC); "
+                        "'::' listens on every IPv6 and IPv4 address (dual stack; IPv4 alone without IPv6).")
     parser.add_argument("--port", type=int, default=8080, help="HTTP port (0 picks a free one).")
     parser.add_argument("--grpc-port", type=int, help="Also serve gRPC (vLLM's VllmEngine and any other "
                         "service, passed through) on this port (0 picks a free one); replicas need a gRPC target.")
     parser.add_argument("--admin-host", default=ADMIN_HOST,
                         help=f"Address of the admin listener (/metrics, /status, DELETE /v1/sessions/KEY, probes); "
-                        f"default {ADMIN_HOST}: this machine only. In a pod the operator passes 0.0.0.0.")
+                        f"default {ADMIN_HOST}: this machine only. In a pod the operator passes '::' (every address).")
     parser.add_argument("--admin-port", type=int, default=ADMIN_PORT,
                         help=f"Admin listener port (default {ADMIN_PORT}; 0 picks a free one).")
     parser.add_argument("--admin-token-file", type=Path, metavar="PATH",

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ...context import RouterContext
+from ...listening import EVERY_ADDRESS, dual_stack_socket
 from ...settings import RouterSettings
 
 if TYPE_CHECKING:
@@ -92,10 +93,12 @@ class Listener:
         raise NotImplementedError
 
     async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0 picks a free port); returns the port."""
+        """Listen on ``host:port`` (0 picks a free port; ``::`` every IPv6 and IPv4 address); returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self.connection, host, port, backlog=1024,
-                                                reuse_address=True)
+        if host in (EVERY_ADDRESS, f"[{EVERY_ADDRESS}]"):
+            self._server = await loop.create_server(self.connection, sock=dual_stack_socket(port), backlog=1024)
+        else:
+            self._server = await loop.create_server(self.connection, host, port, backlog=1024, reuse_address=True)
         self._sweeper = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
         return self._server.sockets[0].getsockname()[1]
 
