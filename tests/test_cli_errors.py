@@ -36,6 +36,25 @@ def test_a_mistake_is_one_line_and_exit_2(args, env, says):
         [done.stderr.strip().splitlines()[-1]]  # one message line (argparse's usage lines aside)
 
 
+@pytest.mark.parametrize(("key", "says"), [
+    ("/nonexistent/key", "--admin-token-key-file /nonexistent/key: No such file or directory"),
+    ("/dev/null", "--admin-token-key-file /dev/null: the key must hold at least 16 bytes"),
+])
+def test_a_bad_admin_token_key_file_stops_the_operator_before_it_starts(tmp_path, key, says):
+    kubeconfig = tmp_path / "config"  # credentials that load (never used: the operator stops first)
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{free_port()}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    done = run("operator", "-n", "a", "--metrics-port", "0", "--admin-token-key-file", key,
+               env={"KUBECONFIG": str(kubeconfig)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"rollout-router operator: {says}"
+
+
 def test_serve_says_which_config_fields_its_flags_pin(tmp_path):
     config = tmp_path / "router.yaml"
     config.write_text("backends: [{url: 'http://127.0.0.1:9'}]\npolicy: affinity\n")
