@@ -1,5 +1,5 @@
 """Test helpers: a scripted replica and an in-process router on real sockets (port 0), waiting for a
-condition, and an event loop on a simulated clock."""
+condition, an event loop on a simulated clock, and session keys that land where a test needs them."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,7 @@ import contextlib
 import json
 import selectors
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -247,3 +247,20 @@ def run_in_virtual_time(main: Coroutine[Any, Any, T]) -> T:
         return loop.run_until_complete(main)
     finally:
         loop.close()
+
+
+def keys_spread(place: Callable[[str], object], targets: Sequence[object], prefix: str, per_target: int) -> list[str]:
+    """``per_target`` keys ``prefix-N`` that ``place`` sends to each of ``targets``, interleaved target by target.
+
+    Routers bind random ports and are hashed by URL, so a fixed list of keys leaves some router without a
+    session in a few runs out of a hundred; chosen keys cover every router in every run.
+    """
+    chosen: list[list[str]] = [[] for _ in targets]
+    for n in range(100_000):
+        key = f"{prefix}-{n}"
+        bucket = chosen[list(targets).index(place(key))]
+        if len(bucket) < per_target:
+            bucket.append(key)
+        if all(len(b) == per_target for b in chosen):
+            return [key for keys in zip(*chosen) for key in keys]
+    raise AssertionError(f"no {per_target} keys per target among 100,000 {prefix}-N")

@@ -28,7 +28,7 @@ from rollout_router.localfleet import (
 from tests.test_fleet import (  # noqa: F401  (replicas, workdir: fixtures)
     COUNTERS, EXPECTED, converged, quick_turn, replicas, session, set_margin, status, workdir,
 )
-from tests.support import wait_until
+from tests.support import keys_spread, wait_until
 
 ENTRY = ["--ownership", "entry"]
 
@@ -39,17 +39,9 @@ def front(key: str, routers: list[Service]) -> Service:
     return max(routers, key=lambda r: hashlib.sha256(f"{r.url} {key}".encode()).digest())
 
 
-def entering_by(router: Service, routers: list[Service], prefix: str, count: int) -> list[str]:
-    """The first ``count`` keys ``prefix-0``, ``prefix-1``... that the front end sends to ``router``: the routers'
-    ports are random, so keys are chosen per router rather than hoping that a fixed set covers each of them."""
-    keys = (f"{prefix}-{n}" for n in range(10_000))
-    return [key for key, _ in zip((k for k in keys if front(k, routers) is router), range(count))]
-
-
 def spread(routers: list[Service], prefix: str, per_router: int) -> list[str]:
-    """Keys that enter by each of ``routers`` ``per_router`` times, interleaved router by router."""
-    chosen = [entering_by(router, routers, f"{prefix}-{i}", per_router) for i, router in enumerate(routers)]
-    return [key for keys in zip(*chosen) for key in keys]
+    """Keys that the front end sends to each of ``routers`` ``per_router`` times, interleaved router by router."""
+    return keys_spread(lambda key: front(key, routers), routers, prefix, per_router)
 
 
 def fleet_counts(routers: list[Service]) -> list[dict]:
