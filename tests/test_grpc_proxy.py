@@ -10,13 +10,15 @@ import grpc
 import pytest
 from grpc import aio
 
+from rollout_router.proxy.http.listener import SWEEP_SECONDS
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
 
 @dataclass
 class GrpcReplica:
-    """A raw-bytes gRPC server: Echo answers once, Stream answers ``chunks`` times, Hold waits."""
+    """A raw-bytes gRPC server: Echo answers once, Stream answers ``chunks`` times, Hold waits, StallAfterOne
+    answers once and then waits, Flood answers ``chunks`` messages of 256 KiB as fast as it may."""
 
     host: str
     chunks: int = 3
@@ -43,11 +45,12 @@ class GrpcReplica:
 
     def service(self, details):
         behaviours = {"/test.Echo/Unary": self._unary, "/test.Echo/Stream": self._stream,
-                      "/test.Echo/Hold": self._hold, "/test.Echo/Fail": self._fail}
+                      "/test.Echo/Hold": self._hold, "/test.Echo/Fail": self._fail,
+                      "/test.Echo/StallAfterOne": self._stall_after_one, "/test.Echo/Flood": self._flood}
         behaviour = behaviours.get(details.method)
         if behaviour is None:
             return None
-        if details.method == "/test.Echo/Stream":
+        if details.method in ("/test.Echo/Stream", "/test.Echo/StallAfterOne", "/test.Echo/Flood"):
             return grpc.unary_stream_rpc_method_handler(behaviour)
         return grpc.unary_unary_rpc_method_handler(behaviour)
 
@@ -77,6 +80,23 @@ class GrpcReplica:
             raise
         finally:
             self.active -= 1
+
+    async def _stall_after_one(self, request: bytes, context):
+        self._record(request, context)
+        yield b"first"
+        self.active += 1
+        try:
+            await self.hold.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _flood(self, request: bytes, context):
+        self._record(request, context)
+        for index in range(self.chunks):
+            yield bytes([index % 256]) * (256 << 10)
 
     async def _fail(self, request: bytes, context) -> bytes:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty")
@@ -248,3 +268,43 @@ async def test_a_silent_replica_gets_deadline_exceeded_after_the_first_byte_time
             assert headers["x-rolloutrouter-replica"] != url_of(replicas[0])
         assert runtime.balancer.repinned == {"ejected": 1} and runtime.replicas.total_inflight() == 0
         assert runtime.balancer.policy.sessions() == 1
+
+
+def silence_limited(replicas, seconds: float) -> RouterSettings:
+    return backends(replicas).model_copy(update={"upstream_timeout_seconds": seconds})
+
+
+async def test_a_replica_silent_mid_stream_ends_the_call_with_deadline_exceeded_and_releases_it(replicas):
+    async with running_router(silence_limited(replicas, 0.5), grpc=True) as (_, runtime):
+        runtime.balancer.policy.table.pin("s", url_of(replicas[0]), time.monotonic())
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            call = channel.unary_stream("/test.Echo/StallAfterOne")(b"go", metadata=(("x-session-id", "s"),),
+                                                                    timeout=20)  # the client's own deadline: later
+            messages = []
+            with pytest.raises(aio.AioRpcError) as raised:
+                async for message in call:
+                    messages.append(message)
+            assert messages == [b"first"]  # what came before the silence reached the client
+            assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "sent nothing" in raised.value.details() and "upstreamTimeoutSeconds=0.5" in raised.value.details()
+        await wait_for(lambda: replicas[0].cancelled == 1)  # the replica's work is stopped
+        assert runtime.replicas.total_inflight() == 0
+        assert runtime.balancer.policy.pinned("s", time.monotonic()) == url_of(replicas[0])  # the pin stays
+
+
+async def test_a_client_slow_to_read_is_not_a_silent_replica(replicas):
+    """64 MiB of messages outgrow every window and socket buffer between the replica and a client that stops
+    reading for several sweeps: the replica is held back by the client, and the call still completes."""
+    for replica in replicas:
+        replica.chunks = 256
+    async with running_router(silence_limited(replicas, 0.5), grpc=True) as (_, runtime):
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            call = channel.unary_stream("/test.Echo/Flood")(b"go")
+            stream = call.__aiter__()
+            first = await stream.__anext__()
+            proxy, since = runtime.grpc_proxy, runtime.grpc_proxy.now  # the sweep's clock, moved once a sweep
+            await wait_for(lambda: proxy.now >= since + 2.9 * SWEEP_SECONDS, timeout=10)  # 3 sweeps of no reading
+            rest = [message async for message in stream]
+            assert [first, *rest] == [bytes([i % 256]) * (256 << 10) for i in range(256)]
+            assert await call.code() is grpc.StatusCode.OK
+        assert runtime.replicas.total_inflight() == 0

@@ -204,7 +204,9 @@ class RouterSettings(PolicySettings):
     connect_retries: StrictInt = Field(2, ge=0, description="Other replicas tried when one refuses the connection.")
     down_seconds: Seconds = Field(5.0, description="How long a replica that refused a connection is skipped.")
     upstream_timeout_seconds: Seconds | None = Field(
-        600.0, description="Longest silence from a replica once its response head has arrived (mid-stream).")
+        600.0, description="Longest silence from a replica once its response has begun (mid-stream; gRPC: after "
+                           "its first message, once the whole request was sent); then the response ends with an error (gRPC: "
+                           "DEADLINE_EXCEEDED). A client slow to read does not count as silence.")
     first_byte_timeout_seconds: Seconds | None = Field(
         600.0, description="Longest wait for a replica's response head after the request was sent (504, and a "
                            "failure towards ejection); a non-streaming answer's head comes only when generation ends.")

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 REPLICA_METADATA = "x-rolloutrouter-replica"
 HOP_METADATA = "x-rolloutrouter-forwarded-by"  # set on calls forwarded to the session's owner router (fleet)
 _HOP = HOP_METADATA.encode()
-FORWARD_SLACK_SECONDS = 5.0  # the owner router's own first-byte timeout fires first, and says so
+FORWARD_SLACK_SECONDS = 5.0  # the owner router's own timeouts fire first, and say so
 
 
 def unary_request_methods() -> frozenset[bytes]:
@@ -218,16 +218,19 @@ class GrpcProxy(Listener):
 
     # the sweep
     def tick(self, elapsed: float) -> None:
-        """Once a sweep: first-byte timeouts, slow one-message requests, the end of a stream-limit episode."""
+        """Once a sweep: first-byte and mid-response timeouts, slow one-message requests, the end of a
+        stream-limit episode."""
         settings, now = self.context.settings, self.now
         if self._streams_full and len(self.calls) < settings.max_grpc_streams:
             self._streams_full = False
-        first_byte = settings.first_byte_timeout_seconds
-        if first_byte is not None:
-            for call in list(self.active):
-                if call.single and not call.first and call.waiting_since is not None \
-                        and now - call.waiting_since >= first_byte + (FORWARD_SLACK_SECONDS if call.forwarded else 0):
-                    call.timeout()
+        first_byte, idle = settings.first_byte_timeout_seconds, settings.upstream_timeout_seconds
+        for call in list(self.active):
+            slack = FORWARD_SLACK_SECONDS if call.forwarded else 0.0  # the owner router times out first, and says so
+            if first_byte is not None and call.single and not call.first and call.waiting_since is not None \
+                    and now - call.waiting_since >= first_byte + slack:
+                call.timeout()
+            elif idle is not None and call.first and call.request_ended:  # a client still sending may be awaited
+                call.sweep_silence(elapsed, idle + slack)
         limits = self.limits()
         for call in list(self.calls):
             if call.single and not call.request_ended:

@@ -39,7 +39,7 @@ class Call:
     __slots__ = ("proxy", "client", "stream", "path", "metadata", "single", "chunks", "received", "written", "acked",
                  "held", "retained", "request_ended", "upstream", "ustream", "done", "answered", "first", "code",
                  "finished", "failure", "name", "forwarded", "waiting_since", "started_at", "message_left", "prefix",
-                 "client_gone", "relayed")
+                 "client_gone", "relayed", "heard", "swept", "silent", "backlog")
 
     def __init__(self, proxy: GrpcProxy, client: ClientConnection, stream: Stream, path: bytes,
                  metadata: list[h2.Header], single: bool) -> None:
@@ -58,12 +58,17 @@ class Call:
         self.waiting_since: float | None = None  # the sweep's clock when the whole request was sent
         self.started_at = proxy.now
         self.message_left, self.prefix = 0, b""
+        self.heard = self.swept = 0  # frames from the replica, and how many the sweep had seen
+        self.silent = 0.0  # seconds the sweep found no new frame from the replica
+        self.backlog = 0  # response bytes relayed but not yet taken by the client's socket
         stream.owner = self
 
     # the client's side
     def on_data(self, stream: Stream, data: bytes, end: bool) -> None:
         if stream is self.ustream:
             self.first = self.relayed = True
+            self.heard += 1
+            self.backlog += len(data)
             self.client.send_data(self.stream, data, False)  # the response ends with its trailers
             if end:
                 self._broken("ended its stream without a gRPC status")
@@ -116,6 +121,7 @@ class Call:
             return
         if self.finished:
             return
+        self.heard += 1
         out = [h for h in headers if h[0] not in _HOP]
         if not self.answered:
             self.answered = True
@@ -131,6 +137,7 @@ class Call:
 
     def on_written(self, stream: Stream, size: int) -> None:
         if stream is self.stream:  # response bytes reached the client's socket: the replica may send more
+            self.backlog = max(0, self.backlog - size)
             if self.ustream is not None and self.upstream is not None:
                 self.upstream.consume(self.ustream, size)
             return
@@ -204,6 +211,20 @@ class Call:
         self.proxy.context.metrics.errors.labels("timeout").inc()
         self._failed(h2.DEADLINE_EXCEEDED, "", TIMEOUT,
                      f"{what} did not answer in time (firstByteTimeoutSeconds)")
+
+    def sweep_silence(self, elapsed: float, limit: float) -> None:
+        """Count ``elapsed`` seconds against a response that has begun, while nothing new came from the replica
+        and the client has taken all it was sent (a slow client holds the replica back: not the replica's fault);
+        past ``limit`` (``upstreamTimeoutSeconds``) the call ends with DEADLINE_EXCEEDED."""
+        if self.heard != self.swept or self.backlog:
+            self.swept, self.silent = self.heard, 0.0
+            return
+        self.silent += elapsed
+        if self.silent >= limit:
+            what = f"owner router {self.name}" if self.forwarded else f"replica {self.name}"
+            self.proxy.context.metrics.errors.labels("timeout").inc()
+            self._failed(h2.DEADLINE_EXCEEDED, "", TIMEOUT, f"{what} sent nothing for {self.silent:g} s mid-response "
+                         f"(upstreamTimeoutSeconds={limit:g})")
 
     def _broken(self, what: str) -> None:
         self._failed(h2.INTERNAL, what, CLOSED)
