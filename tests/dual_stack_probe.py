@@ -7,15 +7,19 @@ each call answered.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
+
+import aiohttp
 
 import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from rollout_router.localfleet import spawn, wait_healthy
-from rollout_router_operator import metrics
+from rollout_router_operator import metrics, status
+from rollout_router_operator.render import ROUTER_ADMIN_PORT
 
 FAMILIES = {"ipv4": "127.0.0.1", "ipv6": "[::1]"}
 
@@ -42,10 +46,20 @@ def grpc_call(target: str) -> str:
         return f"{last} {dict(call.initial_metadata())['x-rolloutrouter-replica']}"
 
 
+async def operator_polls(pod_ip: str) -> int:
+    """What the operator's status poller read from the router pod at ``pod_ip``: its new-sessions counter."""
+    async with aiohttp.ClientSession() as session:
+        return (await status._poll(session, {"status": {"podIP": pod_ip}}))["new_sessions"]
+
+
 def main() -> None:
     replica = wait_healthy(spawn(["fake-vllm", "--grpc-port", "0"], "::1").bound(), "/health")
-    router = spawn(["serve", "--log-level", "warning", "--backend", replica.backend, "--grpc-port", "0",
-                    "--admin-host", "::"], "::").bound()
+    try:
+        router = spawn(["serve", "--log-level", "warning", "--backend", replica.backend, "--grpc-port", "0",
+                        "--admin-host", "::", "--admin-port", str(ROUTER_ADMIN_PORT)], "::").bound()
+    except BaseException:
+        replica.stop()
+        raise
     operator_port = metrics.serve("::", 0)
     try:
         ports = {"http": int(router.url.rsplit(":", 1)[1]), "grpc": int((router.grpc_target or "").rsplit(":", 1)[1]),
@@ -56,6 +70,8 @@ def main() -> None:
             "admin": {name: get(f"http://{host}:{ports['admin']}/healthz") for name, host in FAMILIES.items()},
             "grpc": {name: grpc_call(f"{host}:{ports['grpc']}") for name, host in FAMILIES.items()},
             "operatorMetrics": {name: get(f"http://{host}:{operator_port}/metrics") for name, host in FAMILIES.items()},
+            "operatorPoll": {name: asyncio.run(operator_polls(ip)) for name, ip in (("ipv4", "127.0.0.1"),
+                                                                                     ("ipv6", "::1"))},
         }), flush=True)
     finally:
         router.stop()

@@ -1,6 +1,7 @@
 """``--host ::``, as the operator starts router pods: every listener answers over IPv4 and IPv6, and an IPv6
-replica (``http://[::1]:PORT``, gRPC ``[::1]:PORT``) is routed to; so does the operator's metrics endpoint on
-``::`` (the chart's ``operator.bindAddress``).
+replica (``http://[::1]:PORT``, gRPC ``[::1]:PORT``) is routed to; the operator's status poller reads the
+router's ``/status`` at an IPv4 and at an IPv6 pod IP, and its metrics endpoint on ``::`` (the chart's
+``operator.bindAddress``) answers both.
 
 The processes run in a network namespace the test creates (``unshare --user --net``: loopback only, both
 families), so nothing listens on the machine's own addresses.
@@ -41,6 +42,7 @@ def test_a_router_on_every_address_answers_both_families_and_routes_to_an_ipv6_r
     assert seen["admin"] == {"ipv4": 200, "ipv6": 200}
     assert seen["grpc"] == {"ipv4": f"complete {replica}", "ipv6": f"complete {replica}"}
     assert seen["operatorMetrics"] == {"ipv4": 200, "ipv6": 200}
+    assert seen["operatorPoll"] == {"ipv4": 1, "ipv6": 1}  # the operator reads the pod's /status by either IP
 
 
 def test_without_ipv6_every_address_means_every_ipv4_address(monkeypatch):

@@ -172,7 +172,7 @@ def test_a_killed_routers_sessions_alone_are_placed_anew(replicas, workdir):
         converged(routers, 3)
         ids = [r.admin_url for r in routers]
         keys = keys_spread(lambda key: owner(key, ids), ids, "kill", 6)
-        first = {key: quick_turn(routers[i % 3], key).replica for i, key in enumerate(keys)}
+        first = {key: quick_turn(routers[(i + 1) % 3], key).replica for i, key in enumerate(keys)}  # not the owner
         doomed = [key for key in keys if owner(key, ids) == ids[2]]
         survivors = routers[:2]
         results: list[tuple[float, str, int, str | None]] = []
@@ -245,7 +245,7 @@ def test_a_router_that_gets_sigterm_hands_its_sessions_over(replicas, workdir):
         converged(routers, 3)
         ids = [r.admin_url for r in routers]
         keys = keys_spread(lambda key: owner(key, ids), ids, "leave", 6)
-        first = {key: quick_turn(routers[i % 3], key).replica for i, key in enumerate(keys)}
+        first = {key: quick_turn(routers[(i + 1) % 3], key).replica for i, key in enumerate(keys)}  # not the owner
         leaving, survivors = routers[2], routers[:2]
         mine = [key for key in keys if owner(key, ids) == leaving.admin_url]
         placed = fleet_sum(survivors, "new_sessions")

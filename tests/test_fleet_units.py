@@ -14,6 +14,7 @@ from rollout_router.fleet.loadview import PeerLoads, vllm_load
 from rollout_router.fleet.membership import PODS, STATIC, Membership
 from rollout_router.fleet.node import advertised
 from rollout_router.fleet.ownership import History, owner
+from rollout_router.fleet.peerpods import admin_url
 from rollout_router.policy import LiveConfig
 from rollout_router.replicas import ReplicaSet
 
@@ -109,6 +110,16 @@ def test_advertised_replaces_the_any_address_with_the_pod_ip(monkeypatch):
     monkeypatch.setenv("POD_IP", "10.1.2.3")
     assert advertised("0.0.0.0", 8081) == "http://10.1.2.3:8081"
     assert advertised("127.0.0.1", 9) == "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize(("pod_ip", "member"), [("10.1.2.3", "http://10.1.2.3:8081"),
+                                                ("fd00::7", "http://[fd00::7]:8081")])
+def test_a_pod_names_itself_as_its_peers_find_it(monkeypatch, pod_ip, member):
+    """The id a router pod advertises and the URL its peers build from its pod status must be the same string."""
+    monkeypatch.setenv("POD_IP", pod_ip)
+    pod = {"status": {"podIP": pod_ip, "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+           "spec": {"containers": [{"ports": [{"name": "admin", "containerPort": 8081}]}]}}
+    assert advertised("::", 8081) == admin_url(pod) == member
 
 
 def _balancer() -> tuple[Balancer, list[float]]:

@@ -18,7 +18,8 @@ from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 @dataclass
 class GrpcReplica:
     """A raw-bytes gRPC server: Echo answers once, Stream answers ``chunks`` times, Hold waits, StallAfterOne
-    answers once and then waits, Flood answers ``chunks`` messages of 256 KiB as fast as it may."""
+    answers once and then waits, Flood answers ``chunks`` messages of 256 KiB as fast as it may, Gather (client
+    streaming) reads every request message, sends its response head, then waits."""
 
     host: str
     chunks: int = 3
@@ -46,12 +47,15 @@ class GrpcReplica:
     def service(self, details):
         behaviours = {"/test.Echo/Unary": self._unary, "/test.Echo/Stream": self._stream,
                       "/test.Echo/Hold": self._hold, "/test.Echo/Fail": self._fail,
-                      "/test.Echo/StallAfterOne": self._stall_after_one, "/test.Echo/Flood": self._flood}
+                      "/test.Echo/StallAfterOne": self._stall_after_one, "/test.Echo/Flood": self._flood,
+                      "/test.Echo/Gather": self._gather}
         behaviour = behaviours.get(details.method)
         if behaviour is None:
             return None
         if details.method in ("/test.Echo/Stream", "/test.Echo/StallAfterOne", "/test.Echo/Flood"):
             return grpc.unary_stream_rpc_method_handler(behaviour)
+        if details.method == "/test.Echo/Gather":
+            return grpc.stream_unary_rpc_method_handler(behaviour)
         return grpc.unary_unary_rpc_method_handler(behaviour)
 
     def _record(self, request: bytes, context) -> None:
@@ -71,19 +75,22 @@ class GrpcReplica:
 
     async def _hold(self, request: bytes, context) -> bytes:
         self._record(request, context)
-        self.active += 1
-        try:
-            await self.hold.wait()
-            return b"released"
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        finally:
-            self.active -= 1
+        await self._stall()
+        return b"released"
 
     async def _stall_after_one(self, request: bytes, context):
         self._record(request, context)
         yield b"first"
+        await self._stall()
+
+    async def _gather(self, requests, context) -> bytes:
+        gathered = b"".join([request async for request in requests])
+        self._record(gathered, context)
+        await context.send_initial_metadata((("x-upstream", "yes"),))
+        await self._stall()
+        return gathered
+
+    async def _stall(self) -> None:
         self.active += 1
         try:
             await self.hold.wait()
@@ -294,17 +301,31 @@ async def test_a_replica_silent_mid_stream_ends_the_call_with_deadline_exceeded_
 
 async def test_a_client_slow_to_read_is_not_a_silent_replica(replicas):
     """64 MiB of messages outgrow every window and socket buffer between the replica and a client that stops
-    reading for several sweeps: the replica is held back by the client, and the call still completes."""
+    reading for 4 sweeps (> upstreamTimeoutSeconds=1.5): the replica is held back by the client, and the call
+    still completes."""
     for replica in replicas:
         replica.chunks = 256
-    async with running_router(silence_limited(replicas, 0.5), grpc=True) as (_, runtime):
+    async with running_router(silence_limited(replicas, 1.5), grpc=True) as (_, runtime):
         async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
             call = channel.unary_stream("/test.Echo/Flood")(b"go")
             stream = call.__aiter__()
             first = await stream.__anext__()
             proxy, since = runtime.grpc_proxy, runtime.grpc_proxy.now  # the sweep's clock, moved once a sweep
-            await wait_for(lambda: proxy.now >= since + 2.9 * SWEEP_SECONDS, timeout=10)  # 3 sweeps of no reading
+            await wait_for(lambda: proxy.now >= since + 3.9 * SWEEP_SECONDS, timeout=15)  # 4 sweeps of no reading
             rest = [message async for message in stream]
             assert [first, *rest] == [bytes([i % 256]) * (256 << 10) for i in range(256)]
             assert await call.code() is grpc.StatusCode.OK
+        assert runtime.replicas.total_inflight() == 0
+
+
+async def test_a_client_streaming_call_whose_replica_falls_silent_after_its_head_ends_too(replicas):
+    async with running_router(silence_limited(replicas, 0.5), grpc=True) as (_, runtime):
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            call = channel.stream_unary("/test.Echo/Gather")(iter([b"a", b"b"]), timeout=20)
+            with pytest.raises(aio.AioRpcError) as raised:
+                await call
+            assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "sent nothing" in raised.value.details()
+        await wait_for(lambda: sum(r.cancelled for r in replicas) == 1)
+        assert [r.seen[0]["request"] for r in replicas if r.seen] == [b"ab"]
         assert runtime.replicas.total_inflight() == 0

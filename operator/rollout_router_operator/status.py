@@ -21,6 +21,7 @@ import aiohttp
 
 from rollout_router.kube.pods import is_ready
 from rollout_router.kube.selectors import labels_query, to_query
+from rollout_router.listening import address
 from rollout_router.settings import LabelSelector
 
 from . import kube
@@ -142,8 +143,13 @@ def parse_report(raw: bytes) -> dict:
             "fleet": {key: _count(fleet, key, "fleet.") for key in FLEET_COUNTERS.values()}}
 
 
+def status_url(pod: dict) -> str:
+    """The router pod's ``/status`` on its admin listener (an IPv6 pod IP in brackets)."""
+    return f"http://{address(pod['status']['podIP'], ROUTER_ADMIN_PORT)}/status"
+
+
 async def _poll(session: aiohttp.ClientSession, pod: dict, token: str | None = None) -> dict:
-    url = f"http://{pod['status']['podIP']}:{ROUTER_ADMIN_PORT}/status"  # the admin listener
+    url = status_url(pod)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=POLL_TIMEOUT)) as response:
         response.raise_for_status()

@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-namespace", metavar="NS", help="Namespace of --peer-selector's pods "
                         "(default: $POD_NAMESPACE, then the service account's).")
     parser.add_argument("--advertise", metavar="URL", help="This router's admin URL as its peers name it "
-                        "(default: the admin listener's, with 0.0.0.0 replaced by $POD_IP).")
+                        "(default: the admin listener's, with 0.0.0.0 or :: replaced by $POD_IP, in brackets when IPv6).")
     parser.add_argument("--ownership", choices=["rendezvous", "entry"],
                         help="Which router owns a session (overrides the config's fleet.ownership): rendezvous "
                         "(default: the rendezvous hash's winner; the others forward its turns there: for a plain "

@@ -46,7 +46,6 @@ def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec
     assert not cluster.get("rr", "-n", namespace)["items"]
 
 
-
 @pytest.mark.parametrize("spec", [
     {"selector": {"matchLabels": {"app": "vllm"}}, "policy": "cost_affinity", "affinityBreakMargin": 0},
     {"selector": {"matchLabels": {"app": "vllm"}}, "policy": "cost_affinity", "fullDeterminism": True},
@@ -56,6 +55,7 @@ def test_api_server_accepts_what_the_cel_rules_allow(cluster, namespace, spec):
     cluster.kubectl("apply", "-f", "crds/")
     answer = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rollouts(spec), check=False)
     assert answer.returncode == 0, answer.stderr
+
 
 @pytest.mark.parametrize(("spec", "message"), [
     ({"selector": {"matchLabels": {"app": "vllm"}}, "grpcPort": 8000}, "spec.grpcPort: must differ from spec.backendPort"),

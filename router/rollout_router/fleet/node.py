@@ -23,6 +23,7 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from ..listening import address
 from ..settings import FleetSettings, Ownership
 from . import loadview
 from .client import PeerClient, PeerError, Unreachable
@@ -40,11 +41,12 @@ DEFAULT_WINDOW = 3600.0  # how long a previous member set is asked for pins when
 
 
 def advertised(admin_host: str, admin_port: int) -> str:
-    """The default member id: the admin listener's URL, with an any-address replaced by ``$POD_IP``."""
+    """The default member id: the admin listener's URL, with an any-address replaced by ``$POD_IP`` (in brackets
+    when it is IPv6, as peers find it from the pod's status: ``peerpods.admin_url``)."""
     host = admin_host
     if host in ("0.0.0.0", "::", "") and os.environ.get("POD_IP"):
         host = os.environ["POD_IP"]
-    return f"http://{f'[{host}]' if ':' in host else host}:{admin_port}"
+    return f"http://{address(host, admin_port)}"
 
 
 class Fleet:

@@ -15,6 +15,7 @@ from ..kube.client import Client
 from ..kube.pods import container_port, is_ready
 from ..kube.resources import PODS
 from ..kube.watching import Listing, follow
+from ..listening import address
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def admin_url(pod: dict) -> str | None:
     port = container_port(pod, ADMIN_PORT_NAME)
     if port is None:
         return None
-    return f"http://{f'[{ip}]' if ':' in ip else ip}:{port}"
+    return f"http://{address(ip, port)}"
 
 
 class PodPeers:

@@ -229,8 +229,8 @@ class GrpcProxy(Listener):
             if first_byte is not None and call.single and not call.first and call.waiting_since is not None \
                     and now - call.waiting_since >= first_byte + slack:
                 call.timeout()
-            elif idle is not None and call.first and call.request_ended:  # a client still sending may be awaited
-                call.sweep_silence(elapsed, idle + slack)
+            elif idle is not None and call.request_ended and (call.first or (call.answered and not call.single)):
+                call.sweep_silence(elapsed, idle, slack)  # (a client still sending may be what the replica awaits)
         limits = self.limits()
         for call in list(self.calls):
             if call.single and not call.request_ended:

@@ -15,6 +15,7 @@ against ``maxBodyBytes`` before its bytes are held.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from ...health import CLOSED, TIMEOUT
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from .conn import Stream
     from .server import ClientConnection
     from .upstream import UpstreamConnection
+
+log = logging.getLogger(__name__)
 
 REFUSED = "refused"  # an attempt's outcome: the replica never saw the call; safe to send elsewhere
 REPLAY_LIMIT = 4 << 20
@@ -60,7 +63,7 @@ class Call:
         self.message_left, self.prefix = 0, b""
         self.heard = self.swept = 0  # frames from the replica, and how many the sweep had seen
         self.silent = 0.0  # seconds the sweep found no new frame from the replica
-        self.backlog = 0  # response bytes relayed but not yet taken by the client's socket
+        self.backlog = 0  # response bytes relayed but not yet handed to the client's connection
         stream.owner = self
 
     # the client's side
@@ -212,19 +215,21 @@ class Call:
         self._failed(h2.DEADLINE_EXCEEDED, "", TIMEOUT,
                      f"{what} did not answer in time (firstByteTimeoutSeconds)")
 
-    def sweep_silence(self, elapsed: float, limit: float) -> None:
+    def sweep_silence(self, elapsed: float, limit: float, slack: float) -> None:
         """Count ``elapsed`` seconds against a response that has begun, while nothing new came from the replica
-        and the client has taken all it was sent (a slow client holds the replica back: not the replica's fault);
-        past ``limit`` (``upstreamTimeoutSeconds``) the call ends with DEADLINE_EXCEEDED."""
+        and every byte relayed was handed to the client's connection (a client slow to read holds the replica
+        back: not the replica's fault); past ``limit`` (``upstreamTimeoutSeconds``, plus ``slack`` for a forward)
+        the call ends with DEADLINE_EXCEEDED, counted and logged as HTTP's mid-response failures are."""
         if self.heard != self.swept or self.backlog:
             self.swept, self.silent = self.heard, 0.0
             return
         self.silent += elapsed
-        if self.silent >= limit:
+        if self.silent >= limit + slack:
             what = f"owner router {self.name}" if self.forwarded else f"replica {self.name}"
-            self.proxy.context.metrics.errors.labels("timeout").inc()
-            self._failed(h2.DEADLINE_EXCEEDED, "", TIMEOUT, f"{what} sent nothing for {self.silent:g} s mid-response "
-                         f"(upstreamTimeoutSeconds={limit:g})")
+            message = f"{what} sent nothing for {self.silent:g} s mid-response (upstreamTimeoutSeconds={limit:g})"
+            self.proxy.context.metrics.errors.labels("upstream_broke_mid_response").inc()
+            log.warning("%s", message)
+            self._failed(h2.DEADLINE_EXCEEDED, "", TIMEOUT, message)
 
     def _broken(self, what: str) -> None:
         self._failed(h2.INTERNAL, what, CLOSED)
