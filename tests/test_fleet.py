@@ -100,6 +100,27 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def grpc_replicas():
+    """Two simulated replicas that also serve vLLM's gRPC API."""
+    starting = [spawn_replica(20 + index, grpc=True) for index in range(2)]
+    try:
+        yield [wait_healthy(s.bound(), "/health") for s in starting]
+    finally:
+        for s in starting:
+            stop(s.process)
+
+
+def grpc_turn(router: Service, key: str) -> str:
+    """One streamed Generate call with session ``key`` through ``router``, read to its end; the replica it went to."""
+    assert router.grpc_target is not None
+    with grpc.insecure_channel(router.grpc_target) as channel:
+        request = pb.GenerateRequest(text="hello there", stream=True, sampling_params=pb.SamplingParams(max_tokens=3))
+        call = pb_grpc.VllmEngineStub(channel).Generate(request, metadata=(("x-session-id", key),))
+        assert list(call)[-1].WhichOneof("response") == "complete"
+        return dict(call.initial_metadata())["x-rolloutrouter-replica"]
+
+
 def converged(routers: list[Service], size: int) -> None:
     ids = sorted(r.admin_url for r in routers if r.process.poll() is None)
     assert len(ids) == size
@@ -345,32 +366,19 @@ def test_an_added_router_takes_its_sessions_with_their_pins(replicas, workdir):
             router.stop()
 
 
-def test_grpc_calls_are_forwarded_to_the_owner(workdir):
-    starting = [spawn_replica(10 + index, grpc=True) for index in range(2)]
-    replicas = [wait_healthy(s.bound(), "/health") for s in starting]
-    routers: list[Service] = []
+def test_grpc_calls_are_forwarded_to_the_owner(workdir, grpc_replicas):
+    routers = start_router_fleet(2, grpc_replicas, workdir, grpc=True)
     try:
-        routers = start_router_fleet(2, replicas, workdir, grpc=True)
         converged(routers, 2)
         ids = [r.admin_url for r in routers]
         key = next(f"grpc-{i}" for i in range(100) if owner(f"grpc-{i}", ids) == ids[1])
-        seen = set()
-        for router in routers:  # one call enters by the owner's peer, one by the owner
-            with grpc.insecure_channel(router.grpc_target) as channel:
-                request = pb.GenerateRequest(text="hello there", stream=True,
-                                             sampling_params=pb.SamplingParams(max_tokens=3))
-                call = pb_grpc.VllmEngineStub(channel).Generate(request, metadata=(("x-session-id", key),))
-                messages = list(call)
-                assert messages[-1].WhichOneof("response") == "complete"
-                seen.add(dict(call.initial_metadata())["x-rolloutrouter-replica"])
+        seen = {grpc_turn(router, key) for router in routers}  # one call enters by the owner's peer, one by the owner
         entry, owning = status(routers[0]), status(routers[1])
         assert len(seen) == 1 and entry["fleet"]["forwarded"] == 1 and owning["fleet"]["forwarded"] == 0
         assert owning["new_sessions"] == 1 and owning["affinity_kept"] == 1 and entry["new_sessions"] == 0
     finally:
         for router in routers:
             router.stop()
-        for replica in replicas:
-            replica.stop()
 
 
 def test_fleet_routes_want_the_admin_token_and_ownership(workdir, replicas):

@@ -17,16 +17,14 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import grpc
 import pytest
-from smg_grpc_proto.generated import vllm_engine_pb2 as pb
-from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from rollout_router.localfleet import (
-    Service, free_port, spawn, spawn_replica, start_router_fleet, stop, wait_healthy,
+    Service, free_port, spawn, start_router_fleet, stop, wait_healthy,
 )
-from tests.test_fleet import (  # noqa: F401  (replicas, workdir: fixtures)
-    COUNTERS, EXPECTED, converged, quick_turn, replicas, session, set_margin, status, workdir,
+from tests.test_fleet import (  # noqa: F401  (replicas, grpc_replicas, workdir: fixtures)
+    COUNTERS, EXPECTED, converged, grpc_replicas, grpc_turn, quick_turn, replicas, session, set_margin, status,
+    workdir,
 )
 from tests.support import keys_spread, wait_until
 
@@ -129,22 +127,12 @@ def test_a_router_leaving_pushes_its_pins_and_the_new_entry_pulls_them(replicas,
             router.stop()
 
 
-def test_grpc_calls_are_decided_where_they_enter_and_their_pin_follows(workdir):
-    starting = [spawn_replica(20 + index, grpc=True) for index in range(2)]
-    replicas = [wait_healthy(s.bound(), "/health") for s in starting]
-    routers: list[Service] = []
+def test_grpc_calls_are_decided_where_they_enter_and_their_pin_follows(workdir, grpc_replicas):
+    routers = start_router_fleet(2, grpc_replicas, workdir, router_args=ENTRY, grpc=True)
     try:
-        routers = start_router_fleet(2, replicas, workdir, router_args=ENTRY, grpc=True)
         converged(routers, 2)
-        seen = []
-        for router in (routers[0], routers[0], routers[1], routers[0]):  # the entry router changes twice
-            assert router.grpc_target is not None
-            with grpc.insecure_channel(router.grpc_target) as channel:
-                request = pb.GenerateRequest(text="hello there", stream=True,
-                                             sampling_params=pb.SamplingParams(max_tokens=3))
-                call = pb_grpc.VllmEngineStub(channel).Generate(request, metadata=(("x-session-id", "grpc-entry"),))
-                assert list(call)[-1].WhichOneof("response") == "complete"
-                seen.append(dict(call.initial_metadata())["x-rolloutrouter-replica"])
+        # the entry router changes twice
+        seen = [grpc_turn(router, "grpc-entry") for router in (routers[0], routers[0], routers[1], routers[0])]
         counts = fleet_counts(routers)
         assert len(set(seen)) == 1 and total(counts, "forwarded") == 0
         assert [c["handoffs"] for c in counts] == [1, 1] and total(counts, "new_sessions") == 1
@@ -152,8 +140,6 @@ def test_grpc_calls_are_decided_where_they_enter_and_their_pin_follows(workdir):
     finally:
         for router in routers:
             router.stop()
-        for replica in replicas:
-            replica.stop()
 
 
 def haproxy_binary() -> str:
