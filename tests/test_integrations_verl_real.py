@@ -30,6 +30,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from rollout_router.integrations.verl import NO_SERVERS, AffinityLoadBalancer
+from rollout_router.sim.parallel import start_ray
 
 from .support import wait_for
 
@@ -73,7 +74,7 @@ class Manager(llm_server.LLMServerManager):
 @pytest.fixture(scope="module")
 def servers():
     """Two server actors, as verl's ``{address: handle}`` registry holds them."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
     class Server:  # defined here so Ray ships it by value (workers need not import the tests)
         """vLLM's ``generate`` signature; counts the turns it served."""

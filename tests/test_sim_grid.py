@@ -175,6 +175,35 @@ def test_quick_grid_local_processes_and_ray_give_identical_numbers():
         assert all(len(m["step_seconds"]) == 2 for m in p["policies"].values())
 
 
+@pytest.mark.parametrize(("address", "first_error", "calls"), [
+    ("local", "The current node timed out during startup. This could happen ...", 2),  # Ray's fixed 30 s missed
+    (None, "The current node timed out during startup.", 2),
+    ("10.0.0.1:6379", "The current node timed out during startup.", 1),  # a running cluster: not retried
+    ("local", "Permission denied: /tmp/ray", 1),  # any other failure: not retried
+])
+def test_start_ray_retries_only_a_local_start_up_timeout(monkeypatch, address, first_error, calls):
+    import ray
+
+    from rollout_router.sim.parallel import start_ray
+
+    seen: list[str] = []
+
+    def init(**kwargs):
+        seen.append("init")
+        if seen.count("init") == 1:
+            raise Exception(first_error)
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: seen.append("shutdown"))
+    if calls == 1:
+        with pytest.raises(Exception, match=first_error.split(":")[0]):
+            start_ray(address=address)
+        assert seen == ["init"]
+    else:
+        start_ray(address=address)
+        assert seen == ["init", "shutdown", "init"]  # the failed start is shut down before the second
+
+
 def test_grid_command_writes_json_plots_and_the_docs_sections(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("".join(f"x\n<!-- generated:{n} -->\nold\n<!-- /generated:{n} -->\n" for n in gridreport.SECTIONS))

@@ -69,7 +69,7 @@ def _on_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str, done: Done) 
 
     started = not ray.is_initialized()
     if started:
-        ray.init(**_ray_init_args(address))
+        start_ray(**_ray_init_args(address))
     try:
         remote = ray.remote(num_cpus=1, max_retries=2)(fn)
         index = {ref: i for i, ref in enumerate(remote.remote(t) for t in tasks)}
@@ -80,6 +80,26 @@ def _on_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str, done: Done) 
                 done(index[ref], ray.get(ref))
     finally:
         if started:
+            ray.shutdown()
+
+
+def start_ray(**init_args: Any) -> None:
+    """``ray.init``, with one more try when it starts a local instance that misses Ray's start-up wait.
+
+    Ray gives a new local node's raylet a fixed 30 s to register with its GCS and then raises
+    (``ray/_private/node.py``; ray-project/ray#62883); on a loaded machine that happens now and then, and
+    a second start, after the first is shut down, comes up. Joining a running cluster is not retried.
+    """
+    import ray
+
+    local = init_args.get("address") in (None, "local")
+    for attempt in (1, 2):
+        try:
+            ray.init(**init_args)
+            return
+        except Exception as error:  # Ray raises a bare Exception for this
+            if not local or attempt == 2 or "timed out during startup" not in str(error):
+                raise
             ray.shutdown()
 
 
