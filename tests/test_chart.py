@@ -96,7 +96,7 @@ def validate_rolloutrouter(resource: dict) -> None:
     jsonschema.validate(resource, schema)
 
 
-# The fields of monitoring.coreos.com/v1 ServiceMonitor this chart uses, typed as the Prometheus
+# The fields of monitoring.coreos.com/v1 ServiceMonitor this chart and the operator use, typed as the Prometheus
 # Operator's CRD types them; unknown fields are rejected, as `kubernetes-validate --strict` does.
 _LABEL_NAME = {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}
 _DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
@@ -108,13 +108,17 @@ _RELABEL = {"type": "object", "additionalProperties": False, "properties": {
                         "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase", "uppercase", "Uppercase",
                         "keepequal", "KeepEqual", "dropequal", "DropEqual"]}}}
 _STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_AUTHORIZATION = {"type": "object", "additionalProperties": False, "properties": {  # SafeAuthorization
+    "type": {"type": "string"}, "credentials": {"type": "object", "additionalProperties": False, "required": ["key"],
+                                                "properties": {"name": {"type": "string"}, "key": {"type": "string"},
+                                                               "optional": {"type": "boolean"}}}}}
 SERVICEMONITOR_SCHEMA = {
     "type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
     "properties": {
         "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
         "metadata": {"type": "object", "additionalProperties": False, "required": ["name", "namespace"], "properties": {
             "name": {"type": "string", "maxLength": 253}, "namespace": {"type": "string", "maxLength": 63},
-            "labels": _STRMAP, "annotations": _STRMAP}},
+            "labels": _STRMAP, "annotations": _STRMAP, "ownerReferences": {"type": "array", "items": {"type": "object"}}}},
         "spec": {"type": "object", "additionalProperties": False, "required": ["endpoints", "selector"], "properties": {
             "jobLabel": {"type": "string"},
             "selector": {"type": "object", "additionalProperties": False, "properties": {"matchLabels": _STRMAP,
@@ -124,7 +128,8 @@ SERVICEMONITOR_SCHEMA = {
             "endpoints": {"type": "array", "minItems": 1, "items": {"type": "object", "additionalProperties": False, "properties": {
                 "port": {"type": "string"}, "path": {"type": "string"}, "scheme": {"enum": ["http", "https"]},
                 "interval": _DURATION, "scrapeTimeout": _DURATION,
-                "relabelings": {"type": "array", "items": _RELABEL}, "metricRelabelings": {"type": "array", "items": _RELABEL}}}},
+                "relabelings": {"type": "array", "items": _RELABEL}, "metricRelabelings": {"type": "array", "items": _RELABEL},
+                "authorization": _AUTHORIZATION}}},
         }},
     },
 }

@@ -9,7 +9,7 @@ import pytest
 from rollout_router.kube import credentials, objects, watching
 from rollout_router.kube.client import ApiError, Client
 from rollout_router.kube.pods import container_port, is_ready
-from rollout_router.kube.resources import PODS, find
+from rollout_router.kube.resources import PODS, UnknownKind, find
 from rollout_router.kube.selectors import labels_query, matches, to_query
 from rollout_router.kube.watching import Event, Listing, follow
 from rollout_router.settings import LabelSelector
@@ -119,9 +119,15 @@ async def test_apply_creates_then_updates_and_delete_reports_what_it_did(cluster
 async def test_plurals_come_from_discovery_custom_resources_included(client):
     assert (await find(client, "apps/v1", "Deployment")).path("ns", "d") == "/apis/apps/v1/namespaces/ns/deployments/d"
     assert (await find(client, "rolloutrouter.dev/v1alpha1", "RolloutRouter")).plural == "rolloutrouters"
-    with pytest.raises(ApiError) as error:
-        await find(client, "v1", "NoSuchKind")
-    assert error.value.status == 404
+    for api_version, kind in (("v1", "NoSuchKind"), ("monitoring.coreos.com/v1", "ServiceMonitor")):  # no CRD
+        with pytest.raises(UnknownKind) as error:
+            await find(client, api_version, kind)
+        assert error.value.status == 404 and error.value.message == f"the API serves no {kind} in {api_version}"
+
+
+async def test_deleting_a_kind_the_api_does_not_serve_finds_it_gone(client):
+    """An optional child whose CRD is not installed (a ServiceMonitor) cannot exist: cleanup passes over it."""
+    assert await objects.delete(client, "monitoring.coreos.com/v1", "ServiceMonitor", "ns", "x") is False
 
 
 async def test_server_side_filtering_matches_the_local_matcher(cluster, client):  # noqa: F811

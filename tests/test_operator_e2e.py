@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import kmock
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from rollout_router_operator.render import child_refs
+from rollout_router_operator.render import child_refs, token_secret_name
 from rollout_router.localfleet import Service, stop
 from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, cluster  # noqa: F401  (fixture)
 from tests.k8s.pods import set_status
+from tests.k8s.resources import SERVICE_MONITOR
 from tests.k8s.stack import (OPTIONAL_CHILDREN, ROUTER_IMAGE, VLLM_IPS, Operator, Stack, fake_replicas, get_object,
                              loopback_address, missing, own_stack, start_operator)
 from tests.support import wait_until as wait_for
@@ -226,6 +228,45 @@ def test_invalid_spec_gets_its_condition_and_no_children(stack: Stack):
     stack.remove(bad)
     wait_for(lambda: stack.metric_growth("rolloutrouter_operator_resources", condition="Degraded", status="True") == 0,
              "the deleted invalid resource to stop counting")
+
+
+def test_service_monitor_waits_for_its_crd_then_names_the_token_and_goes_when_turned_off(stack: Stack):
+    c, name = stack.cluster, stack.name
+    if c.emulator is None:
+        pytest.skip("adds the Prometheus Operator's kind to the API: emulator only (tests/realk8s installs its CRD)")
+    stack.create()
+    stack.wait_for_children()
+    resource = c.patch_rr(name, {"serviceMonitor": {"enabled": True}})
+    generation = resource["metadata"]["generation"]
+
+    def condition(kind: str) -> dict:
+        status = stack.rr().get("status", {})
+        found = {x["type"]: x for x in status.get("conditions", [])}
+        return found.get(kind, {}) if status.get("observedGeneration") == generation else {}
+    wait_for(lambda: condition("Degraded").get("status") == "True", "Degraded for the missing kind")
+    assert "the API serves no ServiceMonitor in monitoring.coreos.com/v1" in condition("Degraded")["message"]
+    assert get_object(c, "monitoring.coreos.com/v1", "ServiceMonitor", f"{name}-router") is None
+
+    c.emulator.resources[f"{SERVICE_MONITOR.api_version}/{SERVICE_MONITOR.plural}"] = kmock.ResourceInfo(
+        namespaced=True, kind=SERVICE_MONITOR.kind, singular="servicemonitor",
+        verbs={"create", "delete", "get", "list", "patch", "update", "watch"})  # the Prometheus Operator installed
+    resource = c.patch_rr(name, {"serviceMonitor": {"enabled": True, "interval": "20s"}})  # any spec change retries
+    generation = resource["metadata"]["generation"]
+    monitor = wait_for(lambda: get_object(c, "monitoring.coreos.com/v1", "ServiceMonitor", f"{name}-router"),
+                       "the ServiceMonitor")
+    wait_for(lambda: condition("Degraded").get("reason") not in (None, "InvalidSpec"), "the condition cleared")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["interval"] == "20s"
+    assert endpoint["authorization"]["credentials"] == {"name": token_secret_name(name), "key": "token"}
+    assert stack.admin_token()  # the Secret it names exists, holding the routers' token
+    service = c.core.read_namespaced_service(f"{name}-router", c.namespace)
+    assert service.metadata.labels["rolloutrouter.dev/service-monitor"] == "own"
+
+    stack.reconciled(c.patch_rr(name, {"serviceMonitor": {"enabled": False}}))
+    wait_for(lambda: get_object(c, "monitoring.coreos.com/v1", "ServiceMonitor", f"{name}-router") is None,
+             "the ServiceMonitor deleted")
+    # The Service's label goes too, by server-side apply, which the emulator only approximates with a merge:
+    # checked on a real API server (tests/realk8s/test_service_monitor.py).
 
 
 def test_operator_metrics_saw_the_unreachable_router_the_updates_and_the_removal(stack: Stack):

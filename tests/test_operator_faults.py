@@ -26,11 +26,12 @@ from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, emulated_resource
 from tests.k8s.emulator import Emulator, EmulatorServer
 from tests.k8s.faults import Faults
 from tests.k8s.resources import object_path
+from tests.k8s.stack import OPTIONAL_CHILDREN
 from tests.support import wait_until
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
 NAME = "flaky"
-ALWAYS = {kind for _, kind, _ in child_refs(NAME)} - {"PodDisruptionBudget", "NetworkPolicy"}  # 1 replica, no policy
+ALWAYS = {kind for _, kind, _ in child_refs(NAME)} - set(OPTIONAL_CHILDREN)  # 1 replica, no policy, no monitor
 
 
 @dataclass

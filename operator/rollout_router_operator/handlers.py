@@ -18,6 +18,7 @@ from typing import Any
 
 import kopf
 from rollout_router.kube.client import ApiError
+from rollout_router.kube.resources import UnknownKind
 
 from . import kube, metrics
 from .render import InvalidSpec, child_refs, render
@@ -45,6 +46,8 @@ async def _apply_or_reject(body: kopf.Body, manifests: list[dict], retry: int) -
         await _apply_all(body, manifests)
     except kube.RetryableError as error:
         raise _retry(error, retry) from error
+    except UnknownKind as error:  # e.g. spec.serviceMonitor without the Prometheus Operator's CRDs
+        return f"{error.message}: install its CustomResourceDefinition, or turn off the spec field that renders it"
     except ApiError as error:
         if error.status != 422:  # 403 and the like: RBAC may be fixed; keep trying, slowly
             raise _retry(error, retry + 4) from error

@@ -37,6 +37,8 @@ TOKEN_DIR, TOKEN_FILE = "/var/run/secrets/rollout-router", "token"  # the admin 
 RUN_AS = 65532  # the "nonroot" user of distroless images
 MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
 RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "POD_IP", "PYTHONDONTWRITEBYTECODE"}
+# On the router Service of a resource with its own ServiceMonitor; the chart's ServiceMonitor skips such Services.
+OWN_MONITOR_LABEL = ("rolloutrouter.dev/service-monitor", "own")
 
 
 class InvalidSpec(ValueError):
@@ -85,7 +87,7 @@ def child_refs(name: str) -> list[tuple[str, str, str]]:
             ("rbac.authorization.k8s.io/v1", "RoleBinding", full), ("v1", "Secret", token_secret_name(name)),
             ("v1", "ConfigMap", f"{full}-config"),
             ("apps/v1", "Deployment", full), ("v1", "Service", full), ("policy/v1", "PodDisruptionBudget", full),
-            ("networking.k8s.io/v1", "NetworkPolicy", full)]
+            ("networking.k8s.io/v1", "NetworkPolicy", full), ("monitoring.coreos.com/v1", "ServiceMonitor", full)]
 
 
 def describe_spec_error(error: ValidationError) -> str:
@@ -114,6 +116,9 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
     for index, env in enumerate(spec.router.env):
         if env.name in RESERVED_ENV:
             raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set by the operator")
+    for label in spec.service_monitor.labels:
+        if label in pod_labels(name):
+            raise InvalidSpec(f"spec.serviceMonitor.labels: {label} is set by the operator")
     return spec
 
 
@@ -154,9 +159,11 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": meta["uid"],
              "controller": True, "blockOwnerDeletion": True}
 
-    def child(api_version: str, kind: str, object_name: str, **body: Any) -> dict:
+    def child(api_version: str, kind: str, object_name: str, extra_labels: dict[str, str] | None = None,
+              **body: Any) -> dict:
         return {"apiVersion": api_version, "kind": kind,
-                "metadata": {"name": object_name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]},
+                "metadata": {"name": object_name, "namespace": namespace, "labels": {**(extra_labels or {}), **labels},
+                             "ownerReferences": [owner]},
                 **body}
 
     full = child_name(name)
@@ -174,7 +181,7 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
         *secret,
         child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
         child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image, bool(secret))),
-        child("v1", "Service", full, spec={
+        child("v1", "Service", full, dict([OWN_MONITOR_LABEL]) if spec.service_monitor.enabled else None, spec={
             "type": spec.router.service.type, "selector": router_labels(name), **_affinity(spec),
             "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
                       {"name": "admin", "port": ROUTER_ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"},
@@ -186,7 +193,26 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
             "maxUnavailable": 1, "selector": {"matchLabels": router_labels(name)}}))
     if spec.network_policy.enabled:
         children.append(child("networking.k8s.io/v1", "NetworkPolicy", full, spec=_network_policy_spec(name, spec)))
+    if spec.service_monitor.enabled:
+        children.append(child("monitoring.coreos.com/v1", "ServiceMonitor", full, spec.service_monitor.labels,
+                              spec=_service_monitor_spec(name, spec, token_secret_name(name) if secret else None)))
     return children
+
+
+def _service_monitor_spec(name: str, spec: RolloutRouterSpec, token_secret: str | None) -> dict:
+    """The chart's router ServiceMonitor narrowed to this resource's Service, plus its admin token: the
+    Prometheus Operator reads the Secret (in this namespace) and sends ``Authorization: Bearer``."""
+    monitor = spec.service_monitor
+    endpoint: dict[str, Any] = {
+        "port": "admin", "path": "/metrics", "scheme": "http",
+        "interval": monitor.interval, "scrapeTimeout": monitor.scrape_timeout,
+        # the dashboard's $rolloutrouter variable, as the chart's ServiceMonitor sets it
+        "relabelings": [{"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
+                         "targetLabel": "rolloutrouter", "action": "replace"}]}
+    if token_secret is not None:
+        endpoint["authorization"] = {"type": "Bearer", "credentials": {"name": token_secret, "key": TOKEN_FILE}}
+    return {"jobLabel": "app.kubernetes.io/name", "selector": {"matchLabels": router_labels(name)},
+            "endpoints": [endpoint]}
 
 
 def _affinity(spec: RolloutRouterSpec) -> dict:

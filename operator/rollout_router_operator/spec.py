@@ -176,6 +176,25 @@ class NetworkPolicySpec(Model):
         "that its status poller reads /status, and whoever releases sessions."))
 
 
+DURATION = r"^([0-9]+(ms|s|m|h))+$"  # a Prometheus duration as ServiceMonitors take it, e.g. 30s, 1m30s
+
+
+class ServiceMonitorSpec(Model):
+    """A Prometheus Operator ServiceMonitor for this resource's routers, which sends their admin token."""
+
+    enabled: bool = Field(False, description=(
+        "Render a ServiceMonitor <name>-router (monitoring.coreos.com/v1; the Prometheus Operator's CRDs must be "
+        "installed) that scrapes the routers' /metrics on the admin port with this resource's admin token "
+        "(the Secret <name>-router-admin-token), which the Helm chart's one ServiceMonitor for all routers cannot "
+        "send. The router Service is labelled rolloutrouter.dev/service-monitor=own, so the chart's ServiceMonitor "
+        "leaves it out."))
+    labels: dict[str, str] = Field(default_factory=dict, description=(
+        "Extra labels on the ServiceMonitor, e.g. {release: kube-prometheus-stack} to match your Prometheus' "
+        "serviceMonitorSelector."))
+    interval: str = Field("30s", pattern=DURATION, description="Scrape interval.")
+    scrape_timeout: str = Field("10s", pattern=DURATION, description="Scrape timeout (at most the interval).")
+
+
 SELECTOR_RULE = cel(
     "(has(self.matchLabels) && size(self.matchLabels) > 0) || "
     "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
@@ -203,6 +222,7 @@ class RolloutRouterSpec(PolicySettings):
     grpc_port: Port | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
     router: RouterDeploymentSpec = Field(default_factory=RouterDeploymentSpec)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    service_monitor: ServiceMonitorSpec = Field(default_factory=ServiceMonitorSpec)
 
     @model_validator(mode="after")
     def _selector(self) -> RolloutRouterSpec:

@@ -32,7 +32,13 @@ def _bundled() -> dict[tuple[str, str], Resource]:
     return found
 
 
+# Kinds of other projects' CRDs the operator may write, as their CRDs declare them (not in kmock's bundle).
+SERVICE_MONITOR = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True)  # Prometheus Operator
+
+
 def resource_of(api_version: str, kind: str) -> Resource:
+    if (api_version, kind) == (SERVICE_MONITOR.api_version, SERVICE_MONITOR.kind):
+        return SERVICE_MONITOR
     return _bundled()[api_version, kind]
 
 

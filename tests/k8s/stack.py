@@ -44,7 +44,8 @@ VLLM_IPS = ["127.0.0.31", "127.0.0.32", "127.0.0.33"]
 UNSCHEDULABLE = {"rolloutrouter.dev/test": "no-such-node"}  # on a real cluster the Deployment's pods stay Pending
 ROUTER_IMAGE = "registry.example.com/mirror/rollout-router:e2e"  # the operator's ROLLOUT_ROUTER_IMAGE
 METRICS_PORT = 8080  # the operator's --metrics-port (0 turns metrics off, so it cannot pick one)
-OPTIONAL_CHILDREN = ("PodDisruptionBudget", "NetworkPolicy")  # rendered for 2+ replicas, for spec.networkPolicy
+# rendered for 2+ replicas, for spec.networkPolicy, for spec.serviceMonitor
+OPTIONAL_CHILDREN = ("PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor")
 
 
 def loopback_address() -> str:

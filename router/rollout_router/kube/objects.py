@@ -21,9 +21,10 @@ async def apply(client: Client, manifest: dict, field_manager: str) -> dict:
 
 
 async def delete(client: Client, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
-    """Delete one object, dependents in the background; False if it was already gone."""
-    resource = await find(client, api_version, kind)
+    """Delete one object, dependents in the background; False if it was already gone, or if the API
+    serves no such kind (no object of a kind whose CRD is not installed can exist)."""
     try:
+        resource = await find(client, api_version, kind)
         await client.request("DELETE", resource.path(namespace, name), body={"propagationPolicy": "Background"})
     except ApiError as error:
         if error.status == 404:

@@ -38,11 +38,23 @@ async def _discover(client: Client, api_version: str) -> dict[str, Resource]:
             for entry in document.get("resources") or [] if "/" not in entry["name"]}  # "pods/status": subresources
 
 
+class UnknownKind(ApiError):
+    """A 404: the API serves no such kind (its group version, or its CRD, is not installed)."""
+
+    def __init__(self, api_version: str, kind: str):
+        super().__init__(404, "NotFound", f"the API serves no {kind} in {api_version}")
+
+
 async def find(client: Client, api_version: str, kind: str) -> Resource:
-    """The resource serving ``kind`` in ``api_version``; a 404 ``ApiError`` if the server has none."""
+    """The resource serving ``kind`` in ``api_version``; ``UnknownKind`` if the server has none."""
     known = client.discovered.get(api_version)
     if known is None or kind not in known:
-        known = client.discovered[api_version] = await _discover(client, api_version)
+        try:
+            known = client.discovered[api_version] = await _discover(client, api_version)
+        except ApiError as error:
+            if error.status == 404:  # no such group version at all
+                raise UnknownKind(api_version, kind) from error
+            raise
     if kind not in known:
-        raise ApiError(404, "NotFound", f"the API serves no {kind} in {api_version}")
+        raise UnknownKind(api_version, kind)
     return known[kind]
