@@ -67,6 +67,18 @@ async def test_other_client_errors_are_final_and_404_on_delete_is_done(failing):
     assert await kube.delete("apps/v1", "Deployment", "n", "a") is False
 
 
+async def test_a_refused_deletion_leaves_the_object_alone_and_the_reconcile_goes_on(failing, caplog):
+    """403: not the operator's object (the admission policy's refusal, e.g. a user's own ServiceMonitor of the
+    child's name) or a kind its RBAC lacks; every optional child refused, the apply still completes."""
+    failing(ApiError(403, "Forbidden", "may only change or delete objects it manages"))
+    await handlers._apply_all(kopf.Body({"metadata": {"name": "rr", "namespace": "n"}}), [])
+    for kind in ("ServiceMonitor", "NetworkPolicy", "PodDisruptionBudget", "Deployment"):  # kinds the stand-in serves
+        assert f"left {kind} n/rr-router alone: may only change or delete objects it manages" in caplog.text
+    failing(ApiError(422, "Invalid", ""))
+    with pytest.raises(ApiError):  # anything else still reaches the handler
+        await handlers._delete_child("n", ("apps/v1", "Deployment", "rr-router"))
+
+
 def test_backoff_grows_and_is_capped():
     delays = [handlers._retry(RuntimeError("x"), retry).delay for retry in range(10)]
     assert delays[:4] == [1, 2, 4, 8] and max(delays) == 60

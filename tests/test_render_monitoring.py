@@ -3,6 +3,7 @@ ServiceMonitor leaving that resource's Service to it."""
 from __future__ import annotations
 
 import base64
+import re
 
 import jsonschema
 import pytest
@@ -52,6 +53,13 @@ def test_service_monitor_without_a_token_sends_none(spec):
     assert "authorization" not in endpoint and endpoint["interval"] == "30s"
 
 
+def test_a_service_monitor_takes_kubernetes_labels_and_prometheus_durations():
+    monitor = {"enabled": True, "labels": {"example.com/team": "rl", "release": "", "a_b.c": "X-1"},
+               "interval": "1m30s", "scrapeTimeout": "1m30s"}
+    (endpoint,) = of_kind(render(resource({"serviceMonitor": monitor}), token_key=KEY), "ServiceMonitor")["spec"]["endpoints"]
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("1m30s", "1m30s")
+
+
 def test_no_service_monitor_unless_asked():
     children = render(resource(), token_key=KEY)
     assert of_kind(children, "ServiceMonitor") is None
@@ -73,9 +81,32 @@ def test_the_charts_router_monitor_leaves_a_service_with_its_own_monitor(chart):
 @pytest.mark.parametrize(("monitor", "problem"), [
     ({"enabled": True, "labels": {"app.kubernetes.io/managed-by": "me"}},
      "spec.serviceMonitor.labels: app.kubernetes.io/managed-by is set by the operator"),
+    ({"enabled": True, "labels": {"team/": "rl"}}, "spec.serviceMonitor.labels: team/=rl is not a Kubernetes label"),
+    ({"enabled": True, "labels": {"Team.Example/x": "a"}}, "Team.Example/x=a is not a Kubernetes label"),
+    ({"enabled": True, "labels": {"team": "-rl"}}, "team=-rl is not a Kubernetes label"),
     ({"enabled": True, "interval": "30 seconds"}, "spec.serviceMonitor.interval: String should match pattern"),
+    ({"enabled": True, "interval": "1d"}, "spec.serviceMonitor.interval: String should match pattern"),
+    ({"enabled": True, "interval": "5s"}, "spec.serviceMonitor: scrapeTimeout must be at most the interval"),
+    ({"enabled": True, "interval": "1m", "scrapeTimeout": "1m500ms"}, "scrapeTimeout must be at most the interval"),
     ({"enabled": True, "scrapeTimout": "5s"}, "spec.serviceMonitor.scrapeTimout: Extra inputs are not permitted"),
 ])
 def test_a_bad_service_monitor_spec_is_refused_by_name(monitor, problem):
     with pytest.raises(InvalidSpec, match=problem):
         render(resource({"serviceMonitor": monitor}), token_key=KEY)
+
+
+def test_the_admission_policy_admits_the_service_monitor_render_writes_and_only_its_fields(chart):  # noqa: F811
+    """The chart's policy allowlists ServiceMonitor fields (evaluated by a real API server in
+    tests/realk8s/test_service_monitor.py); what render writes must stay inside that list."""
+    policy = next(m for m in render_chart(chart, {}) if m["kind"] == "ValidatingAdmissionPolicy")
+    (rule,) = [v["expression"] for v in policy["spec"]["validations"] if "'servicemonitors'" in v["expression"]]
+    spec_keys, endpoint_keys, authorization_keys, credential_keys = (
+        set(re.findall(r"'([A-Za-z]+)'", listed)) for listed in re.findall(r"k in \[([^\]]*)\]", rule))
+    monitor = of_kind(render(resource({"serviceMonitor": MONITOR}), token_key=KEY), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert set(monitor["spec"]) <= spec_keys and set(endpoint) <= endpoint_keys
+    assert set(endpoint["authorization"]) <= authorization_keys
+    assert set(endpoint["authorization"]["credentials"]) <= credential_keys
+    name = monitor["metadata"]["name"]  # the policy's name rule: <name>-router names <name>-router-admin-token
+    assert f"endsWith('{name.removeprefix('rr1')}')" in rule
+    assert endpoint["authorization"]["credentials"]["name"] == name + "-admin-token" and "+ '-admin-token'" in rule

@@ -30,6 +30,21 @@ def _retry(error: Exception, retry: int) -> kopf.TemporaryError:
     return kopf.TemporaryError(str(error), delay=min(2 ** retry, 60))
 
 
+async def _delete_child(namespace: str, ref: tuple[str, str, str]) -> None:
+    """Delete a child by name; one the API refuses to delete (403) is left alone and logged.
+
+    The operator never reads before it deletes, so a refusal is how it learns that the object of that name
+    is not its own (the chart's admission policy refuses deleting what the operator does not manage, e.g. a
+    user's ServiceMonitor named ``<name>-router``) or that its RBAC lacks the kind. Neither gets better by
+    retrying, and its own children also go with the resource, by their ownerReferences."""
+    try:
+        await kube.delete(ref[0], ref[1], namespace, ref[2])
+    except ApiError as error:
+        if error.status != 403:
+            raise
+        logging.getLogger(__name__).warning("left %s %s/%s alone: %s", ref[1], namespace, ref[2], error.message)
+
+
 async def _apply_all(body: kopf.Body, manifests: list[dict]) -> None:
     """Apply every rendered child, then delete the optional ones no longer rendered (the PDB)."""
     for manifest in manifests:
@@ -37,7 +52,7 @@ async def _apply_all(body: kopf.Body, manifests: list[dict]) -> None:
     rendered = {(m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in manifests}
     for ref in child_refs(body["metadata"]["name"]):
         if ref not in rendered:
-            await kube.delete(*ref[:2], body["metadata"]["namespace"], ref[2])
+            await _delete_child(body["metadata"]["namespace"], ref)
 
 
 async def _apply_or_reject(body: kopf.Body, manifests: list[dict], retry: int) -> str | None:
@@ -122,7 +137,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
             for ref in child_refs(meta["name"]):
                 if ref not in gone:
                     try:
-                        await kube.delete(ref[0], ref[1], meta["namespace"], ref[2])
+                        await _delete_child(meta["namespace"], ref)
                         gone.add(ref)
                     except kube.RetryableError as error:
                         failed.append(error)

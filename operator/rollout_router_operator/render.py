@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
@@ -38,7 +39,9 @@ RUN_AS = 65532  # the "nonroot" user of distroless images
 MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
 RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "POD_IP", "PYTHONDONTWRITEBYTECODE"}
 # On the router Service of a resource with its own ServiceMonitor; the chart's ServiceMonitor skips such Services.
-OWN_MONITOR_LABEL = ("rolloutrouter.dev/service-monitor", "own")
+OWN_MONITOR_LABEL = {"rolloutrouter.dev/service-monitor": "own"}
+LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a label's name, or a non-empty value
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class InvalidSpec(ValueError):
@@ -116,10 +119,19 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
     for index, env in enumerate(spec.router.env):
         if env.name in RESERVED_ENV:
             raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set by the operator")
-    for label in spec.service_monitor.labels:
+    for label, value in spec.service_monitor.labels.items():
         if label in pod_labels(name):
             raise InvalidSpec(f"spec.serviceMonitor.labels: {label} is set by the operator")
+        if not _label_key(label) or not (value == "" or LABEL_NAME.fullmatch(value)):
+            raise InvalidSpec(f"spec.serviceMonitor.labels: {label}={value} is not a Kubernetes label")
     return spec
+
+
+def _label_key(key: str) -> bool:
+    """A label key as the API takes it: an optional DNS-subdomain prefix and '/', then a name."""
+    prefix, _, label = key.rpartition("/")
+    return bool(LABEL_NAME.fullmatch(label)) and (
+        not prefix or (len(prefix) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(prefix))))
 
 
 def check_image(spec: RolloutRouterSpec, allowed_images: Sequence[str]) -> None:
@@ -181,7 +193,7 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
         *secret,
         child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
         child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image, bool(secret))),
-        child("v1", "Service", full, dict([OWN_MONITOR_LABEL]) if spec.service_monitor.enabled else None, spec={
+        child("v1", "Service", full, OWN_MONITOR_LABEL if spec.service_monitor.enabled else None, spec={
             "type": spec.router.service.type, "selector": router_labels(name), **_affinity(spec),
             "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
                       {"name": "admin", "port": ROUTER_ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"},

@@ -8,6 +8,7 @@ operator reports them when the server does not run CEL, e.g. the emulator).
 """
 from __future__ import annotations
 
+import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
@@ -176,11 +177,22 @@ class NetworkPolicySpec(Model):
         "that its status poller reads /status, and whoever releases sessions."))
 
 
-DURATION = r"^([0-9]+(ms|s|m|h))+$"  # a Prometheus duration as ServiceMonitors take it, e.g. 30s, 1m30s
+# A duration both the Prometheus Operator's pattern and CEL's duration() read, e.g. 30s, 1m30s (no d, w, y).
+DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$"
+DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+TIMEOUT_RULE = cel("duration(self.scrapeTimeout) <= duration(self.interval)", "scrapeTimeout must be at most the "
+                   "interval (the Prometheus Operator refuses such a ServiceMonitor)", ".scrapeTimeout")
+
+
+def seconds(duration: str) -> float:
+    """A ``DURATION`` in seconds."""
+    return sum(float(n) * DURATION_UNITS[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", duration))
 
 
 class ServiceMonitorSpec(Model):
     """A Prometheus Operator ServiceMonitor for this resource's routers, which sends their admin token."""
+
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [TIMEOUT_RULE]}}
 
     enabled: bool = Field(False, description=(
         "Render a ServiceMonitor <name>-router (monitoring.coreos.com/v1; the Prometheus Operator's CRDs must be "
@@ -191,8 +203,15 @@ class ServiceMonitorSpec(Model):
     labels: dict[str, str] = Field(default_factory=dict, description=(
         "Extra labels on the ServiceMonitor, e.g. {release: kube-prometheus-stack} to match your Prometheus' "
         "serviceMonitorSelector."))
-    interval: str = Field("30s", pattern=DURATION, description="Scrape interval.")
-    scrape_timeout: str = Field("10s", pattern=DURATION, description="Scrape timeout (at most the interval).")
+    interval: str = Field("30s", pattern=DURATION, min_length=2, max_length=32, description="Scrape interval.")
+    scrape_timeout: str = Field("10s", pattern=DURATION, min_length=2, max_length=32,
+                                description="Scrape timeout (at most the interval).")
+
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> ServiceMonitorSpec:
+        if seconds(self.scrape_timeout) > seconds(self.interval):
+            raise ValueError(TIMEOUT_RULE["message"])
+        return self
 
 
 SELECTOR_RULE = cel(

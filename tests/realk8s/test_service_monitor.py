@@ -42,11 +42,12 @@ def scrape(pod: dict, token: str | None) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def degraded(cluster, namespace: str, generation: int) -> dict | None:
-    status = cluster.get("rr", "rollouts", "-n", namespace).get("status") or {}
-    if status.get("observedGeneration") != generation:
+def degraded(cluster, namespace: str, generation: int, status: str) -> dict | None:
+    """The Degraded condition once the operator has reconciled ``generation`` and it has ``status``."""
+    written = cluster.get("rr", "rollouts", "-n", namespace).get("status") or {}
+    if written.get("observedGeneration") != generation:
         return None
-    return next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
+    return next((c for c in written.get("conditions", []) if c["type"] == "Degraded" and c["status"] == status), None)
 
 
 def patch_monitor(cluster, namespace: str, monitor: dict) -> int:
@@ -59,8 +60,8 @@ def patch_monitor(cluster, namespace: str, monitor: dict) -> int:
 def test_service_monitor_waits_for_its_crd_then_scrapes_with_the_routers_token(cluster, operator_release, namespace):
     router = deploy_rollouts(cluster, namespace)
     generation = patch_monitor(cluster, namespace, {"enabled": True})
-    condition = eventually(lambda: (lambda c: c if c and c["status"] == "True" else None)(
-        degraded(cluster, namespace, generation)), 60, "Degraded for the missing ServiceMonitor kind")
+    condition = eventually(lambda: degraded(cluster, namespace, generation, "True"), 60,
+                           "Degraded for the missing ServiceMonitor kind")
     assert "the API serves no ServiceMonitor in monitoring.coreos.com/v1" in condition["message"]
 
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(CRD))
@@ -70,8 +71,7 @@ def test_service_monitor_waits_for_its_crd_then_scrapes_with_the_routers_token(c
         generation = patch_monitor(cluster, namespace, {"enabled": True, "labels": {"release": "prometheus"}})
         monitor = eventually(lambda: cluster.get("servicemonitors", "-n", namespace)["items"], 60,
                              "the ServiceMonitor")[0]
-        eventually(lambda: (lambda c: c and c["status"] == "False")(degraded(cluster, namespace, generation)), 60,
-                   "Degraded cleared")
+        eventually(lambda: degraded(cluster, namespace, generation, "False"), 60, "Degraded cleared")
         assert monitor["metadata"]["name"] == "rollouts-router"
         assert monitor["metadata"]["labels"]["release"] == "prometheus"
 
@@ -91,17 +91,32 @@ def test_service_monitor_waits_for_its_crd_then_scrapes_with_the_routers_token(c
 
         # The admission policy: the operator may write a ServiceMonitor naming only its routers' token.
         as_operator = operator_flags(cluster, operator_release, namespace)
-        stolen = json.loads(json.dumps(monitor))
-        stolen["metadata"] = {"name": "rollouts-router", "labels": monitor["metadata"]["labels"]}
-        stolen["spec"]["endpoints"][0]["authorization"]["credentials"] = {"name": "someone-elses", "key": "token"}
-        refused = cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=intruder",
-                                  "-f", "-", *as_operator, stdin=json.dumps(stolen), check=False)
-        assert refused.returncode != 0
-        assert "may only write ServiceMonitors whose one credential is their routers' admin token" in refused.stderr
+        for name, change in [("rollouts-router", {"authorization": {"type": "Bearer", "credentials": {
+                                 "name": "someone-elses", "key": "token"}}}),
+                             ("rollouts-router", {"bearerTokenFile": "/var/run/secrets/kubernetes.io/"
+                                                                     "serviceaccount/token"}),  # Prometheus' own
+                             ("rollouts", {"authorization": {"type": "Bearer", "credentials": {
+                                 "name": "rollouts-admin-token", "key": "token"}}})]:  # named for a Secret, not routers
+            stolen = {**monitor, "metadata": {"name": name, "labels": monitor["metadata"]["labels"]},
+                      "spec": {**monitor["spec"], "endpoints": [{**endpoint, **change}]}}
+            refused = cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=intruder",
+                                      "-f", "-", *as_operator, stdin=json.dumps(stolen), check=False)
+            assert refused.returncode != 0, change
+            assert "may only write ServiceMonitors whose one credential is their routers' admin token" in refused.stderr
 
         patch_monitor(cluster, namespace, {"enabled": False})
         eventually(lambda: not cluster.get("servicemonitors", "-n", namespace)["items"], 60, "the ServiceMonitor gone")
         eventually(lambda: OWN not in cluster.get("service", "rollouts-router", "-n", namespace)["metadata"]["labels"],
                    60, "the Service's label removed by server-side apply")
+
+        # A user's own ServiceMonitor of that name: the operator's deletion is refused (not its object) and passed
+        # over, the resource stays healthy, the user's object stays.
+        mine = {**monitor, "metadata": {"name": "rollouts-router", "labels": {"team": "rl"}}}
+        cluster.apply(mine, namespace)
+        generation = cluster.get("rr", "rollouts", "-n", namespace)["metadata"]["generation"]
+        cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge", "-p",
+                        json.dumps({"spec": {"affinityBreakMargin": 3}}))  # a reconcile, which deletes the unrendered
+        eventually(lambda: degraded(cluster, namespace, generation + 1, "False"), 60, "the reconcile done, healthy")
+        assert cluster.get("servicemonitor", "rollouts-router", "-n", namespace)["metadata"]["labels"] == {"team": "rl"}
     finally:
         cluster.kubectl("delete", "crd", "servicemonitors.monitoring.coreos.com", "--wait=false", check=False)

@@ -36,8 +36,13 @@ def rollouts(spec: dict) -> str:
      "sessionOwner Entry needs sessionOwnership true"),
     ({"selector": {"matchLabels": {"app": "vllm"}}, "policy": "cost_affinity", "affinityBreakMargin": None},
      "spec.affinityBreakMargin: Invalid value: \"object\": policy cost_affinity needs a number"),
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "serviceMonitor": {"enabled": True, "interval": "5s"}},
+     "spec.serviceMonitor.scrapeTimeout: Invalid value: \"object\": scrapeTimeout must be at most the interval"),
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "serviceMonitor": {"enabled": True, "interval": "1d"}},
+     "spec.serviceMonitor.interval: Invalid value: \"1d\": spec.serviceMonitor.interval in body should match"),
 ], ids=["negative-margin", "unknown-policy", "empty-selector-cel", "in-without-values-cel", "unknown-field",
-        "lower-case-session-owner", "entry-without-ownership-cel", "cost-affinity-without-margin-cel"])
+        "lower-case-session-owner", "entry-without-ownership-cel", "cost-affinity-without-margin-cel",
+        "scrape-timeout-over-interval-cel", "interval-in-days"])
 def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec, expected):
     cluster.kubectl("apply", "-f", "crds/")  # the CRD alone, as the README's first step does
     answer = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=rollouts(spec), check=False)
@@ -50,7 +55,10 @@ def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec
     {"selector": {"matchLabels": {"app": "vllm"}}, "policy": "cost_affinity", "affinityBreakMargin": 0},
     {"selector": {"matchLabels": {"app": "vllm"}}, "policy": "cost_affinity", "fullDeterminism": True},
     {"selector": {"matchLabels": {"app": "vllm"}}, "router": {"sessionOwnership": True, "sessionOwner": "Entry"}},
-], ids=["cost-affinity-with-margin-0", "cost-affinity-under-full-determinism", "entry-with-ownership"])
+    {"selector": {"matchLabels": {"app": "vllm"}},
+     "serviceMonitor": {"enabled": True, "interval": "1m", "scrapeTimeout": "59s500ms"}},
+], ids=["cost-affinity-with-margin-0", "cost-affinity-under-full-determinism", "entry-with-ownership",
+        "scrape-timeout-within-interval"])
 def test_api_server_accepts_what_the_cel_rules_allow(cluster, namespace, spec):
     cluster.kubectl("apply", "-f", "crds/")
     answer = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rollouts(spec), check=False)
