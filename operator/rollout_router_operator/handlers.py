@@ -26,6 +26,11 @@ from .spec import GROUP, PLURAL
 from .status import collect, invalid, rejected
 
 
+# Status intervals between looks for a kind the API does not serve (a minute at the default 10 s): kopf logs
+# and posts an Event for every try, so not every interval.
+MISSING_KIND_RECHECK = 6
+
+
 def _retry(error: Exception, retry: int) -> kopf.TemporaryError:
     return kopf.TemporaryError(str(error), delay=min(2 ** retry, 60))
 
@@ -61,8 +66,8 @@ async def _apply_or_reject(body: kopf.Body, manifests: list[dict], retry: int) -
         await _apply_all(body, manifests)
     except kube.RetryableError as error:
         raise _retry(error, retry) from error
-    except UnknownKind as error:  # e.g. spec.serviceMonitor without the Prometheus Operator's CRDs
-        return f"{error.message}: install its CustomResourceDefinition, or turn off the spec field that renders it"
+    except UnknownKind:
+        raise  # the reconcile reports it and looks again
     except ApiError as error:
         if error.status != 422:  # 403 and the like: RBAC may be fixed; keep trying, slowly
             raise _retry(error, retry + 4) from error
@@ -99,19 +104,28 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
     async def reconcile(body: kopf.Body, retry: int, reason: str, memo: kopf.Memo,
                         logger: logging.Logger | logging.LoggerAdapter[Any], **_: object) -> None:
         async with _status_lock(memo):
-            memo["observed"] = await _reconcile(body, retry, reason, logger)
+            generation, problem, missing_kind = await _reconcile(body, retry, reason, logger)
+            memo["observed"] = generation, not problem
+        if missing_kind:  # reported, and looked for again: installing the CRD later heals the resource by itself
+            raise kopf.TemporaryError(problem, delay=status_interval * MISSING_KIND_RECHECK)
 
-    async def _reconcile(body: kopf.Body, retry: int, reason: str,
-                         logger: logging.Logger | logging.LoggerAdapter[Any]) -> tuple[int | None, bool]:
-        """Apply the children and write the status; (the generation observed, whether it was valid)."""
+    async def _reconcile(body: kopf.Body, retry: int, reason: str, logger: logging.Logger | logging.LoggerAdapter[Any],
+                         ) -> tuple[int | None, str | None, bool]:
+        """Apply the children and write the status: the generation observed, the problem that made it invalid
+        (or None), and whether that problem is a kind the API does not serve (a CRD not installed yet)."""
         generation = body["metadata"].get("generation")
+        missing_kind = False
         with metrics.reconcile(kopf.Reason(reason).value) as run:
             try:
                 problem = await _apply_or_reject(body, render(dict(body), router_image, allowed_images, token_key),
                                                 retry)
             except InvalidSpec as error:
                 problem = str(error)
-            if problem:  # reported, not retried: nothing changes until the spec does
+            except UnknownKind as error:  # e.g. spec.serviceMonitor without the Prometheus Operator's CRDs
+                problem = f"{error.message}: install its CustomResourceDefinition, or turn off the spec field that " \
+                          "renders it"
+                missing_kind = True
+            if problem:  # reported; retried only for a missing kind, else nothing changes until the spec does
                 logger.warning("invalid spec: %s", problem)
                 run.outcome = metrics.INVALID_SPEC
                 document = invalid(_status(body), generation, problem)
@@ -121,7 +135,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
             await _write_status(body["metadata"], document)
         except kube.RetryableError as error:
             raise _retry(error, retry) from error
-        return generation, not problem
+        return generation, problem, missing_kind
 
     @kopf.on.delete(GROUP, PLURAL, registry=registry)
     async def remove(body: kopf.Body, retry: int, memo: kopf.Memo, **_: object) -> None:
