@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck test-vllm test-k8s test-dashboards image image-podman study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck test-vllm test-k8s test-dashboards bench-deps image image-podman study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -56,6 +56,18 @@ system-deps:
 	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $${dep#*:}"; done; \
 	  [ -z "$$missing" ] || { echo "installing Debian packages:$$missing"; \
 	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends $$missing >/dev/null; }
+
+# What the benchmarks run beside ours (benchmarks/peer_arms.py): the peers' routers (pip, pinned above) and
+# Debian's HAProxy, nginx, wrk and hey. Services are not started by the install (policy-rc.d refuses it),
+# so no nginx is left listening on port 80.
+BENCH_DEPS := haproxy nginx-light wrk hey
+bench-deps: $(VENV)/.installed-peers
+	@missing=""; for pkg in $(BENCH_DEPS); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	  [ -z "$$missing" ] || { echo "installing Debian packages:$$missing"; \
+	  printf '#!/bin/sh\nexit 101\n' > /tmp/policy-rc.d && chmod +x /tmp/policy-rc.d; \
+	  $(APT) update -qq && $(if $(filter 0,$(shell id -u)),,sudo) sh -c 'cp /tmp/policy-rc.d /usr/sbin/policy-rc.d && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends'"$$missing"' >/dev/null; \
+	  rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc'; }
 
 demo: install-sim
 	$(BIN)/rollout-router demo

@@ -2,13 +2,17 @@
 
 It answers what the proxy benchmarks send: ``POST /v1/chat/completions`` with a small
 JSON completion (Content-Length), or with ``"stream": true`` a chunked SSE stream of
-``EVENTS`` events written one by one, then ``data: [DONE]``; ``GET /health``.
+``EVENTS`` events written one by one, then ``data: [DONE]``; ``GET /health``; ``GET /seen``: the
+session ids it has answered (the ``X-Session-ID`` or ``x-smg-routing-key`` header, else the body's
+``"user"`` field), one per line, so a benchmark can check that every arm forwarded and kept
+each session on one replica.
 
     python benchmarks/raw_replica.py HOST PORT
 """
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 
 import httptools
@@ -22,10 +26,23 @@ SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Enco
 EVENT = (b'data: {"id":"x","object":"chat.completion.chunk","model":"tiny","choices":[{"index":0,'
          b'"delta":{"content":"t "},"finish_reason":null}]}\n\n')
 HEALTH = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+USER = re.compile(rb'"user"\s*:\s*"([^"]*)"')
+SESSION_HEADERS = (b"x-session-id", b"x-smg-routing-key")  # ours and the peers'; SGLang's forwards only its own
+SEEN: set[bytes] = set()  # session ids answered
+
+
+def text(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
 
 def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def user(body: bytes) -> bytes:
+    """The ``"user": "..."`` field of a JSON body, found without parsing it (b"" when absent)."""
+    found = USER.search(body)
+    return found.group(1) if found else b""
 
 
 class Replica(asyncio.Protocol):
@@ -33,6 +50,7 @@ class Replica(asyncio.Protocol):
         self.transport = transport
         self.parser = httptools.HttpRequestParser(self)
         self.body: list[bytes] = []
+        self.session = b""
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -43,13 +61,22 @@ class Replica(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url = url
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in SESSION_HEADERS:
+            self.session = value
+
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
         body, self.body = b"".join(self.body), []
+        session, self.session = self.session or user(body), b""
+        if session:
+            SEEN.add(session)
         if self.url.startswith(b"/health"):
             self.transport.write(HEALTH)
+        elif self.url.startswith(b"/seen"):
+            self.transport.write(text(b"\n".join(sorted(SEEN))))
         elif b'"stream":true' in body.replace(b" ", b""):
             self.transport.write(SSE_HEAD)
             for _ in range(EVENTS):

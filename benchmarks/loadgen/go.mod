@@ -1,0 +1,3 @@
+module rolloutrouter.dev/benchmarks/loadgen
+
+go 1.22

@@ -1,0 +1,132 @@
+"""The other proxies a benchmark runs beside ours, as real processes on loopback, each told to key sessions
+on the header our load sends (``X-Session-ID``; SGLang's router reads ``x-smg-routing-key``, which the load
+generator sends too):
+
+  vllm-router consistent_hash   the Rust peer (pip ``vllm-router``, pinned in the Makefile's PEER_ROUTERS)
+  SGLang router manual          sticky on x-smg-routing-key (pip ``sglang-router``)
+  HAProxy                       Debian's 2.6, ``nbthread 1``, ``balance hdr(X-Session-ID)`` consistent, keep-alive
+                                to the backends (``http-reuse always``)
+  nginx                         Debian's 1.22, one worker, ``hash $http_x_session_id consistent``, upstream
+                                ``keepalive``, no response buffering (SSE passes through as it comes)
+
+Each start function returns a ``Service`` once the arm answers; ``None`` when its program is not installed
+(``make bench-deps`` installs them all). Configuration files go to a temporary directory.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rollout_router.localfleet import Service, free_port, wait_healthy
+
+SESSION_HEADERS = ("X-Session-ID", "x-smg-routing-key")
+
+
+def tool(name: str) -> str | None:
+    """A command from PATH, /usr/sbin, or this interpreter's virtualenv."""
+    return (shutil.which(name) or shutil.which(name, path="/usr/sbin")
+            or shutil.which(name, path=str(Path(sys.executable).parent)))
+
+
+def _started(args: list[str], port: int, health: str = "/health") -> Service:
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                               text=True)
+    return wait_healthy(Service(f"http://127.0.0.1:{port}", process), health, timeout=60)
+
+
+def vllm_router(backends: list[str]) -> Service | None:
+    binary = tool("vllm-router")
+    if binary is None:
+        return None
+    port = free_port()
+    return _started([binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "consistent_hash",
+                     "--log-level", "warning", "--prometheus-host", "127.0.0.1",
+                     "--prometheus-port", str(free_port()), "--worker-urls", *backends], port)
+
+
+def sglang_router(backends: list[str]) -> Service | None:
+    binary = tool("sglang-router")
+    if binary is None:
+        return None
+    port = free_port()
+    return _started([binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "manual",
+                     "--log-level", "warn", "--prometheus-host", "127.0.0.1",
+                     "--prometheus-port", str(free_port()), "--worker-urls", *backends], port)
+
+
+def haproxy(backends: list[str]) -> Service | None:
+    binary = tool("haproxy")
+    if binary is None:
+        return None
+    port, work = free_port(), Path(tempfile.mkdtemp(prefix="bench-haproxy-"))
+    servers = "\n".join(f"  server r{i} {urlsplit(url).netloc}" for i, url in enumerate(backends))
+    (work / "haproxy.cfg").write_text(f"""global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  http-reuse always
+frontend front
+  bind 127.0.0.1:{port}
+  monitor-uri /health
+  default_backend replicas
+backend replicas
+  balance hdr(X-Session-ID)
+  hash-type consistent
+{servers}
+""")
+    return _started([binary, "-db", "-f", str(work / "haproxy.cfg")], port)
+
+
+def nginx(backends: list[str]) -> Service | None:
+    binary = tool("nginx")
+    if binary is None:
+        return None
+    port, work = free_port(), Path(tempfile.mkdtemp(prefix="bench-nginx-"))
+    servers = "\n".join(f"    server {urlsplit(url).netloc};" for url in backends)
+    (work / "nginx.conf").write_text(f"""worker_processes 1;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {work}/body;
+  proxy_temp_path {work}/proxy;
+  fastcgi_temp_path {work}/fastcgi;
+  uwsgi_temp_path {work}/uwsgi;
+  scgi_temp_path {work}/scgi;
+  upstream replicas {{
+    hash $http_x_session_id consistent;
+{servers}
+    keepalive 64;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location = /health {{ return 200 "ok"; }}
+    location / {{
+      proxy_pass http://replicas;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+""")
+    return _started([binary, "-p", str(work), "-c", str(work / "nginx.conf")], port)
+
+
+PEERS: dict[str, Callable[[list[str]], Service | None]] = {
+    "vllm-router consistent_hash": vllm_router,
+    "SGLang router manual": sglang_router,
+    "HAProxy 2.6 (one thread)": haproxy,
+    "nginx 1.22 (one worker)": nginx,
+}

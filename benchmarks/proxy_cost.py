@@ -1,0 +1,225 @@
+"""What each router costs per request: CPU time, not throughput.
+
+Throughput on these shared 2-core machines swings 2-3x between runs; the CPU a proxy spends per request at a
+fixed offered load below saturation is steadier. For every arm: utime+stime of the arm's whole process tree
+(from /proc/PID/stat) over the measured window, divided by the answers it relayed, plus the p50/p99 the
+client saw, added over direct. Two loads, one after the other in each round:
+
+  chat    --rate req/s (2,000) of small chat completions, 32 keep-alive connections, 256 rotating sessions
+  SSE     --stream-rate streams/s (500), each 32 events + [DONE] from the replica
+
+Arms: direct (one raw replica), ours (sticky; margin 2; cost_affinity with margin 2), and the peers of
+benchmarks/peer_arms.py (vllm-router, SGLang router, HAProxy, nginx; each skipped with a note when not
+installed: `make bench-deps`). Rounds alternate the arms and rotate their order; the table shows the median
+and the [min-max] over rounds. Every arm is checked to forward (the replicas answered every session) and
+its sessions' spread over the two replicas is shown (0 split sessions = sticky).
+
+The load generator is benchmarks/loadgen (Go, fixed rate, built into .cache/ on first use); "late" counts
+requests that found every connection busy (the arm was not keeping up: lower the rate).
+
+    .venv/bin/python benchmarks/proxy_cost.py [--rounds 5] [--seconds 5] [--rate 2000] [--stream-rate 500]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peer_arms import PEERS, SESSION_HEADERS, tool
+from proxy_overhead import start_raw_replica
+
+from rollout_router.localfleet import Service, spawn, wait_healthy
+
+HERE = Path(__file__).resolve().parent
+LOADGEN = HERE.parent / ".cache" / "bench" / "loadgen"
+TICK = os.sysconf("SC_CLK_TCK")
+EVENTS = 33  # data lines per stream: 32 events + [DONE] (raw_replica.EVENTS)
+# The session id is in a header (SESSION_HEADERS) and in "user", which the replica reads when a router
+# forwards no custom header (SGLang's router), so every arm's stickiness can be checked at the replicas.
+CHAT = '{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":"hello"}],"max_tokens":4}'
+STREAM = ('{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":"hello"}],"max_tokens":32,'
+          '"stream":true}')
+OURS = {"ours (sticky)": [], "ours (margin 2)": ["--affinity-break-margin", "2"],
+        "ours (cost_affinity)": ["--policy", "cost_affinity", "--affinity-break-margin", "2"]}
+
+
+def build_loadgen() -> Path:
+    """benchmarks/loadgen built with the machine's Go (once; rebuilt when its source is newer)."""
+    source = HERE / "loadgen" / "main.go"
+    if LOADGEN.exists() and LOADGEN.stat().st_mtime >= source.stat().st_mtime:
+        return LOADGEN
+    if tool("go") is None:
+        sys.exit("proxy_cost.py: the load generator is a Go program: put the Go toolchain (go) on PATH")
+    LOADGEN.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["go", "build", "-o", str(LOADGEN), "."], cwd=HERE / "loadgen", check=True)
+    return LOADGEN
+
+
+def cpu_seconds(root: int) -> float:
+    """utime + stime of ``root`` and every descendant process (nginx's worker, a launcher's child)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / TICK
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(times.get(pid, 0.0) for pid in tree)
+
+
+@dataclass
+class Arm:
+    name: str
+    service: Service
+    samples: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {"chat": [], "sse": []})
+
+    @property
+    def prefix(self) -> str:
+        """This arm's session ids, so the replicas' record of sessions can be split by arm."""
+        return "".join(c for c in self.name if c.isalnum()) + "-"
+
+
+def load(arm: Arm, body: str, rate: int, seconds: float, stream: bool) -> dict[str, float]:
+    """One fixed-rate run against ``arm``: the load generator's figures plus the arm's CPU µs per answer."""
+    args = [str(LOADGEN), "-url", arm.service.url + "/v1/chat/completions", "-rate", str(rate),
+            "-seconds", str(seconds), "-conns", "32", "-sessions", "256", "-body", body,
+            "-headers", ",".join(SESSION_HEADERS), "-prefix", arm.prefix, *(["-stream"] if stream else [])]
+    before = cpu_seconds(arm.service.process.pid)
+    out = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    spent = cpu_seconds(arm.service.process.pid) - before
+    out["cpu_us"] = spent * 1e6 / max(out["ok"], 1)
+    return out
+
+
+def seen(replicas: list[Service]) -> list[set[str]]:
+    """The session ids each raw replica has answered (benchmarks/raw_replica.py ``/seen``)."""
+    sets = []
+    for replica in replicas:
+        with urllib.request.urlopen(replica.url + "/seen", timeout=5) as answer:
+            sets.append(set(answer.read().decode().split()))
+    return sets
+
+
+def start_arms(backends: list[Service], names: set[str] | None, arms: list[Arm]) -> list[str]:
+    """Every arm that can run here, appended to ``arms`` in table order (so the caller stops those started
+    even if a later one fails), and a note for each that cannot run."""
+    urls = [b.url for b in backends]
+    starters: dict[str, Callable[[], Service | None]] = {"direct (one replica)": lambda: backends[0]}
+    for name, extra in OURS.items():
+        starters[name] = lambda extra=extra: wait_healthy(spawn(
+            ["serve", "--log-level", "warning", *[a for u in urls for a in ("--backend", u)], *extra],
+            "127.0.0.1").bound(), "/readyz")
+    starters.update({name: lambda start=start: start(urls) for name, start in PEERS.items()})
+    notes = []
+    for name, start in starters.items():
+        if names is not None and name not in names and name != "direct (one replica)":
+            continue
+        service = start()
+        if service is None:
+            notes.append(f"{name}: not installed (make bench-deps)")
+        else:
+            arms.append(Arm(name, service))
+    return notes
+
+
+def measure(arms: list[Arm], args: argparse.Namespace) -> None:
+    """Warm every arm up, then ``args.rounds`` rounds of both loads, the arms' order rotating each round."""
+    for arm in arms:
+        load(arm, CHAT, args.rate // 4, 1, stream=False)
+    for index in range(args.rounds):
+        order = arms[index % len(arms):] + arms[:index % len(arms)]
+        for arm in order:
+            arm.samples["chat"].append(load(arm, CHAT, args.rate, args.seconds, stream=False))
+            arm.samples["sse"].append(load(arm, STREAM, args.stream_rate, args.seconds, stream=True))
+        print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+
+def spread(arm: Arm, sets: list[set[str]]) -> str:
+    """Sessions answered / expected and how many were answered by both replicas (moved or not sticky)."""
+    mine = [{s for s in replica if s.startswith(arm.prefix)} for replica in sets]
+    return f"{len(set().union(*mine))}/256, {len(mine[0] & mine[1])} split"
+
+
+def figure(samples: list[dict[str, float]], key: str, minus: float = 0.0) -> str:
+    values = [s[key] - minus for s in samples]
+    return f"{statistics.median(values):.0f} [{min(values):.0f}-{max(values):.0f}]"
+
+
+def report(arms: list[Arm], sets: list[set[str]], reference: str) -> str:
+    """The table: CPU per request and per stream with their ranges, latency added over direct, checks."""
+    direct = arms[0].samples
+    base = {k: statistics.median(s[k] for s in direct["chat"]) for k in ("p50_ms", "p99_ms")}
+    ref = next((a for a in arms if a.name == reference), None)
+    ref_req = statistics.median(s["cpu_us"] for s in ref.samples["chat"]) if ref else None
+    ref_sse = statistics.median(s["cpu_us"] for s in ref.samples["sse"]) if ref else None
+    head = (f"| arm | CPU µs per request | vs {reference.split(' (')[0]} | SSE µs per stream | vs {reference.split(' (')[0]} "
+            "| p50 / p99 added ms | non-2xx, errors, late | sessions answered, split |")
+    lines = [head, "|" + "---|" * 8]
+    for arm in arms:
+        chat, sse = arm.samples["chat"], arm.samples["sse"]
+        req, stream = statistics.median(s["cpu_us"] for s in chat), statistics.median(s["cpu_us"] for s in sse)
+        bad = sum(s["non2xx"] + s["errors"] for s in chat + sse)
+        late = sum(s["late"] for s in chat + sse)
+        short = sum(s["ok"] * EVENTS - s["events"] for s in sse)
+        added = (f"{statistics.median(s['p50_ms'] for s in chat) - base['p50_ms']:+.2f} / "
+                 f"{statistics.median(s['p99_ms'] for s in chat) - base['p99_ms']:+.2f}")
+        ratios = (f"{req / ref_req:.2f}x", f"{stream / ref_sse:.2f}x") if ref_req and ref_sse and arm is not arms[0] \
+            else ("-", "-")  # direct's CPU is the replica's own work, not a relay's
+        checks = f"{bad}, late {late}" + (f", {short} events short" if short else "")
+        lines.append(f"| {arm.name} | {figure(chat, 'cpu_us')} | {ratios[0]} | {figure(sse, 'cpu_us')} | {ratios[1]} "
+                     f"| {added} | {checks} | {spread(arm, sets)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, arms alternating (default 5)")
+    parser.add_argument("--seconds", type=float, default=5, help="seconds per load per arm per round (default 5)")
+    parser.add_argument("--rate", type=int, default=2000, help="chat requests per second offered (default 2000)")
+    parser.add_argument("--stream-rate", type=int, default=500, help="SSE streams per second offered (default 500)")
+    parser.add_argument("--arms", help="comma-separated arm names to run (default: all); direct always runs")
+    parser.add_argument("--reference", default="HAProxy 2.6 (one thread)", help="the arm the ratios are against")
+    args = parser.parse_args()
+    for flag, value in (("--rounds", args.rounds), ("--seconds", args.seconds), ("--rate", args.rate),
+                        ("--stream-rate", args.stream_rate)):
+        if value <= 0:
+            parser.error(f"{flag} must be positive, got {value}")
+    build_loadgen()
+    backends = [start_raw_replica(f"127.0.0.{20 + i}") for i in range(2)]
+    arms: list[Arm] = []
+    try:
+        notes = start_arms(backends, set(args.arms.split(",")) if args.arms else None, arms)
+        measure(arms, args)
+        print(f"fixed {args.rate} req/s chat and {args.stream_rate} streams/s SSE ({EVENTS} events), "
+              f"{args.seconds:g} s each, {args.rounds} rounds, 32 connections, 256 sessions per arm; "
+              "median [min-max] over rounds")
+        print(report(arms, seen(backends), args.reference))
+        for note in notes:
+            print(note)
+    finally:
+        for arm in arms[1:]:
+            arm.service.stop()
+        for backend in backends:
+            backend.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
