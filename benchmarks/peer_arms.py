@@ -39,22 +39,22 @@ def _started(args: list[str], port: int, health: str = "/health") -> Service:
     return wait_healthy(Service(f"http://127.0.0.1:{port}", process), health, timeout=60)
 
 
-def vllm_router(backends: list[str]) -> Service | None:
+def vllm_router(backends: list[str], policy: str = "consistent_hash") -> Service | None:
     binary = tool("vllm-router")
     if binary is None:
         return None
     port = free_port()
-    return _started([binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "consistent_hash",
+    return _started([binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
                      "--log-level", "warning", "--prometheus-host", "127.0.0.1",
                      "--prometheus-port", str(free_port()), "--worker-urls", *backends], port)
 
 
-def sglang_router(backends: list[str]) -> Service | None:
+def sglang_router(backends: list[str], policy: str = "manual") -> Service | None:
     binary = tool("sglang-router")
     if binary is None:
         return None
     port = free_port()
-    return _started([binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "manual",
+    return _started([binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
                      "--log-level", "warn", "--prometheus-host", "127.0.0.1",
                      "--prometheus-port", str(free_port()), "--worker-urls", *backends], port)
 
