@@ -11,6 +11,7 @@ from tests.k8s.emulator import selector_matches
 from tests.k8s.pods import add_pod, delete_pod, set_status
 from tests.support import wait_for
 from rollout_router.discovery import kubernetes as discovery
+from rollout_router.kube import watching
 from rollout_router.kube.client import ApiError
 from rollout_router.kube.selectors import matches, to_query
 from rollout_router.replicas import ReplicaSet
@@ -97,8 +98,8 @@ def test_a_new_watch_takes_over_the_set_and_drops_what_no_longer_matches():
 
 async def test_discovery_that_cannot_start_keeps_retrying(monkeypatch, caplog):
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(discovery, "SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent/namespace"))
-    monkeypatch.setattr(discovery, "BACKOFF_MIN", 0.01)
+    monkeypatch.setattr(watching, "SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent/namespace"))
+    monkeypatch.setattr(watching, "BACKOFF_MIN", 0.01)
     task = asyncio.create_task(discovery.run(SETTINGS, ReplicaSet(), api=object()))
 
     def attempts() -> int:
@@ -114,7 +115,7 @@ def test_namespace_resolution(monkeypatch, tmp_path):
     monkeypatch.setenv("POD_NAMESPACE", "b")
     assert discovery.resolve_namespace(SETTINGS) == "b"
     monkeypatch.delenv("POD_NAMESPACE")
-    monkeypatch.setattr(discovery, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
+    monkeypatch.setattr(watching, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
     with pytest.raises(RuntimeError):
         discovery.resolve_namespace(SETTINGS)
     (tmp_path / "namespace").write_text("c\n")

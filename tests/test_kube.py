@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 
 import pytest
@@ -206,3 +207,44 @@ def test_credentials_outside_a_pod_without_kubeconfig_say_what_is_missing(tmp_pa
     with pytest.raises(credentials.CredentialsError, match="no usable kubeconfig"):
         credentials.load(tmp_path)  # no token there, and KUBECONFIG names a missing file
 
+
+
+async def test_peer_discovery_outside_a_pod_without_a_namespace_keeps_retrying_and_leaks_nothing(
+        monkeypatch, caplog, tmp_path):
+    """No --peer-namespace, no POD_NAMESPACE, no service account: the peer watch says what to set and tries
+    again (a router must not silently run alone), and no client is opened that would leak."""
+    from rollout_router.fleet.peerpods import watch_peers
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(watching, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "absent")
+    monkeypatch.setattr(watching, "BACKOFF_MIN", 0.01)
+    opened: list[object] = []
+
+    async def connect() -> object:
+        opened.append(object())
+        return opened[-1]
+    monkeypatch.setattr(Client, "connect", connect)
+    task = asyncio.create_task(watch_peers("app=router", None, lambda peers: None))
+
+    def attempts() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "peer discovery cannot start" in r.getMessage()]
+    await wait_for(lambda: len(attempts()) >= 3 or task.done())
+    assert not task.done()
+    assert "set --peer-namespace or POD_NAMESPACE" in attempts()[0]
+    assert opened == []
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_backoff_never_waits_longer_than_its_cap(monkeypatch):
+    """The jitter is applied before the cap: at most 30 s, not 30 s * 1.2."""
+    from rollout_router.kube import backoff
+    waited: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waited.append(seconds)
+    monkeypatch.setattr(backoff.asyncio, "sleep", sleep)
+    monkeypatch.setattr(backoff.random, "uniform", lambda low, high: high)
+    retrying = backoff.Backoff(logging.getLogger("test"), first=1.0)
+    for _ in range(8):
+        await retrying.wait("down")
+    assert max(waited) <= backoff.BACKOFF_MAX and retrying.delay == backoff.BACKOFF_MAX
