@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from rollout_router.proxy.http.listener import SWEEP_SECONDS
+from rollout_router.proxy.listener import SWEEP_SECONDS
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 

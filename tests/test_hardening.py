@@ -151,7 +151,7 @@ async def test_the_buffered_bytes_budget_refuses_with_503_and_recovers(raw):
 
 
 async def test_connections_beyond_the_bound_get_503_and_one_log_line(raw, caplog):
-    caplog.set_level(logging.WARNING, logger="rollout_router.proxy.http.listener")
+    caplog.set_level(logging.WARNING, logger="rollout_router.proxy.listener")
     async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES, max_connections=3)) as (base, runtime):
         host, port = base.removeprefix("http://").split(":")
         idle = [await asyncio.open_connection(host, int(port)) for _ in range(3)]

@@ -22,7 +22,7 @@ from ...health import CLOSED, TIMEOUT
 from . import h2
 
 if TYPE_CHECKING:
-    from . import GrpcProxy
+    from .traffic import GrpcProxy
     from .conn import Stream
     from .server import ClientConnection
     from .upstream import UpstreamConnection

@@ -17,8 +17,9 @@ from pathlib import Path
 from ...context import RouterContext
 from ...fleet import endpoints as fleet_endpoints
 from .. import admin, workers
-from . import write_admin
-from .listener import Limits, Listener
+from .traffic import write_admin
+from ..listener import Limits
+from .listener import HttpListener
 from .server import ClientConnection, HttpRequest
 
 # What the admin listener serves: the router's own routes, the worker API of SGLang's router / vllm-router,
@@ -65,7 +66,7 @@ class TokenFile:
         return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.current())
 
 
-class AdminListener(Listener):
+class AdminListener(HttpListener):
     """Answers every admin route (``admin.ROUTES``); nothing here is forwarded."""
 
     name = "admin"
