@@ -9,6 +9,9 @@ and the replica gets exactly the path that was checked. Timeouts are found by
 one periodic sweep (``proxy/listener.py``), not by a timer per request. The admin routes
 other than the probes live on their own listener (``admin_listener``).
 """
-from .traffic import CLIENT_CLOSED, FORWARDED_PATHS, REPLICA_HEADER, SWEEP_SECONDS, HttpProxy
+from ..listener import SWEEP_SECONDS
+from .relay import CLIENT_CLOSED
+from .routes import FORWARDED_PATHS, REPLICA_HEADER
+from .traffic import HttpProxy
 
 __all__ = ["CLIENT_CLOSED", "FORWARDED_PATHS", "HttpProxy", "REPLICA_HEADER", "SWEEP_SECONDS"]

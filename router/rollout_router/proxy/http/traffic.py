@@ -6,18 +6,17 @@ import time
 
 from ...context import RouterContext
 from ...policy import NoReplicaError
-from ...settings import SessionSettings
 from .. import admin, workers
 from ..attempts import AllRefused, forward
 from ..errors import RouterError
+from ..listener import Limits, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, body_key, decoded_body, header_key
 from . import wire
-from ..listener import SWEEP_SECONDS, Limits, traffic_limits
 from .listener import HttpListener
 from .owner import to_owner
-from .relay import CLIENT_CLOSED, WAITING, Exchange, attempt
-from .routes import FORWARDED_PATHS, REPLICA_HEADER, forwarded, normalise, unkeyed
+from .relay import WAITING, Exchange, attempt
+from .routes import REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import KEEPALIVE_SECONDS, Pools
 
