@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s.cluster import cluster  # noqa: F401  (fixture)
-from tests.k8s.emulator import selector_matches
-from tests.k8s.pods import add_pod, delete_pod, set_status
-from tests.support import wait_for
 from rollout_router.discovery import kubernetes as discovery
 from rollout_router.kube import watching
 from rollout_router.kube.client import ApiError
 from rollout_router.kube.selectors import matches, to_query
 from rollout_router.replicas import ReplicaSet
 from rollout_router.settings import DiscoverySettings, LabelSelector
+from tests.k8s.cluster import cluster  # noqa: F401  (fixture)
+from tests.k8s.emulator import selector_matches
+from tests.k8s.pods import add_pod, delete_pod, set_status
+from tests.support import wait_for
 
 SELECTORS = [
     {"matchLabels": {"app": "vllm"}},
@@ -122,14 +122,16 @@ def test_namespace_resolution(monkeypatch, tmp_path):
     assert discovery.resolve_namespace(SETTINGS) == "c"
 
 
-async def test_watch_keeps_the_set_live(cluster, monkeypatch):  # noqa: F811
+async def test_watch_keeps_the_set_live(cluster, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     settings = DiscoverySettings(namespace=cluster.namespace, selector={"matchLabels": {"app": "vllm-d"}}, port="http")
     add_pod(cluster, "d1", {"app": "vllm-d"}, "127.0.0.21", ports={"http": 8000})
     add_pod(cluster, "other", {"app": "else"}, "127.0.0.29", ports={"http": 8000})
     replicas = ReplicaSet()
     task = asyncio.create_task(discovery.run(settings, replicas))
-    urls = lambda: {r.id for r in replicas.replicas()}  # noqa: E731
+
+    def urls() -> set[str]:
+        return {r.id for r in replicas.replicas()}
     try:
         await wait_for(lambda: urls() == {"http://127.0.0.21:8000"}, timeout=10)
         await asyncio.to_thread(add_pod, cluster, "d2", {"app": "vllm-d"}, "127.0.0.22", True, {"http": 8001})

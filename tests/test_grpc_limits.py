@@ -138,7 +138,7 @@ class RawClient:
         self.decoder = hpack.Decoder()
 
     @classmethod
-    async def connect(cls, port: int) -> "RawClient":
+    async def connect(cls, port: int) -> RawClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(h2.PREFACE + h2.settings_frame({}))
         return cls(reader, writer)

@@ -34,7 +34,7 @@ class GrpcReplica:
     def target(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def start(self) -> "GrpcReplica":
+    async def start(self) -> GrpcReplica:
         self.server = aio.server()
         self.server.add_generic_rpc_handlers((self,))
         self.port = self.server.add_insecure_port(f"{self.host}:{self.port or 0}")

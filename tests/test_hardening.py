@@ -13,12 +13,12 @@ import logging
 import pytest
 
 from rollout_router.app import Runtime
-from rollout_router.policy.sessions import SessionTable
 from rollout_router.policy.base import Counters
+from rollout_router.policy.sessions import SessionTable
 from rollout_router.proxy.http import server
 from rollout_router.settings import RouterSettings, SessionSettings
 from tests.support import NO_PROBES, running_router, wait_for
-from tests.test_http_wire import OK, CHAT, RawReplica, exchange, post, read_response
+from tests.test_http_wire import CHAT, OK, RawReplica, exchange, post, read_response
 
 
 @pytest.fixture

@@ -22,13 +22,13 @@ WATCH_SECONDS = 2  # the emulator ends each watch after this, as a server (or a 
 
 
 @pytest.fixture
-async def client(cluster: Cluster, monkeypatch):  # noqa: F811
+async def client(cluster: Cluster, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     async with await Client.connect() as connected:
         yield connected
 
 
-def requests(cluster: Cluster, selector: str, watch: bool) -> list[dict]:  # noqa: F811
+def requests(cluster: Cluster, selector: str, watch: bool) -> list[dict]:
     """The query parameters of every pod list (or watch) the emulator answered for ``selector``."""
     return [dict(r.params) for r in cluster.emulator
             if r.url.path == f"/api/v1/namespaces/{cluster.namespace}/pods" and r.method == "GET"
@@ -57,7 +57,7 @@ class Follower:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def test_a_dropped_watch_resumes_from_the_last_resource_version(cluster, client):  # noqa: F811
+async def test_a_dropped_watch_resumes_from_the_last_resource_version(cluster, client):
     if not cluster.emulated:
         pytest.skip("reads the emulator's request log")
     selector = "app=resume"
@@ -76,7 +76,7 @@ async def test_a_dropped_watch_resumes_from_the_last_resource_version(cluster, c
         await follower.stop()
 
 
-async def test_410_gone_lists_again(cluster, client):  # noqa: F811
+async def test_410_gone_lists_again(cluster, client):
     if not cluster.emulated:
         pytest.skip("needs the emulator's compact(); a real cluster compacts on its own schedule")
     selector = "app=gone"
@@ -95,7 +95,7 @@ async def test_410_gone_lists_again(cluster, client):  # noqa: F811
         await follower.stop()
 
 
-async def test_a_watch_from_a_compacted_version_raises_410(cluster, client):  # noqa: F811
+async def test_a_watch_from_a_compacted_version_raises_410(cluster, client):
     if not cluster.emulated:
         pytest.skip("needs the emulator's compact()")
     _, resource_version = await objects.list_objects(client, PODS, cluster.namespace)
@@ -106,7 +106,7 @@ async def test_a_watch_from_a_compacted_version_raises_410(cluster, client):  # 
     assert error.value.status == 410 and not error.value.retryable
 
 
-async def test_apply_creates_then_updates_and_delete_reports_what_it_did(cluster, client):  # noqa: F811
+async def test_apply_creates_then_updates_and_delete_reports_what_it_did(cluster, client):
     manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied", "namespace": cluster.namespace},
                 "data": {"a": "1"}}
     await objects.apply(client, manifest, "kube-tests")
@@ -131,7 +131,7 @@ async def test_deleting_a_kind_the_api_does_not_serve_finds_it_gone(client):
     assert await objects.delete(client, "monitoring.coreos.com/v1", "ServiceMonitor", "ns", "x") is False
 
 
-async def test_server_side_filtering_matches_the_local_matcher(cluster, client):  # noqa: F811
+async def test_server_side_filtering_matches_the_local_matcher(cluster, client):
     pools = {"s-a": {"app": "sel", "pool": "a"}, "s-b": {"app": "sel", "pool": "b", "canary": "1"}, "s-c": {"app": "sel"}}
     for name, labels in pools.items():
         await asyncio.to_thread(add_pod, cluster, name, labels, None, False)
@@ -179,7 +179,7 @@ def test_container_ports_by_number_or_name(port, number):
     assert container_port(pod(), port) == number
 
 
-async def test_credentials_from_kubeconfig(cluster, monkeypatch):  # noqa: F811
+async def test_credentials_from_kubeconfig(cluster, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     creds = await asyncio.to_thread(credentials.load)
     if cluster.emulated:

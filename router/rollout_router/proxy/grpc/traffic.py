@@ -11,9 +11,9 @@ from ...health import TIMEOUT
 from ...policy import NoReplicaError
 from ..attempts import AllRefused, Refused, forward
 from ..errors import RouterError
+from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, header_key
-from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
 from . import h2
 from .call import REFUSED, Call
 from .conn import flush_dirty

@@ -19,8 +19,8 @@ from .upstream import UpstreamConnection
 if TYPE_CHECKING:
     from ...fleet.membership import Member
     from ...fleet.node import Fleet
-    from .traffic import HttpProxy
     from .server import ClientConnection, HttpRequest
+    from .traffic import HttpProxy
 
 
 def hop_line(fleet: Fleet) -> bytes:

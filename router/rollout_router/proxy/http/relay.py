@@ -28,8 +28,8 @@ from .routes import HOP_BY_HOP, REPLICA_HEADER
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
-    from .traffic import HttpProxy
     from .server import ClientConnection, HttpRequest
+    from .traffic import HttpProxy
 
 log = logging.getLogger(__name__)
 

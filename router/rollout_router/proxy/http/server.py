@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import httptools
 
 from ..errors import RouterError
-from . import wire
 from ..listener import BODY_GRACE_SECONDS
+from . import wire
 from .routes import HOP_BY_HOP, connection_tokens
 
 if TYPE_CHECKING:
