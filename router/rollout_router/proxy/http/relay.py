@@ -22,6 +22,7 @@ import httptools
 
 from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
 from ...replicas import Lease
+from ..attempts import Refused
 from ..errors import error_body
 from . import wire
 from .routes import HOP_BY_HOP, REPLICA_HEADER
@@ -286,7 +287,6 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
     A reused keep-alive connection that the replica closed before answering is
     retried once on a fresh connection to the same replica.
     """
-    from ..attempts import Refused
     replica = lease.replica.id
     if client.gone:
         return CLIENT_CLOSED, True
