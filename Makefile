@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck test-vllm test-k8s test-dashboards bench-deps image image-podman study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck lint test-vllm test-k8s test-dashboards bench-deps image image-podman study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -83,11 +83,16 @@ study: install-sim
 	  --cache out/grid-cache.jsonl \
 	  --json-out out/grid-full.json --markdown out/grid-full.md --plots docs/img --docs docs/simulator.md --readme README.md
 
-# The quick tier: the type check (mypy, both packages), then the test suite.
+# The quick tier: the type check (mypy, both packages), the linter and the layering contract
+# (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.
 typecheck: install-test
 	$(BIN)/mypy
 
-test: system-deps install-test typecheck
+lint: install-test
+	$(BIN)/ruff check
+	$(BIN)/lint-imports --no-cache
+
+test: system-deps install-test typecheck lint
 	$(BIN)/python -m pytest
 
 # The chart's dashboards against Grafana's own types (tests/grafana: grafana-foundation-sdk's strict decoder,

@@ -16,8 +16,8 @@ import statistics
 import sys
 
 from rollout_router.sim.cost import CostModel
-from rollout_router.sim.engine import Arm, run_step
 from rollout_router.sim.criterion import BASELINES as BASE
+from rollout_router.sim.engine import Arm, run_step
 from rollout_router.sim.grid import PEERS, RULE, RULE_SAMPLE, Point, grid_arms
 from rollout_router.sim.parallel import run_tasks
 from rollout_router.sim.workload import OUT_MEDIAN, generate

@@ -12,7 +12,6 @@ import json
 import urllib.request
 
 import aiohttp
-
 import grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc

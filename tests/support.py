@@ -48,7 +48,7 @@ class ScriptedReplica:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def start(self) -> "ScriptedReplica":
+    async def start(self) -> ScriptedReplica:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._chat)
@@ -143,7 +143,7 @@ class BrokenReplica:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def start(self) -> "BrokenReplica":
+    async def start(self) -> BrokenReplica:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -213,7 +213,7 @@ def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0) ->
 class _JumpingSelector(selectors.DefaultSelector):
     """Never sleeps for a timer: when nothing is ready, it moves the loop's clock to the timer instead."""
 
-    def __init__(self, loop: "VirtualClockLoop"):
+    def __init__(self, loop: VirtualClockLoop):
         super().__init__()
         self.loop = loop
 

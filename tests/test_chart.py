@@ -16,9 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rollout_router_operator.render import child_refs
+from rollout_router_operator.render import child_refs, router_labels
 from rollout_router_operator.render import render as render_children
-from rollout_router_operator.render import router_labels
 from rollout_router_operator.spec import DEFAULT_IMAGE
 from tests.k8s.resources import resource_of
 

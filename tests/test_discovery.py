@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s.cluster import cluster  # noqa: F401  (fixture)
-from tests.k8s.emulator import selector_matches
-from tests.k8s.pods import add_pod, delete_pod, set_status
-from tests.support import wait_for
 from rollout_router.discovery import kubernetes as discovery
+from rollout_router.kube import watching
 from rollout_router.kube.client import ApiError
 from rollout_router.kube.selectors import matches, to_query
 from rollout_router.replicas import ReplicaSet
 from rollout_router.settings import DiscoverySettings, LabelSelector
+from tests.k8s.cluster import cluster  # noqa: F401  (fixture)
+from tests.k8s.emulator import selector_matches
+from tests.k8s.pods import add_pod, delete_pod, set_status
+from tests.support import wait_for
 
 SELECTORS = [
     {"matchLabels": {"app": "vllm"}},
@@ -97,8 +98,8 @@ def test_a_new_watch_takes_over_the_set_and_drops_what_no_longer_matches():
 
 async def test_discovery_that_cannot_start_keeps_retrying(monkeypatch, caplog):
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(discovery, "SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent/namespace"))
-    monkeypatch.setattr(discovery, "BACKOFF_MIN", 0.01)
+    monkeypatch.setattr(watching, "SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent/namespace"))
+    monkeypatch.setattr(watching, "BACKOFF_MIN", 0.01)
     task = asyncio.create_task(discovery.run(SETTINGS, ReplicaSet(), api=object()))
 
     def attempts() -> int:
@@ -114,21 +115,23 @@ def test_namespace_resolution(monkeypatch, tmp_path):
     monkeypatch.setenv("POD_NAMESPACE", "b")
     assert discovery.resolve_namespace(SETTINGS) == "b"
     monkeypatch.delenv("POD_NAMESPACE")
-    monkeypatch.setattr(discovery, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
+    monkeypatch.setattr(watching, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
     with pytest.raises(RuntimeError):
         discovery.resolve_namespace(SETTINGS)
     (tmp_path / "namespace").write_text("c\n")
     assert discovery.resolve_namespace(SETTINGS) == "c"
 
 
-async def test_watch_keeps_the_set_live(cluster, monkeypatch):  # noqa: F811
+async def test_watch_keeps_the_set_live(cluster, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     settings = DiscoverySettings(namespace=cluster.namespace, selector={"matchLabels": {"app": "vllm-d"}}, port="http")
     add_pod(cluster, "d1", {"app": "vllm-d"}, "127.0.0.21", ports={"http": 8000})
     add_pod(cluster, "other", {"app": "else"}, "127.0.0.29", ports={"http": 8000})
     replicas = ReplicaSet()
     task = asyncio.create_task(discovery.run(settings, replicas))
-    urls = lambda: {r.id for r in replicas.replicas()}  # noqa: E731
+
+    def urls() -> set[str]:
+        return {r.id for r in replicas.replicas()}
     try:
         await wait_for(lambda: urls() == {"http://127.0.0.21:8000"}, timeout=10)
         await asyncio.to_thread(add_pod, cluster, "d2", {"app": "vllm-d"}, "127.0.0.22", True, {"http": 8001})

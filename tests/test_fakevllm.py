@@ -21,13 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_router.fakevllm import FakeVllmConfig, add_arguments, create_app
 from rollout_router.fakevllm.api import ENGINE
-from rollout_router.fakevllm.engine import Engine
-from rollout_router.health import probe
-from rollout_router.fakevllm.metrics import Metrics
 from rollout_router.fakevllm.cli import config_from_args
+from rollout_router.fakevllm.engine import Engine
+from rollout_router.fakevllm.metrics import Metrics
 from rollout_router.fakevllm.prefix_cache import BlockPool, extend_hashes
 from rollout_router.fakevllm.scheduler import Request, Scheduler, Status
 from rollout_router.fakevllm.tokens import output_word, tokenize, word_id
+from rollout_router.health import probe
 from tests.support import run_in_virtual_time, wait_for
 
 # --------------------------------------------------------------------------- helpers

@@ -19,8 +19,14 @@ from rollout_router.fakevllm.api import ENGINE
 from rollout_router.fakevllm.engine import Engine
 from rollout_router.fakevllm.tokens import output_word, tokenize
 from tests.support import wait_for
-from tests.test_fakevllm import (assert_idle, assert_stops_cleanly_on_sigterm, fake_vllm_process, printed_line, scrape,
-                                 words)
+from tests.test_fakevllm import (
+    assert_idle,
+    assert_stops_cleanly_on_sigterm,
+    fake_vllm_process,
+    printed_line,
+    scrape,
+    words,
+)
 
 
 @dataclasses.dataclass

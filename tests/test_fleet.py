@@ -23,8 +23,16 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 
 from rollout_router.fleet.ownership import owner
 from rollout_router.localfleet import (
-    Service, fleet_config, fleet_members, spawn, spawn_fleet_router, spawn_replica, start_router_fleet, stop,
-    tell_peers, wait_healthy,
+    Service,
+    fleet_config,
+    fleet_members,
+    spawn,
+    spawn_fleet_router,
+    spawn_replica,
+    start_router_fleet,
+    stop,
+    tell_peers,
+    wait_healthy,
 )
 from tests.support import keys_spread, wait_until
 
@@ -218,7 +226,7 @@ def test_a_killed_routers_sessions_alone_are_placed_anew(replicas, workdir):
         assert not worker.is_alive()
         failed = [r for r in results if r[0] > killed_at[0] and r[2] != 200]
         assert not failed, failed  # nothing that started after the kill saw an error
-        for started, key, _, replica in results:
+        for _started, key, _, replica in results:
             if key not in doomed:
                 assert replica == first[key], key  # the survivors' sessions kept their pins
         converged(survivors, 2)

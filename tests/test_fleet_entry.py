@@ -20,13 +20,27 @@ from urllib.parse import urlsplit
 import pytest
 
 from rollout_router.localfleet import (
-    Service, free_port, spawn, start_router_fleet, stop, wait_healthy,
-)
-from tests.test_fleet import (  # noqa: F401  (replicas, grpc_replicas, workdir: fixtures)
-    COUNTERS, EXPECTED, converged, grpc_replicas, grpc_turn, quick_turn, replicas, session, set_margin, status,
-    workdir,
+    Service,
+    free_port,
+    spawn,
+    start_router_fleet,
+    stop,
+    wait_healthy,
 )
 from tests.support import keys_spread, wait_until
+from tests.test_fleet import (  # noqa: F401  (replicas, grpc_replicas, workdir: fixtures)
+    COUNTERS,
+    EXPECTED,
+    converged,
+    grpc_replicas,
+    grpc_turn,
+    quick_turn,
+    replicas,
+    session,
+    set_margin,
+    status,
+    workdir,
+)
 
 ENTRY = ["--ownership", "entry"]
 

@@ -74,7 +74,7 @@ async def test_calls_beyond_max_grpc_streams_get_resource_exhausted_and_one_log_
 
 
 async def test_connections_beyond_max_connections_get_resource_exhausted_naming_the_limit(replicas, caplog):
-    caplog.set_level(logging.WARNING, logger="rollout_router.proxy.http.listener")
+    caplog.set_level(logging.WARNING, logger="rollout_router.proxy.listener")
     settings = backends(replicas).model_copy(update={"max_connections": 2})
     async with running_router(settings, grpc=True) as (_, runtime):
         target = f"127.0.0.1:{runtime.grpc_port}"
@@ -138,7 +138,7 @@ class RawClient:
         self.decoder = hpack.Decoder()
 
     @classmethod
-    async def connect(cls, port: int) -> "RawClient":
+    async def connect(cls, port: int) -> RawClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(h2.PREFACE + h2.settings_frame({}))
         return cls(reader, writer)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from rollout_router.proxy.http.listener import SWEEP_SECONDS
+from rollout_router.proxy.listener import SWEEP_SECONDS
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
@@ -34,7 +34,7 @@ class GrpcReplica:
     def target(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def start(self) -> "GrpcReplica":
+    async def start(self) -> GrpcReplica:
         self.server = aio.server()
         self.server.add_generic_rpc_handlers((self,))
         self.port = self.server.add_insecure_port(f"{self.host}:{self.port or 0}")

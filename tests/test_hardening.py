@@ -13,12 +13,12 @@ import logging
 import pytest
 
 from rollout_router.app import Runtime
-from rollout_router.policy.sessions import SessionTable
 from rollout_router.policy.base import Counters
+from rollout_router.policy.sessions import SessionTable
 from rollout_router.proxy.http import server
 from rollout_router.settings import RouterSettings, SessionSettings
 from tests.support import NO_PROBES, running_router, wait_for
-from tests.test_http_wire import OK, CHAT, RawReplica, exchange, post, read_response
+from tests.test_http_wire import CHAT, OK, RawReplica, exchange, post, read_response
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ async def test_the_buffered_bytes_budget_refuses_with_503_and_recovers(raw):
 
 
 async def test_connections_beyond_the_bound_get_503_and_one_log_line(raw, caplog):
-    caplog.set_level(logging.WARNING, logger="rollout_router.proxy.http.listener")
+    caplog.set_level(logging.WARNING, logger="rollout_router.proxy.listener")
     async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES, max_connections=3)) as (base, runtime):
         host, port = base.removeprefix("http://").split(":")
         idle = [await asyncio.open_connection(host, int(port)) for _ in range(3)]

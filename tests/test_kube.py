@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 
 import pytest
@@ -21,13 +22,13 @@ WATCH_SECONDS = 2  # the emulator ends each watch after this, as a server (or a 
 
 
 @pytest.fixture
-async def client(cluster: Cluster, monkeypatch):  # noqa: F811
+async def client(cluster: Cluster, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     async with await Client.connect() as connected:
         yield connected
 
 
-def requests(cluster: Cluster, selector: str, watch: bool) -> list[dict]:  # noqa: F811
+def requests(cluster: Cluster, selector: str, watch: bool) -> list[dict]:
     """The query parameters of every pod list (or watch) the emulator answered for ``selector``."""
     return [dict(r.params) for r in cluster.emulator
             if r.url.path == f"/api/v1/namespaces/{cluster.namespace}/pods" and r.method == "GET"
@@ -56,7 +57,7 @@ class Follower:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def test_a_dropped_watch_resumes_from_the_last_resource_version(cluster, client):  # noqa: F811
+async def test_a_dropped_watch_resumes_from_the_last_resource_version(cluster, client):
     if not cluster.emulated:
         pytest.skip("reads the emulator's request log")
     selector = "app=resume"
@@ -75,7 +76,7 @@ async def test_a_dropped_watch_resumes_from_the_last_resource_version(cluster, c
         await follower.stop()
 
 
-async def test_410_gone_lists_again(cluster, client):  # noqa: F811
+async def test_410_gone_lists_again(cluster, client):
     if not cluster.emulated:
         pytest.skip("needs the emulator's compact(); a real cluster compacts on its own schedule")
     selector = "app=gone"
@@ -94,7 +95,7 @@ async def test_410_gone_lists_again(cluster, client):  # noqa: F811
         await follower.stop()
 
 
-async def test_a_watch_from_a_compacted_version_raises_410(cluster, client):  # noqa: F811
+async def test_a_watch_from_a_compacted_version_raises_410(cluster, client):
     if not cluster.emulated:
         pytest.skip("needs the emulator's compact()")
     _, resource_version = await objects.list_objects(client, PODS, cluster.namespace)
@@ -105,7 +106,7 @@ async def test_a_watch_from_a_compacted_version_raises_410(cluster, client):  # 
     assert error.value.status == 410 and not error.value.retryable
 
 
-async def test_apply_creates_then_updates_and_delete_reports_what_it_did(cluster, client):  # noqa: F811
+async def test_apply_creates_then_updates_and_delete_reports_what_it_did(cluster, client):
     manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied", "namespace": cluster.namespace},
                 "data": {"a": "1"}}
     await objects.apply(client, manifest, "kube-tests")
@@ -130,7 +131,7 @@ async def test_deleting_a_kind_the_api_does_not_serve_finds_it_gone(client):
     assert await objects.delete(client, "monitoring.coreos.com/v1", "ServiceMonitor", "ns", "x") is False
 
 
-async def test_server_side_filtering_matches_the_local_matcher(cluster, client):  # noqa: F811
+async def test_server_side_filtering_matches_the_local_matcher(cluster, client):
     pools = {"s-a": {"app": "sel", "pool": "a"}, "s-b": {"app": "sel", "pool": "b", "canary": "1"}, "s-c": {"app": "sel"}}
     for name, labels in pools.items():
         await asyncio.to_thread(add_pod, cluster, name, labels, None, False)
@@ -178,7 +179,7 @@ def test_container_ports_by_number_or_name(port, number):
     assert container_port(pod(), port) == number
 
 
-async def test_credentials_from_kubeconfig(cluster, monkeypatch):  # noqa: F811
+async def test_credentials_from_kubeconfig(cluster, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     creds = await asyncio.to_thread(credentials.load)
     if cluster.emulated:
@@ -206,3 +207,44 @@ def test_credentials_outside_a_pod_without_kubeconfig_say_what_is_missing(tmp_pa
     with pytest.raises(credentials.CredentialsError, match="no usable kubeconfig"):
         credentials.load(tmp_path)  # no token there, and KUBECONFIG names a missing file
 
+
+
+async def test_peer_discovery_outside_a_pod_without_a_namespace_keeps_retrying_and_leaks_nothing(
+        monkeypatch, caplog, tmp_path):
+    """No --peer-namespace, no POD_NAMESPACE, no service account: the peer watch says what to set and tries
+    again (a router must not silently run alone), and no client is opened that would leak."""
+    from rollout_router.fleet.peerpods import watch_peers
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(watching, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "absent")
+    monkeypatch.setattr(watching, "BACKOFF_MIN", 0.01)
+    opened: list[object] = []
+
+    async def connect() -> object:
+        opened.append(object())
+        return opened[-1]
+    monkeypatch.setattr(Client, "connect", connect)
+    task = asyncio.create_task(watch_peers("app=router", None, lambda peers: None))
+
+    def attempts() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "peer discovery cannot start" in r.getMessage()]
+    await wait_for(lambda: len(attempts()) >= 3 or task.done())
+    assert not task.done()
+    assert "set --peer-namespace or POD_NAMESPACE" in attempts()[0]
+    assert opened == []
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_backoff_never_waits_longer_than_its_cap(monkeypatch):
+    """The jitter is applied before the cap: at most 30 s, not 30 s * 1.2."""
+    from rollout_router.kube import backoff
+    waited: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waited.append(seconds)
+    monkeypatch.setattr(backoff.asyncio, "sleep", sleep)
+    monkeypatch.setattr(backoff.random, "uniform", lambda low, high: high)
+    retrying = backoff.Backoff(logging.getLogger("test"), first=1.0)
+    for _ in range(8):
+        await retrying.wait("down")
+    assert max(waited) <= backoff.BACKOFF_MAX and retrying.delay == backoff.BACKOFF_MAX

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from rollout_router.policy import LoadIndex, Request, create
 from rollout_router.policy.hashing import least_loaded, lowest, ordered, total

@@ -18,18 +18,29 @@ import kmock
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from rollout_router_operator.render import child_refs, token_secret_name
 from rollout_router.localfleet import Service, stop
+from rollout_router_operator.render import child_refs, token_secret_name
 from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, cluster  # noqa: F401  (fixture)
 from tests.k8s.pods import set_status
 from tests.k8s.resources import SERVICE_MONITOR
-from tests.k8s.stack import (OPTIONAL_CHILDREN, ROUTER_IMAGE, VLLM_IPS, Operator, Stack, fake_replicas, get_object,
-                             loopback_address, missing, own_stack, start_operator)
+from tests.k8s.stack import (
+    OPTIONAL_CHILDREN,
+    ROUTER_IMAGE,
+    VLLM_IPS,
+    Operator,
+    Stack,
+    fake_replicas,
+    get_object,
+    loopback_address,
+    missing,
+    own_stack,
+    start_operator,
+)
 from tests.support import wait_until as wait_for
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:  # noqa: F811
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     """One operator for the module."""
     started = start_operator(cluster, tmp_path_factory.mktemp("operator"))
     try:
@@ -46,7 +57,7 @@ def replicas() -> Iterator[list[Service]]:
 
 
 @pytest.fixture
-def stack(cluster: Cluster, operator: Operator, replicas: list[Service], tmp_path: Path) -> Iterator[Stack]:  # noqa: F811
+def stack(cluster: Cluster, operator: Operator, replicas: list[Service], tmp_path: Path) -> Iterator[Stack]:
     """This test's own RolloutRouter, replica pods and metric baseline (and router, once started)."""
     with own_stack(cluster, operator, replicas, tmp_path) as own:
         yield own

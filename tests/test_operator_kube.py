@@ -85,7 +85,7 @@ def test_backoff_grows_and_is_capped():
     assert isinstance(handlers._retry(RuntimeError("x"), 0), kopf.TemporaryError)
 
 
-async def test_paths_for_every_child_kind(cluster, monkeypatch):  # noqa: F811
+async def test_paths_for_every_child_kind(cluster, monkeypatch):
     """Plurals come from the API's discovery documents, not from a table."""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     from rollout_router.kube.resources import find
@@ -102,7 +102,7 @@ async def test_paths_for_every_child_kind(cluster, monkeypatch):  # noqa: F811
         await kube.close()
 
 
-async def test_concurrent_first_calls_share_one_client(cluster, monkeypatch):  # noqa: F811
+async def test_concurrent_first_calls_share_one_client(cluster, monkeypatch):
     """The reconcile handler and the status timer start together: one client (one session) for both,
     the other closed, never a session left open behind the one kept."""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))

@@ -4,8 +4,16 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from rollout_router_operator.status import (MAX_STATUS_BYTES, BadStatus, Observation, conditions, invalid, parse_report,
-                                            rejected, summarize)
+from rollout_router_operator.status import (
+    MAX_STATUS_BYTES,
+    BadStatus,
+    Observation,
+    conditions,
+    invalid,
+    parse_report,
+    rejected,
+    summarize,
+)
 
 
 def obs(**changes) -> Observation:

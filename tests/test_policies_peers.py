@@ -39,9 +39,9 @@ def test_dual_threshold_keeps_while_balanced_and_moves_everyone_when_imbalanced(
 def test_dual_threshold_rel_gate():
     p = registry.create("dual_threshold", abs_threshold=4, rel_threshold=2.0)
     first = p.route(Request("s", loads(0, 0, 0, 0))).replica
-    l = {r: 10 for r in R}
-    l[first] = 16  # diff 6 > 4 but 16 < 2 * 10
-    assert p.route(Request("s", l)).outcome is Outcome.KEPT
+    current = {r: 10 for r in R}
+    current[first] = 16  # diff 6 > 4 but 16 < 2 * 10
+    assert p.route(Request("s", current)).outcome is Outcome.KEPT
 
 
 def test_cache_aware_follows_prefix_then_balances():
@@ -78,13 +78,15 @@ def test_consistent_hash_bounded_loads_spills_deterministically():
     assert q.route(Request("k", full)).replica == spill1.replica  # same spill target in a fresh router
     # loads never exceed the cap after placement
     for trial in range(50):
-        l = {r: (trial * 7 + i * 3) % 6 for i, r in enumerate(R)}
-        cap = -(-1.25 * (sum(l.values()) + 1) // 4)
-        assert l[p.route(Request(f"s{trial}", l)).replica] + 1 <= cap
+        current = {r: (trial * 7 + i * 3) % 6 for i, r in enumerate(R)}
+        cap = -(-1.25 * (sum(current.values()) + 1) // 4)
+        assert current[p.route(Request(f"s{trial}", current)).replica] + 1 <= cap
 
 
 def test_power_of_two_is_seeded_and_prefers_lighter():
-    seq = lambda seed: [registry.create("power_of_two", seed=seed).route(Request("k", loads(0, 0, 0, 0))).replica for _ in range(1)]  # noqa: E731
+    def seq(seed: int) -> list[str]:
+        return [registry.create("power_of_two", seed=seed).route(Request("k", loads(0, 0, 0, 0))).replica
+                for _ in range(1)]
     assert seq(3) == seq(3)
     p = registry.create("power_of_two", seed=1)
     picks = [p.route(Request(None, loads(9, 0, 9, 9))).replica for _ in range(200)]
@@ -96,8 +98,8 @@ def test_adaptive_affinity_defaults_equal_affinity():
     a = registry.create("affinity", margin=2)
     b = registry.create("affinity_adaptive", margin=2)
     seq = [loads(0, 0, 0, 0), loads(3, 0, 1, 0), loads(5, 1, 0, 2), loads(0, 4, 4, 4)]
-    for i, l in enumerate(seq * 3):
-        assert a.route(Request(f"s{i % 3}", l)) == b.route(Request(f"s{i % 3}", l))
+    for i, current in enumerate(seq * 3):
+        assert a.route(Request(f"s{i % 3}", current)) == b.route(Request(f"s{i % 3}", current))
 
 
 def test_adaptive_affinity_context_margin_and_cooldown():

@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rollout_router.policy import (AffinityPolicy, Counters, LiveConfig, NoReplicaError, Outcome, Request, SessionTable,
-                                   create, rendezvous)
+from rollout_router.policy import (
+    AffinityPolicy,
+    Counters,
+    LiveConfig,
+    NoReplicaError,
+    Outcome,
+    Request,
+    SessionTable,
+    create,
+    rendezvous,
+)
 from rollout_router.policy.hashing import tie_break
 from rollout_router.replicas import ReplicaSet
 from rollout_router.settings import SettingsError, parse_settings

@@ -274,7 +274,7 @@ async def test_live_settings_change_keeps_pins(replicas, http, tmp_path):
 
 async def test_metrics_and_status_agree_with_traffic(replicas, http):
     async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
-        for turn in range(3):
+        for _turn in range(3):
             for s in ("x", "y"):
                 assert (await chat(http, base, s))[0] == 200
         await chat(http, base)  # unkeyed

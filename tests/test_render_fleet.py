@@ -7,10 +7,9 @@ import re
 import kubernetes_validate
 import pytest
 
-from rollout_router_operator.render import (InvalidSpec, admin_token, pod_labels, render,
-                                            router_labels)
 from rollout_router.app import STOP_GRACE_SECONDS
 from rollout_router.fleet.node import advertised
+from rollout_router_operator.render import InvalidSpec, admin_token, pod_labels, render, router_labels
 from tests.k8s.emulator import selector_matches
 from tests.test_chart import KUBE_VERSIONS, validate_rolloutrouter
 

@@ -11,7 +11,8 @@ import pytest
 from rollout_router.kube.selectors import matches
 from rollout_router.settings import LabelSelector
 from rollout_router_operator.render import InvalidSpec, render
-from tests.test_chart import SERVICEMONITOR_SCHEMA, chart, render as render_chart, scenario_values  # noqa: F401
+from tests.test_chart import SERVICEMONITOR_SCHEMA, chart, scenario_values  # noqa: F401
+from tests.test_chart import render as render_chart
 from tests.test_chart_operator import monitor_named
 from tests.test_render_security import resource
 
@@ -66,7 +67,7 @@ def test_no_service_monitor_unless_asked():
     assert "rolloutrouter.dev/service-monitor" not in of_kind(children, "Service")["metadata"]["labels"]
 
 
-def test_the_charts_router_monitor_leaves_a_service_with_its_own_monitor(chart):  # noqa: F811
+def test_the_charts_router_monitor_leaves_a_service_with_its_own_monitor(chart):
     selector = monitor_named(render_chart(chart, scenario_values("servicemonitor")), "routers")["spec"]["selector"]
     jsonschema.validate({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
                          "metadata": {"name": "x", "namespace": "ns"}, "spec": {"selector": selector, "endpoints": [{}]}},
@@ -95,7 +96,7 @@ def test_a_bad_service_monitor_spec_is_refused_by_name(monitor, problem):
         render(resource({"serviceMonitor": monitor}), token_key=KEY)
 
 
-def test_the_admission_policy_admits_the_service_monitor_render_writes_and_only_its_fields(chart):  # noqa: F811
+def test_the_admission_policy_admits_the_service_monitor_render_writes_and_only_its_fields(chart):
     """The chart's policy allowlists ServiceMonitor fields (evaluated by a real API server in
     tests/realk8s/test_service_monitor.py); what render writes must stay inside that list."""
     policy = next(m for m in render_chart(chart, {}) if m["kind"] == "ValidatingAdmissionPolicy")

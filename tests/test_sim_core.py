@@ -159,7 +159,8 @@ def test_policy_decisions_drive_placement(monkeypatch):
 
 
 def test_margin_zero_moves_more_than_sticky():
-    trajs = lambda: generate(QUICK, 4, 0)  # noqa: E731
+    def trajs():
+        return generate(QUICK, 4, 0)
     sticky = run_step(QUICK, trajs(), STICKY, CostModel())
     m0 = run_step(QUICK, trajs(), Arm("m0", "affinity", {"margin": 0}), CostModel())
     assert sticky.moved == 0 and sticky.outcomes["broken"] == 0

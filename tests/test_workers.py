@@ -7,7 +7,6 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
-import aiohttp
 import pytest
 
 from rollout_router.app import Runtime

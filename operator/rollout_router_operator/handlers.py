@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
+
 from rollout_router.kube.client import ApiError
 from rollout_router.kube.resources import UnknownKind
 
@@ -24,7 +25,6 @@ from . import kube, metrics
 from .render import InvalidSpec, child_refs, render
 from .spec import GROUP, PLURAL
 from .status import collect, invalid, rejected
-
 
 # Status intervals between looks for a kind the API does not serve (a minute at the default 10 s): kopf logs
 # and posts an Event for every try, so not every interval.

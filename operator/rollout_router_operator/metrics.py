@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rollout_router.kube.client import ApiError

@@ -1,8 +1,9 @@
 """Assembles a running router: settings -> replica set -> balancer -> listeners.
 
-``Runtime`` is the router's ``RouterContext`` plus what runs it: the
-listeners, replica sources and background tasks. It applies new settings
-without dropping pins; ``start`` opens the HTTP traffic listener, the admin
+``Runtime`` builds each component once and gives it the pieces it reads (the
+fleet and the metrics their own; the listeners the ``RouterContext`` bundle),
+and holds what runs them: the listeners, replica sources and background
+tasks. It applies new settings without dropping pins; ``start`` opens the HTTP traffic listener, the admin
 listener (metrics, status, sessions; its own port), the background tasks for
 pin expiry, config-file reloads, replica discovery and health probes, and the
 gRPC listener beside them when asked for.
@@ -13,17 +14,29 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from .balancer import Balancer
 from .context import RouterContext
+from .health import OutlierDetector, Prober
 from .listening import address
+from .observability import Metrics
 from .proxy.http import HttpProxy
 from .proxy.http.admin_listener import AdminListener, TokenFile
-from .replicas import DISCOVERED, STATIC
-from .settings import DiscoverySettings, FleetSettings, Ownership, RouterSettings, SettingsError, load_settings
+from .replicas import DISCOVERED, STATIC, ReplicaSet
+from .settings import (
+    DiscoverySettings,
+    FleetSettings,
+    HealthSettings,
+    Ownership,
+    RouterSettings,
+    SettingsError,
+    load_settings,
+)
 
 if TYPE_CHECKING:
     from .proxy.grpc import GrpcProxy
@@ -43,7 +56,16 @@ class Runtime(RouterContext):
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
                  grpc_address: str | None = None, admin_address: tuple[str, int] | None = None,
                  admin_token: TokenFile | None = None, peering: Peering | None = None):
-        super().__init__(settings)
+        clock = time.monotonic
+        replicas = ReplicaSet(clock)
+        balancer = Balancer(replicas, settings.policy, settings.live_config(), clock)
+        metrics = Metrics(balancer, replicas, lambda: self.settings, lambda: self.fleet, clock)
+
+        def health() -> HealthSettings:  # read live: a reload replaces the settings
+            return self.settings.health
+        super().__init__(settings, replicas, balancer, metrics,
+                         OutlierDetector(replicas, health, metrics.ejected, clock),
+                         Prober(replicas, health, metrics.probe_failed), clock)
         self.peering = peering or Peering()
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
@@ -153,7 +175,9 @@ class Runtime(RouterContext):
         self_id = self.peering.advertise or advertised(self.admin_address[0], self.admin_port)
         host = urlsplit(self_id).hostname or "127.0.0.1"
         token = self.admin.token
-        self.fleet = Fleet(self, self_id, f"http://{address(host, self.port or 0)}",
+        self.fleet = Fleet(self.replicas, self.balancer, self.clock, self.settings.fleet or FleetSettings(),
+                           lambda: self.settings.session.idle_timeout_seconds, self_id,
+                           f"http://{address(host, self.port or 0)}",
                            address(host, self.grpc_port) if self.grpc_port is not None else None,
                            lambda: token.current() if token is not None else None,
                            self.peering.peers, self.peering.selector, self.peering.namespace, self.peering.ownership)

@@ -2,6 +2,9 @@
 
 Decision counters and in-flight gauges are collected at scrape time from the
 policy and the replica set, so /metrics and /status can never disagree.
+``Metrics`` is given what it reads (the balancer, the replica set, the live
+settings and fleet) by app.py; the listeners only count into it, through the
+router's context, and import nothing from here.
 """
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .context import RouterContext
-    from .replicas import Replica
+    from .balancer import Balancer
+    from .fleet.node import Fleet
+    from .replicas import Replica, ReplicaSet
+    from .settings import RouterSettings
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -33,55 +38,54 @@ _DECISIONS = {
 
 
 class _LiveCollector(Collector):
-    def __init__(self, context: RouterContext):
-        self._context = context
+    def __init__(self, metrics: Metrics):
+        self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        context = self._context
+        live = self._metrics
         reloads = CounterMetricFamily("rolloutrouter_config_reloads", "Config file reloads, by result.",
                                       labels=["result"])
-        for result, count in context.metrics.config_reloads.items():
+        for result, count in live.config_reloads.items():
             reloads.add_metric([result], count)
         yield reloads
-        counters = context.balancer.policy.counters.as_dict()
+        counters = live.balancer.policy.counters.as_dict()
         for field, doc in _DECISIONS.items():
             family = CounterMetricFamily(f"rolloutrouter_{field}", doc)
             family.add_metric([], counters[field])
             yield family
         inflight = GaugeMetricFamily("rolloutrouter_backend_inflight_requests",
                                      "Requests in flight per replica.", labels=["backend"])
-        for replica in context.replicas.replicas():
+        for replica in live.replicas.replicas():
             inflight.add_metric([replica.id], replica.inflight)
         yield inflight
         repinned = CounterMetricFamily("rolloutrouter_repinned", "Sessions re-pinned because their replica was "
                                        "not routable, by why: removed, ejected, unhealthy, down, no_grpc.",
                                        labels=["reason"])
-        for reason, count in context.balancer.repinned.items():
+        for reason, count in live.balancer.repinned.items():
             repinned.add_metric([reason], count)
         yield repinned
         healthy = GaugeMetricFamily("rolloutrouter_backend_healthy",
                                     "1 while the replica's last health probe passed.", labels=["backend"])
-        for replica in context.replicas.replicas():
+        for replica in live.replicas.replicas():
             healthy.add_metric([replica.id], 1 if replica.healthy else 0)
         yield healthy
         yield GaugeMetricFamily("rolloutrouter_backends_ejected", "Replicas ejected now (passive health).",
-                                value=context.replicas.ejected())
+                                value=live.replicas.ejected())
         yield GaugeMetricFamily("rolloutrouter_sessions", "Sessions currently pinned.",
-                                value=context.balancer.policy.sessions())
+                                value=live.balancer.policy.sessions())
         yield GaugeMetricFamily("rolloutrouter_backends_ready", "Replicas that can take requests now.",
-                                value=context.replicas.ready_count())
+                                value=live.replicas.ready_count())
         yield GaugeMetricFamily("rolloutrouter_backends", "Replicas known (ready or not).",
-                                value=len(context.replicas))
-        margin = context.settings.affinity_break_margin
+                                value=len(live.replicas))
+        margin = live.settings().affinity_break_margin
         yield GaugeMetricFamily("rolloutrouter_affinity_break_margin",
                                 "The configured margin; -1 means null (never break).",
                                 value=-1 if margin is None else margin)
-        yield from _fleet_metrics(context)
+        yield from _fleet_metrics(live.fleet())
 
 
-def _fleet_metrics(context: RouterContext) -> Iterator[Metric]:
+def _fleet_metrics(fleet: Fleet | None) -> Iterator[Metric]:
     """Session ownership among several routers (zeros, and one member, for a router alone)."""
-    fleet = context.fleet
     for name, doc, value in (
             ("forwarded", "Requests forwarded to their session's owner router.", fleet and fleet.forwarded),
             ("owner_unreachable", "Requests whose owner router could not be reached before the first byte: "
@@ -104,11 +108,17 @@ def _fleet_metrics(context: RouterContext) -> Iterator[Metric]:
 
 
 class Metrics:
-    """One registry per router, so several routers can live in one process (tests)."""
+    """One registry per router, so several routers can live in one process (tests).
 
-    def __init__(self, context: RouterContext):
+    ``settings`` and ``fleet`` are read when a scrape or /status asks: a reload replaces
+    the settings, and the fleet starts after the listeners.
+    """
+
+    def __init__(self, balancer: Balancer, replicas: ReplicaSet, settings: Callable[[], RouterSettings],
+                 fleet: Callable[[], Fleet | None], clock: Callable[[], float]):
+        self.balancer, self.replicas, self.settings, self.fleet, self.clock = balancer, replicas, settings, fleet, clock
         self.registry = CollectorRegistry()
-        self.registry.register(_LiveCollector(context))
+        self.registry.register(_LiveCollector(self))
         self.requests = Counter("rolloutrouter_requests", "Proxied requests by replica and status code.",
                                 ["backend", "code"], registry=self.registry)
         self.duration = Histogram("rolloutrouter_request_duration_seconds",
@@ -155,11 +165,15 @@ class Metrics:
         children[1](seconds)
 
 
-def status(context: RouterContext) -> dict:
-    """verl's get_status() plus the decision counters."""
-    balancer, replicas, settings = context.balancer, context.replicas, context.settings
+    def status(self) -> dict:
+        """verl's get_status() plus the decision counters."""
+        return _status(self)
+
+
+def _status(live: Metrics) -> dict:
+    balancer, replicas, settings, fleet = live.balancer, live.replicas, live.settings(), live.fleet()
     loads = replicas.loads()
-    now, wall = context.clock(), time.time()
+    now, wall = live.clock(), time.time()
     return {
         **balancer.policy.counters.as_dict(),
         "policy": balancer.policy.name,
@@ -171,8 +185,8 @@ def status(context: RouterContext) -> dict:
         "backends_ejected": replicas.ejected(),
         "repinned": dict(balancer.repinned),
         "backends": [_backend(r, r.id in loads, now, wall) for r in replicas.replicas()],
-        "config_reloads": dict(context.metrics.config_reloads),
-        "fleet": context.fleet.status() if context.fleet is not None else None,
+        "config_reloads": dict(live.config_reloads),
+        "fleet": fleet.status() if fleet is not None else None,
     }
 
 

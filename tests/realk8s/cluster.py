@@ -73,7 +73,7 @@ class Cluster:
 
     # --- the node agent -------------------------------------------------------------------------
     def start_agent(self) -> None:
-        log = open(self.directory / "nodeagent.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.directory / "nodeagent.log", "wb")
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "tests.realk8s.nodeagent", "--kubeconfig", str(self.plane.kubeconfig),
              "--node-name", NODE, "--state-dir", str(self.directory / "node"), "--bin-dir", str(Path(sys.executable).parent),

@@ -74,13 +74,13 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return [config.stash[RUNTIME].describe()]
 
 
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001 - pytest's type
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if enabled() and RUNTIME in config.stash:
         terminalreporter.write_sep("-", config.stash[RUNTIME].describe())
 
 
 @pytest.fixture(scope="session")
-def runtime(pytestconfig: pytest.Config):  # noqa: ANN201 - runtime.Runtime, imported only when enabled
+def runtime(pytestconfig: pytest.Config):
     from .runtime import detect
 
     if RUNTIME not in pytestconfig.stash:

@@ -52,7 +52,7 @@ class ControlPlane:
         self._start_scheduler()
 
     def _launch(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.directory / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        log = open(self.directory / f"{name}.log", "ab")
         process = subprocess.Popen([str(self.bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         self.processes = [(n, p) for n, p in self.processes if n != name] + [(name, process)]

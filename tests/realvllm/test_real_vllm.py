@@ -9,7 +9,6 @@ share the servers; the crash test, which kills a replica, comes last.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -192,8 +191,8 @@ def test_chat_and_completions_pass_through(fleet, kind, stream):
     else:
         assert raw.headers["content-type"].startswith("text/event-stream")
         chunks = list(raw.parse())
-        pieces = [c for c in chunks if c.choices and ((c.choices[0].delta.content if kind == "chat"
-                                                        else c.choices[0].text))]
+        pieces = [c for c in chunks if c.choices and (c.choices[0].delta.content if kind == "chat"
+                                                        else c.choices[0].text)]
         assert len(pieces) > 1  # arrived in pieces, not as one buffered body
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -331,7 +330,8 @@ def test_margin_zero_moves_a_session_off_a_replica_held_busy(fleet):
     other = next(r.url for r in replicas if r.url != home)
     # A key that the router places on the same replica (new sessions go least-loaded; ties by key hash).
     tried = 0
-    for tried, hold_key in enumerate((f"hold-{i}" for i in range(40)), 1):
+    for hold_key in (f"hold-{i}" for i in range(40)):
+        tried += 1
         if turn(hold_key) == home:
             break
     else:

@@ -22,11 +22,11 @@ if __package__ in (None, ""):  # run as a script: make `tests.tools` importable 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import PercentFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import PercentFormatter
 
-from rollout_router.localfleet import spawn_replica, spawn_router, stop, wait_healthy  # noqa: E402
-from tests.tools import promfleet  # noqa: E402
+from rollout_router.localfleet import spawn_replica, spawn_router, stop, wait_healthy
+from tests.tools import promfleet
 
 ROOT = Path(__file__).resolve().parents[2]
 PANELS = [

@@ -1,29 +1,24 @@
 """Kubernetes pod discovery: keep the replica set equal to the Ready pods a selector matches.
 
 ``pod_endpoint`` (pod -> URL or None) and ``PodTracker`` (listings and events ->
-replica set) are pure; ``run`` feeds them from ``kube.watching.follow``, which
-lists once and then watches (resuming dropped watches, re-listing on 410).
+replica set) are pure; ``run`` feeds them from ``kube.watching.keep_watching``,
+which lists once and then watches (resuming dropped watches, re-listing on 410).
 """
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import NamedTuple
 
-from ..kube.backoff import BACKOFF_MIN, Backoff
 from ..kube.client import Client
 from ..kube.pods import container_port, is_ready
 from ..kube.resources import PODS
 from ..kube.selectors import matches, to_query
-from ..kube.watching import Listing, follow
+from ..kube.watching import keep_watching, own_namespace
 from ..replicas import DISCOVERED, STATIC, ReplicaSet
 from ..settings import DiscoverySettings
 
 log = logging.getLogger(__name__)
-
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class Endpoint(NamedTuple):
@@ -92,23 +87,7 @@ class PodTracker:
 
 def resolve_namespace(settings: DiscoverySettings) -> str:
     """The settings' namespace, else POD_NAMESPACE, else the service account's namespace."""
-    if settings.namespace:
-        return settings.namespace
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"]
-    if SERVICE_ACCOUNT_NAMESPACE.exists():
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
-    raise RuntimeError("discovery needs a namespace: set discovery.namespace or POD_NAMESPACE")
-
-
-async def _connect(settings: DiscoverySettings, api: Client | None) -> tuple[Client, str]:
-    """Credentials and namespace, retried with backoff: a router must not stay blind after a bad start."""
-    backoff = Backoff(log, BACKOFF_MIN)
-    while True:
-        try:
-            return api or await Client.connect(), resolve_namespace(settings)
-        except Exception as error:  # noqa: BLE001 - any failure here is logged and retried
-            await backoff.wait(f"pod discovery cannot start: {error}")
+    return own_namespace(settings.namespace, "discovery.namespace", "discovery")
 
 
 async def run(settings: DiscoverySettings, replicas: ReplicaSet, api: Client | None = None) -> None:
@@ -117,22 +96,6 @@ async def run(settings: DiscoverySettings, replicas: ReplicaSet, api: Client | N
     A pod the tracker cannot read (no name, say) restarts the watch with a fresh
     listing rather than ending discovery. ``api`` is closed only if created here.
     """
-    client, namespace = await _connect(settings, api)
-    selector = to_query(settings.selector)
     tracker = PodTracker(settings, replicas)
-    log.info("watching pods in %s matching %r at %s", namespace, selector, client.server)
-    backoff = Backoff(log, BACKOFF_MIN)
-    try:
-        while True:
-            try:
-                async for change in follow(client, PODS, namespace, selector):
-                    if isinstance(change, Listing):
-                        tracker.reset(change.items)
-                        backoff.reset()
-                    elif change.type in ("ADDED", "MODIFIED", "DELETED"):
-                        tracker.apply(change.type, change.object)
-            except (ValueError, KeyError) as error:
-                await backoff.wait(f"pod discovery: unreadable pod: {error!r}")
-    finally:
-        if api is None:
-            await client.close()
+    await keep_watching("pod discovery", PODS, settings.namespace, "discovery.namespace",
+                        to_query(settings.selector), tracker.reset, tracker.apply, api)

@@ -22,8 +22,15 @@ from .config import FakeVllmConfig
 from .engine import Engine, Stream
 from .metrics import Metrics
 from .protocol import (
-    CHAT, TEXT, ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest, Kind,
-    TokenizeRequest, usage,
+    CHAT,
+    TEXT,
+    ApiError,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    Kind,
+    TokenizeRequest,
+    usage,
 )
 from .tokens import output_piece, render_chat, tokenize
 

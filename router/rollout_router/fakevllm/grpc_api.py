@@ -37,7 +37,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import grpc
 from aiohttp import web
@@ -186,7 +186,7 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):
             num_used_tokens=pool.num_used * pool.block_size,
             max_total_num_tokens=pool.num_blocks * pool.block_size,
             max_running_requests=scheduler.max_num_seqs)
-        return pb.GetLoadsResponse(timestamp=datetime.now(timezone.utc).isoformat(), version=VERSION,
+        return pb.GetLoadsResponse(timestamp=datetime.now(UTC).isoformat(), version=VERSION,
                                    dp_rank_count=1, loads=[load])
 
 

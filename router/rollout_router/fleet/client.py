@@ -8,7 +8,6 @@ time; an answer with an error status is ``PeerError``.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +49,7 @@ class PeerClient:
                 if answer.status >= 400:
                     raise PeerError(f"{method} {url} answered {answer.status}: {(await answer.text())[:200]}")
                 return await answer.json(content_type=None)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as error:
+        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as error:
             raise Unreachable(f"{method} {url}: {error!r}") from None
         except (aiohttp.ClientResponseError, ValueError) as error:
             raise PeerError(f"{method} {url}: {error!r}") from None
@@ -62,5 +61,5 @@ class PeerClient:
                 if answer.status != 200:
                     raise PeerError(f"GET {url} answered {answer.status}")
                 return await answer.text()
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as error:
+        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as error:
             raise Unreachable(f"GET {url}: {error!r}") from None

@@ -61,7 +61,7 @@ async def leave(fleet: Fleet, busy: Callable[[], int], stop_accepting: Callable[
     except TimeoutError:
         log.warning("leaving the fleet took longer than --drain-timeout %.1fs: exiting with %d requests in flight "
                     "and %d pins not handed over (their sessions are placed anew)",
-                    timeout, busy(), len(fleet.context.balancer.pins()))
+                    timeout, busy(), len(fleet.balancer.pins()))
         return False
     log.info("left the fleet in %.2fs: %d pins handed over%s", loop.time() - started, fleet.pushed,
              "" if left == 0 else f", {left} not (no owner answered): their sessions are placed anew")
@@ -84,19 +84,19 @@ async def announce(fleet: Fleet, done: bool) -> None:
 async def push(fleet: Fleet) -> int:
     """Send every pin held here to its owner among the other members; returns how many are still held."""
     others = fleet.members() - {fleet.self_id}
-    pins = fleet.context.balancer.pins()
+    pins = fleet.balancer.pins()
     if not others:
         return len(pins)
     by_owner: dict[str, list[tuple[str, str, float]]] = {}
     for pin in pins:
         by_owner.setdefault(owner(pin[0], others), []).append(pin)
     await asyncio.gather(*(_push_to(fleet, peer, held) for peer, held in by_owner.items()))
-    return len(fleet.context.balancer.pins())
+    return len(fleet.balancer.pins())
 
 
 async def _push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]]) -> None:
     """``pins`` to ``peer``, ``BATCH`` at a time; each batch it took is dropped here (unless re-pinned since)."""
-    balancer, clock = fleet.context.balancer, fleet.context.clock
+    balancer, clock = fleet.balancer, fleet.clock
     for start in range(0, len(pins), BATCH):
         batch = pins[start:start + BATCH]
         now = clock()

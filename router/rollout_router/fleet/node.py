@@ -32,7 +32,8 @@ from .membership import PODS, STATIC, Member, Membership
 from .ownership import History, owner
 
 if TYPE_CHECKING:
-    from ..context import RouterContext
+    from ..balancer import Balancer
+    from ..replicas import ReplicaSet
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +51,25 @@ def advertised(admin_host: str, admin_port: int) -> str:
 
 
 class Fleet:
-    def __init__(self, context: RouterContext, self_id: str, http_url: str, grpc_target: str | None,
-                 token: Callable[[], bytes | None], cli_peers: Sequence[str] = (),
+    """Given what it reads: the replica set (the peers' loads go into it), the balancer (pins move), the clock,
+    the fleet settings it starts with and the session idle timeout (live: how long old member sets are asked)."""
+
+    def __init__(self, replicas: ReplicaSet, balancer: Balancer, clock: Callable[[], float],
+                 settings: FleetSettings, idle_timeout: Callable[[], float | None], self_id: str, http_url: str,
+                 grpc_target: str | None, token: Callable[[], bytes | None], cli_peers: Sequence[str] = (),
                  peer_selector: str | None = None, peer_namespace: str | None = None,
                  ownership: Ownership | None = None):
-        self.context, self.self_id = context, self_id.rstrip("/")
+        self.replicas, self.balancer, self.clock, self._idle_timeout = replicas, balancer, clock, idle_timeout
+        self.self_id = self_id.rstrip("/")
         self.http_url, self.grpc_target = http_url, grpc_target
         self._cli_peers, self._selector, self._namespace = list(cli_peers), peer_selector, peer_namespace
         self._cli_ownership = ownership  # --ownership: wins over fleet.ownership
-        self.settings = context.settings.fleet or FleetSettings()
+        self.settings = settings
         self.membership = Membership(self.self_id)
         self.history = History(self.self_id, self._window())
         self.client = PeerClient(token, self.settings.peer_timeout_seconds)
-        self.loads = loadview.PeerLoads(context.replicas)
-        self.handoff = Handoff(self.history, context.balancer, self._ask, context.clock)
+        self.loads = loadview.PeerLoads(replicas)
+        self.handoff = Handoff(self.history, balancer, self._ask, clock)
         self.forwarded = self.owner_unreachable = 0
         self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
         self.pushed = 0  # pins handed to their new owners while leaving
@@ -108,18 +114,18 @@ class Fleet:
         return self._cli_ownership or self.settings.ownership
 
     def _window(self) -> float:
-        return self.context.settings.session.idle_timeout_seconds or DEFAULT_WINDOW
+        return self._idle_timeout() or DEFAULT_WINDOW
 
     def _start_scraper(self, wanted: bool) -> None:
         if wanted and self._scraper is None:
             self._scraper = asyncio.get_running_loop().create_task(_logged(loadview.scrape_vllm(
-                self.context.replicas, self.client, self.settings.poll_interval_seconds)), name="vllm-loads")
+                self.replicas, self.client, self.settings.poll_interval_seconds)), name="vllm-loads")
         elif not wanted and self._scraper is not None:
             self._scraper.cancel()
             self._scraper = None
             if self.settings.load_view == "local":
-                for replica in list(self.context.replicas.external()):
-                    self.context.replicas.set_external(replica, 0)
+                for replica in list(self.replicas.external()):
+                    self.replicas.set_external(replica, 0)
 
     # membership
     def set_peers(self, source: str, ids: Sequence[str] | set[str]) -> None:
@@ -144,7 +150,7 @@ class Fleet:
             try:
                 await self._poll_once(member)
             except (Unreachable, PeerError, KeyError, TypeError, ValueError, AttributeError) as error:
-                if self.membership.failed(peer_id, self.context.clock(), self.settings.peer_timeout_seconds):
+                if self.membership.failed(peer_id, self.clock(), self.settings.peer_timeout_seconds):
                     self._left(member, str(error))
             await asyncio.sleep(self.settings.poll_interval_seconds)
 
@@ -157,7 +163,7 @@ class Fleet:
         if self.membership.get(member.id) is not member:
             return  # dropped while we waited
         old = member.loads if member.live else {}
-        joined = self.membership.answered(member.id, self.context.clock())
+        joined = self.membership.answered(member.id, self.clock())
         member.loads = loads
         if self.settings.load_view == "peers":
             self.loads.change(old, loads)
@@ -194,7 +200,7 @@ class Fleet:
             self._changed()
 
     def _changed(self) -> None:
-        self.history.update(self.membership.members(), self.context.clock())
+        self.history.update(self.membership.members(), self.clock())
         self._owners.clear()
 
     # the data path
@@ -246,7 +252,7 @@ class Fleet:
     async def _look_up(self, key: str) -> None:
         """Entry ownership: pull ``key``'s pin from whichever peer holds it (leaving peers included, not those
         that handed every pin over); with none found and a peer silent, the session is decided here uninformed."""
-        if self.context.balancer.pinned(key) is not None:
+        if self.balancer.pinned(key) is not None:
             return
         peers = [m.id for m in self.live_peers() if m.id not in self.handoff.departed]
         if peers and not await self.handoff.lookup(key, peers, self.settings.lookup_timeout_seconds):
@@ -255,7 +261,7 @@ class Fleet:
     def unreachable(self, member: Member, gone: bool) -> None:
         """Forwarding to ``member`` failed before any byte came back; ``gone``: refused or reset, not slow."""
         self.owner_unreachable += 1
-        if gone and member.live and self.membership.failed(member.id, self.context.clock(), 0.0, gone=True):
+        if gone and member.live and self.membership.failed(member.id, self.clock(), 0.0, gone=True):
             self._left(member, "refused a forwarded request")
 
     async def _ask(self, peer: str, key: str, timeout: float | None) -> tuple[str, float] | None:
@@ -270,7 +276,7 @@ class Fleet:
 
     # what /status and /metrics show
     def peer_load_ages(self) -> dict[str, float]:
-        now = self.context.clock()
+        now = self.clock()
         return {m.id: round(now - m.answered, 3) for m in self.live_peers() if m.answered is not None}
 
     def status(self) -> dict:

@@ -1,23 +1,18 @@
 """In a cluster: the router pods of one resource are the fleet's candidates (``--peer-selector``).
 
 The Ready pods matching the selector, followed with the same list-then-watch
-(``kube.watching.follow``) that replica discovery uses; a pod is named by its
+(``kube.watching.keep_watching``) that replica discovery uses; a pod is named by its
 admin URL, ``http://<podIP>:<containerPort named "admin">``.
 """
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Callable, Iterable
 
-from ..kube.backoff import BACKOFF_MIN, Backoff
 from ..kube.client import Client
 from ..kube.pods import container_port, is_ready
 from ..kube.resources import PODS
-from ..kube.watching import Listing, follow
+from ..kube.watching import keep_watching
 from ..listening import address
-
-log = logging.getLogger(__name__)
 
 ADMIN_PORT_NAME = "admin"
 
@@ -63,30 +58,7 @@ class PodPeers:
 async def watch_peers(selector: str, namespace: str | None, on_peers: Callable[[set[str]], None],
                       api: Client | None = None) -> None:
     """Call ``on_peers`` with the Ready router pods' admin URLs whenever they change, until cancelled."""
-    namespace = namespace or os.environ.get("POD_NAMESPACE")
-    backoff = Backoff(log, BACKOFF_MIN)
-    while True:
-        try:
-            client = api or await Client.connect()
-            break
-        except Exception as error:  # noqa: BLE001 - logged and retried: a router must not stay alone
-            await backoff.wait(f"peer discovery cannot start: {error}")
-    if not namespace:
-        from ..discovery.kubernetes import SERVICE_ACCOUNT_NAMESPACE
-        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
     peers = PodPeers()
-    log.info("watching router pods in %s matching %r", namespace, selector)
-    try:
-        while True:
-            try:
-                async for change in follow(client, PODS, namespace, selector):
-                    if isinstance(change, Listing):
-                        on_peers(peers.reset(change.items))
-                        backoff.reset()
-                    elif change.type in ("ADDED", "MODIFIED", "DELETED"):
-                        on_peers(peers.apply(change.type, change.object))
-            except (ValueError, KeyError) as error:
-                await backoff.wait(f"peer discovery: unreadable pod: {error!r}")
-    finally:
-        if api is None:
-            await client.close()
+    await keep_watching("peer discovery", PODS, namespace, "--peer-namespace", selector,
+                        lambda pods: on_peers(peers.reset(pods)),
+                        lambda event_type, pod: on_peers(peers.apply(event_type, pod)), api)

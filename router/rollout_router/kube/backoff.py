@@ -21,4 +21,4 @@ class Backoff:
     async def wait(self, problem: str) -> None:
         self.log.warning("%s; retrying in %.1fs", problem, self.delay)
         await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.cap) * random.uniform(0.8, 1.2)
+        self.delay = min(self.delay * 2 * random.uniform(0.8, 1.2), self.cap)  # capped after the jitter

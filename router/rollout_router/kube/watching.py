@@ -4,15 +4,22 @@ A watch ends when the server's timeout passes or the connection drops; the
 next one starts from the last resourceVersion seen (an event's or a
 bookmark's), so nothing is listed again and nothing is missed. Only when the
 API answers 410 Gone (that version is compacted away) is the set listed afresh.
+
+``keep_watching`` is the one loop around it that pod discovery and the fleet's
+peer pods both run: find the namespace and connect (retried with backoff: a
+router must never stay blind or alone after a bad start), then follow for ever,
+and close the client it made however it ends.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from .backoff import Backoff
+from .backoff import BACKOFF_MIN, Backoff
 from .client import TRANSIENT, ApiError, Client
 from .objects import list_objects
 from .resources import Resource
@@ -20,6 +27,7 @@ from .resources import Resource
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 240  # the server ends each watch after this; the next resumes from the last resourceVersion
 QUICK_END_SECONDS = 1.0  # a watch that ends sooner, having delivered nothing, is a problem: back off
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 @dataclass(frozen=True)
@@ -84,3 +92,51 @@ async def follow(client: Client, resource: Resource, namespace: str | None, sele
             backoff.reset()
         else:
             await backoff.wait(f"watch of {resource.plural} in {namespace}: {problem}")
+
+
+def own_namespace(namespace: str | None, setting: str, who: str) -> str:
+    """``namespace``, else POD_NAMESPACE, else the service account's; outside a pod with neither, a
+    RuntimeError saying that ``who`` needs the ``setting``."""
+    if namespace:
+        return namespace
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    if SERVICE_ACCOUNT_NAMESPACE.exists():
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    raise RuntimeError(f"{who} needs a namespace: set {setting} or POD_NAMESPACE")
+
+
+async def _start(what: str, namespace: str | None, setting: str, api: Client | None) -> tuple[Client, str]:
+    """The namespace, then a client (``api`` if given), retried with backoff until both are there."""
+    backoff = Backoff(log, BACKOFF_MIN)
+    while True:
+        try:
+            found = own_namespace(namespace, setting, what)
+            return api or await Client.connect(), found
+        except Exception as error:  # noqa: BLE001 - any failure here is logged and retried
+            await backoff.wait(f"{what} cannot start: {error}")
+
+
+async def keep_watching(what: str, resource: Resource, namespace: str | None, setting: str, selector: str,
+                        listed: Callable[[list[dict]], None], changed: Callable[[str, dict], None],
+                        api: Client | None = None) -> None:
+    """Call ``listed`` with every matching object, then ``changed`` with each ADDED, MODIFIED or DELETED
+    one, until cancelled. An object the callbacks cannot read (no name, say) restarts the watch with a
+    fresh listing rather than ending it. ``api`` is closed only if created here."""
+    client, namespace = await _start(what, namespace, setting, api)
+    log.info("%s: watching %s in %s matching %r at %s", what, resource.plural, namespace, selector, client.server)
+    backoff = Backoff(log, BACKOFF_MIN)
+    try:
+        while True:
+            try:
+                async for change in follow(client, resource, namespace, selector):
+                    if isinstance(change, Listing):
+                        listed(change.items)
+                        backoff.reset()
+                    elif change.type in ("ADDED", "MODIFIED", "DELETED"):
+                        changed(change.type, change.object)
+            except (ValueError, KeyError) as error:
+                await backoff.wait(f"{what}: unreadable {resource.plural}: {error!r}")
+    finally:
+        if api is None:
+            await client.close()

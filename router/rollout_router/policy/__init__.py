@@ -7,8 +7,8 @@ them.
 from .affinity import AffinityPolicy
 from .base import Counters, Decision, LiveConfig, NoReplicaError, Outcome, Policy, Request
 from .hashing import least_loaded, lowest, rendezvous, stable_hash
-from .loads import LoadIndex
 from .least_loaded import LeastLoadedPolicy
+from .loads import LoadIndex
 from .registry import POLICIES, create
 from .round_robin import RoundRobinPolicy
 from .sessions import SessionPolicy, SessionTable

@@ -33,15 +33,10 @@ class AdaptiveAffinityPolicy(AffinityPolicy):
         if cooldown is not None and cooldown < 0:
             raise ValueError("cooldown must be >= 0 or None")
         self.context_scale, self.cooldown = context_scale, cooldown
-        self._request: Request | None = None
         self._moved_at: dict[str, float] = {}
 
     def route(self, request: Request) -> Decision:
-        self._request = request
-        try:
-            decision = super().route(request)
-        finally:
-            self._request = None
+        decision = super().route(request)
         if self.cooldown is not None and request.key is not None and decision.outcome is not Outcome.KEPT:
             self._moved_at[request.key] = request.now
             if len(self._moved_at) > self.table.max_sessions:
@@ -52,10 +47,9 @@ class AdaptiveAffinityPolicy(AffinityPolicy):
         self._moved_at.pop(key, None)
         return super().release(key)
 
-    def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
-        request = self._request
-        if self.margin is None or self.full_determinism or request is None:
-            return super()._keeps(loads, pinned)
+    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
+        if self.margin is None or self.full_determinism:
+            return super()._keeps(request, loads, pinned)
         if self.cooldown is not None and request.key is not None:
             moved = self._moved_at.get(request.key)
             if moved is not None and request.now - moved < self.cooldown:

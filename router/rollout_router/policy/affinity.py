@@ -50,13 +50,15 @@ class AffinityPolicy(SessionPolicy):
             decision = Decision(self._place(key, loads), Outcome.NEW)
         elif pinned not in loads:
             decision = Decision(self._place(key, loads), Outcome.REPINNED, previous=pinned)
-        elif self._keeps(loads, pinned):
+        elif self._keeps(request, loads, pinned):
             decision = Decision(pinned, Outcome.KEPT)
         else:
             decision = Decision(least_loaded(loads, key), Outcome.BROKEN, previous=pinned)
         return self._commit(key, decision, request.now)
 
-    def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
+    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
+        """The rule: whether ``request``'s session stays on its ``pinned`` replica, still routable, at ``loads``
+        (a subclass decides on the request too: its key, prefix and time)."""
         if self.margin is None or self.full_determinism:
             return True
         return loads[pinned] - lowest(loads) <= self.margin

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .affinity import AffinityPolicy
-from .base import Decision, LiveConfig, Request
+from .base import LiveConfig, Request
 from .hashing import lowest
 
 
@@ -38,7 +38,6 @@ class CostAffinityPolicy(AffinityPolicy):
                  full_determinism: bool = False, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
         self.relative: float = 0.0
         self.min_turn_seconds: float | None = None
-        self._request: Request | None = None
         super().__init__(margin, full_determinism, max_sessions, idle_ttl)
         self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl, relative, min_turn_seconds))
 
@@ -48,17 +47,9 @@ class CostAffinityPolicy(AffinityPolicy):
         super().configure(config)
         self.relative, self.min_turn_seconds = float(config.relative), config.min_turn_seconds
 
-    def route(self, request: Request) -> Decision:
-        self._request = request
-        try:
-            return super().route(request)
-        finally:
-            self._request = None
-
-    def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
-        request = self._request
-        if self.margin is None or self.full_determinism or request is None or request.key is None:
-            return super()._keeps(loads, pinned)
+    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
+        if self.margin is None or self.full_determinism or request.key is None:
+            return super()._keeps(request, loads, pinned)
         if self.min_turn_seconds is not None:
             last = self.table.used(request.key, request.now)
             if last is not None and request.now - last < self.min_turn_seconds:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .affinity import AffinityPolicy
+from .base import Request
 from .hashing import lowest
 
 
@@ -30,5 +31,5 @@ class DualThresholdPolicy(AffinityPolicy):
         hi, lo = max(loads.values()), lowest(loads)
         return hi - lo > self.abs_threshold and hi > self.rel_threshold * lo
 
-    def _keeps(self, loads: Mapping[str, float], pinned: str) -> bool:
+    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
         return not (self.imbalanced(loads) and loads[pinned] > lowest(loads))

@@ -9,7 +9,6 @@ from collections.abc import Iterator, Mapping
 from .base import Counters, Decision, LiveConfig, Outcome, Policy
 from .unkeyed import Unkeyed
 
-
 _MOVES = frozenset({Outcome.NEW, Outcome.BROKEN, Outcome.REPINNED})  # decisions that (re)pin a session
 _SLOT_BITS = 20  # up to 2**20 distinct replica ids over the table's life
 _SLOT_MASK = (1 << _SLOT_BITS) - 1

@@ -16,7 +16,6 @@ from urllib.parse import unquote
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..context import RouterContext
-from ..observability import status
 from .errors import error_body
 
 
@@ -94,7 +93,7 @@ def metrics(context: RouterContext, request: AdminRequest) -> AdminAnswer:
 
 
 def status_document(context: RouterContext, request: AdminRequest) -> AdminAnswer:
-    return _json(status(context))
+    return _json(context.metrics.status())
 
 
 def release_session(context: RouterContext, request: AdminRequest) -> AdminAnswer:

@@ -23,8 +23,14 @@ from typing import Any
 from .cost import CostModel
 from .engine import Arm, run_step
 from .routers import RouterFleet
-from .sources import (PHYSICAL_KV_TOKENS, RECIPE_MAX_BATCHED_TOKENS, RECIPE_N, RECIPE_PER_REPLICA, RECIPE_REPLICAS,
-                      VERL_STICKY_ENTRIES)
+from .sources import (
+    PHYSICAL_KV_TOKENS,
+    RECIPE_MAX_BATCHED_TOKENS,
+    RECIPE_N,
+    RECIPE_PER_REPLICA,
+    RECIPE_REPLICAS,
+    VERL_STICKY_ENTRIES,
+)
 from .workload import OUT_MEDIAN, Preset, generate
 
 BASELINE = "sticky"

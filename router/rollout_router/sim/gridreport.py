@@ -13,8 +13,14 @@ from typing import Any
 
 from . import criterion
 from .grid import PEERS, PRESET_POINTS, RULE, Point
-from .sources import (PHYSICAL_KV_TOKENS, PUBLISHED_CONTEXT, RECIPE_PER_REPLICA, RECIPE_REPLICAS,
-                      RECIPE_TRAJECTORIES, VERL_STICKY_ENTRIES)
+from .sources import (
+    PHYSICAL_KV_TOKENS,
+    PUBLISHED_CONTEXT,
+    RECIPE_PER_REPLICA,
+    RECIPE_REPLICAS,
+    RECIPE_TRAJECTORIES,
+    VERL_STICKY_ENTRIES,
+)
 from .workload import OUT_MEDIAN, PRESETS
 
 COMPARED = ("margin0", "margin2", "margin4", "margin8", "least_loaded", RULE)

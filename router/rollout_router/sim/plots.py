@@ -58,8 +58,8 @@ def write_grid_plots(grid: dict[str, Any], outdir: str, prefix: str = "grid-") -
     import matplotlib.pyplot as plt
 
     os.makedirs(outdir, exist_ok=True)
-    from .gridreport import COMPARED
     from .grid import PEERS
+    from .gridreport import COMPARED
 
     written = [_heatmaps(plt, grid, COMPARED, os.path.join(outdir, f"{prefix}heatmap.png"))]
     if any(a in p["policies"] for p in grid["points"] for a in PEERS):

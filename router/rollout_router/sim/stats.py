@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-
 Samples = Sequence[float] | np.ndarray
 
 

@@ -17,8 +17,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .sources import (PHYSICAL_KV_TOKENS, PUBLISHED_TOOL_LATENCY, RECIPE_MAX_BATCHED_TOKENS, RECIPE_N,
-                      RECIPE_PER_REPLICA, RECIPE_PROMPTS, RECIPE_REPLICAS, VERL_MAX_NUM_SEQS, VERL_STICKY_ENTRIES)
+from .sources import (
+    PHYSICAL_KV_TOKENS,
+    PUBLISHED_TOOL_LATENCY,
+    RECIPE_MAX_BATCHED_TOKENS,
+    RECIPE_N,
+    RECIPE_PER_REPLICA,
+    RECIPE_PROMPTS,
+    RECIPE_REPLICAS,
+    VERL_MAX_NUM_SEQS,
+    VERL_STICKY_ENTRIES,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,7 +85,7 @@ class Agent:
             time.sleep(HEARTBEAT_SECONDS)
             try:
                 self.heartbeat()
-            except Exception:  # noqa: BLE001 - keep beating through API hiccups
+            except Exception:
                 log.exception("heartbeat failed")
 
     def handle(self, kind: str, pod: dict) -> None:
@@ -135,7 +135,7 @@ class Agent:
             while True:
                 try:
                     self.sync()
-                except Exception:  # noqa: BLE001 - relist after any watch failure
+                except Exception:
                     log.exception("pod watch failed; relisting")
                     time.sleep(1)
         finally:

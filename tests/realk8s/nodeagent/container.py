@@ -175,9 +175,9 @@ class Launcher:
         except podman.RefusedContainer as refused:
             raise UnsupportedImage(str(refused)) from refused
 
-    def _log(self, pod: dict, container: dict):  # noqa: ANN202 - a binary file the process writes to
+    def _log(self, pod: dict, container: dict):
         meta = pod["metadata"]
-        return open(self.log_dir / f"{meta['namespace']}_{meta['name']}_{container['name']}.log", "ab")  # noqa: SIM115
+        return open(self.log_dir / f"{meta['namespace']}_{meta['name']}_{container['name']}.log", "ab")
 
     def _hidden_program_dirs(self, mounts: list[tuple[Path, str, bool]]) -> list[Path]:
         """The virtualenv and the checkout (the editable install's sources) that a mount target would hide."""

@@ -109,7 +109,7 @@ class PodWorker:
         meta = self.pod["metadata"]
         try:
             self._run()
-        except Exception:  # noqa: BLE001 - a node agent must outlive one pod's failure
+        except Exception:
             log.exception("pod %s/%s failed", meta["namespace"], meta["name"])
         finally:
             self._teardown()

@@ -112,7 +112,7 @@ def write_atomically(directory: Path, files: dict[str, tuple[bytes, int]]) -> bo
     directory.mkdir(parents=True, exist_ok=True)
     if _current(directory) == files:
         return False
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("..%Y_%m_%d_%H_%M_%S.%f")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("..%Y_%m_%d_%H_%M_%S.%f")
     new = directory / stamp
     for path, (content, mode) in files.items():
         target = new / path
@@ -169,7 +169,7 @@ def refresh(core: client.CoreV1Api, tokens: TokenSource, pod: dict, paths: dict[
 
 
 def status_time() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def as_dict(api_object: Any) -> dict:

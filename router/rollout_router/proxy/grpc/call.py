@@ -22,9 +22,9 @@ from ...health import CLOSED, TIMEOUT
 from . import h2
 
 if TYPE_CHECKING:
-    from . import GrpcProxy
     from .conn import Stream
     from .server import ClientConnection
+    from .traffic import GrpcProxy
     from .upstream import UpstreamConnection
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from . import h2
 from .conn import CONNECTION_WINDOW, MAX_HEAD, STREAM_WINDOW, H2Connection, Stream
 
 if TYPE_CHECKING:
-    from ..http.listener import Limits
-    from . import GrpcProxy
+    from ..listener import Limits
+    from .traffic import GrpcProxy
 
 LINGER_SECONDS = 2.0  # a refused or closing connection is closed this long after it was told to go away
 

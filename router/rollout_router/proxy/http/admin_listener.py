@@ -15,15 +15,15 @@ import os
 from pathlib import Path
 
 from ...context import RouterContext
-from ...fleet import endpoints as fleet_endpoints
-from .. import admin, workers
-from . import write_admin
-from .listener import Limits, Listener
+from .. import admin, fleet_routes, workers
+from ..listener import Limits
+from .listener import HttpListener
 from .server import ClientConnection, HttpRequest
+from .traffic import write_admin
 
 # What the admin listener serves: the router's own routes, the worker API of SGLang's router / vllm-router,
 # and the routes between the routers of a fleet.
-ROUTES = (*admin.ROUTES, *workers.ROUTES, *fleet_endpoints.ROUTES)
+ROUTES = (*admin.ROUTES, *workers.ROUTES, *fleet_routes.ROUTES)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class TokenFile:
         return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.current())
 
 
-class AdminListener(Listener):
+class AdminListener(HttpListener):
     """Answers every admin route (``admin.ROUTES``); nothing here is forwarded."""
 
     name = "admin"

@@ -1,89 +1,17 @@
-"""What every HTTP listener of the router shares: a bound on connections, the request deadlines, the byte budget.
-
-A listener (the traffic port, the admin port) accepts ``ClientConnection``s
-and answers their requests in ``handle``. Here: refusing connections beyond
-``Limits.max_connections`` (503, one warning per episode, a counter), the
-budget of request bytes held at once (heads and bodies, 503 when full), and
-the sweep that once a second closes idle connections and answers 408 to heads
-and bodies that arrive too slowly (slowloris), instead of a timer per request.
-"""
+"""An HTTP listener (the traffic port, the admin port): HTTP/1.1 connections whose requests ``handle`` answers."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import logging
-import time
-from typing import TYPE_CHECKING
 
-from ...context import RouterContext
-from ...listening import EVERY_ADDRESS, dual_stack_socket
-from ...settings import RouterSettings
-
-if TYPE_CHECKING:
-    from .server import ClientConnection, HttpRequest
-
-log = logging.getLogger(__name__)
-
-SWEEP_SECONDS = 1.0
-BODY_GRACE_SECONDS = 10.0  # a body's rate is judged only after this long (TCP slow start, a client's pause)
+from ..listener import Listener
+from .server import ClientConnection, HttpRequest
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Limits:
-    """The bounds a listener enforces on its clients (None: no deadline; 0 rate: any rate)."""
+class HttpListener(Listener):
+    """The HTTP side of ``Listener``: its clients are ``ClientConnection``s, parsed with llhttp."""
 
-    max_connections: int
-    max_body_bytes: int
-    max_buffered_bytes: int
-    header_timeout: float | None
-    body_timeout: float | None
-    min_body_rate: int
-
-
-_TRAFFIC: list = [None, None]  # the settings the traffic limits were last computed from, and those limits
-
-
-def traffic_limits(settings: RouterSettings) -> Limits:
-    """The limits the traffic listeners (HTTP and gRPC) enforce, from the live settings; recomputed when they change."""
-    if _TRAFFIC[0] is not settings:
-        _TRAFFIC[:] = [settings, Limits(settings.max_connections, settings.max_body_bytes, settings.max_buffered_bytes,
-                                        settings.header_timeout_seconds, settings.body_timeout_seconds,
-                                        settings.min_body_bytes_per_second)]
-    return _TRAFFIC[1]
-
-
-class Budget:
-    """Request bytes held at once over the listeners sharing it (the traffic port and the gRPC port share one)."""
-
-    __slots__ = ("held",)
-
-    def __init__(self) -> None:
-        self.held = 0
-
-
-class Listener:
-    """One listening socket of clients; subclasses answer requests (``handle``) and set ``limits``."""
-
-    name = "http"  # the ``listener`` label of its metrics
-    refusal = "503"  # what a connection beyond ``max_connections`` is answered (in the log line)
-
-    def __init__(self, context: RouterContext, budget: Budget | None = None):
-        self.context = context
-        self.clients: set = set()  # ClientConnection (HTTP) or the gRPC listener's connections
-        self.now = time.monotonic()  # the sweep's coarse clock
-        self.budget = budget or Budget()  # bounded by ``Limits.max_buffered_bytes``
-        self.buffered = 0  # this listener's share of the budget (its metric)
-        self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.Task | None = None
-        self._at_limit = False
-        metrics = context.metrics
-        self._rejected = metrics.connections_rejected.labels(self.name)
-        metrics.client_connections.labels(self.name).set_function(lambda: len(self.clients))
-        metrics.buffered_bytes.labels(self.name).set_function(lambda: self.buffered)
-
-    def limits(self) -> Limits:
-        raise NotImplementedError
+    def connection(self) -> asyncio.Protocol:
+        return ClientConnection(self)
 
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
         """Headers holding a session key (none unless the listener forwards)."""
@@ -91,76 +19,3 @@ class Listener:
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         raise NotImplementedError
-
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0 picks a free port; ``::`` every IPv6 and IPv4 address); returns the port."""
-        loop = asyncio.get_running_loop()
-        if host in (EVERY_ADDRESS, f"[{EVERY_ADDRESS}]"):
-            self._server = await loop.create_server(self.connection, sock=dual_stack_socket(port), backlog=1024)
-        else:
-            self._server = await loop.create_server(self.connection, host, port, backlog=1024, reuse_address=True)
-        self._sweeper = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
-        return self._server.sockets[0].getsockname()[1]
-
-    def connection(self) -> asyncio.Protocol:
-        """A new client connection's protocol."""
-        from .server import ClientConnection
-        return ClientConnection(self)
-
-    def stop_accepting(self) -> None:
-        """Refuse new connections; those open are served until ``close``."""
-        if self._server is not None:
-            self._server.close()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for client in list(self.clients):
-            if client.transport is not None:
-                client.transport.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    def admit(self) -> bool:
-        """Whether one more connection fits; the first refusal of an episode is logged."""
-        limit = self.limits().max_connections
-        if len(self.clients) < limit:
-            return True
-        self._rejected.inc()
-        if not self._at_limit:
-            self._at_limit = True
-            log.warning("%s listener: %d client connections open, the limit (maxConnections=%d); new connections "
-                        "get %s until some close", self.name, len(self.clients), limit, self.refusal)
-        return False
-
-    def charge(self, size: int) -> bool:
-        """Count ``size`` more request bytes held; False (nothing counted) when the budget has no room."""
-        budget = self.budget
-        if budget.held + size > self.limits().max_buffered_bytes:
-            return False
-        budget.held += size
-        self.buffered += size
-        return True
-
-    def release(self, size: int) -> None:
-        self.budget.held -= size
-        self.buffered -= size
-
-    async def _sweep(self) -> None:
-        """Once a second: the listener's own chores (``tick``), then every client's deadlines."""
-        while True:
-            await asyncio.sleep(SWEEP_SECONDS)
-            self.now = time.monotonic()
-            self.tick(SWEEP_SECONDS)
-            limits = self.limits()
-            if self._at_limit and len(self.clients) < limits.max_connections:
-                self._at_limit = False
-            for client in list(self.clients):
-                client.check(self.now, limits)
-
-    def tick(self, elapsed: float) -> None:
-        """What a listener does once a sweep besides its clients' deadlines."""

@@ -22,14 +22,15 @@ import httptools
 
 from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
 from ...replicas import Lease
+from ..attempts import Refused
 from ..errors import error_body
 from . import wire
 from .routes import HOP_BY_HOP, REPLICA_HEADER
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
-    from . import HttpProxy
     from .server import ClientConnection, HttpRequest
+    from .traffic import HttpProxy
 
 log = logging.getLogger(__name__)
 
@@ -286,31 +287,29 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
     A reused keep-alive connection that the replica closed before answering is
     retried once on a fresh connection to the same replica.
     """
-    from ..attempts import Refused
     replica = lease.replica.id
     if client.gone:
         return CLIENT_CLOSED, True
     pool = proxy.pools.get(replica)
-    conn = pool.take()
-    for reused in ((True, False) if conn is not None else (False,)):
-        if not reused:
-            try:
-                conn = await pool.connect()
-            except OSError as error:
-                raise Refused(str(error)) from None
-            except TimeoutError:  # nothing was sent: as safe to retry elsewhere as a refusal
-                proxy.context.outliers.failure(lease.replica, TIMEOUT)
-                raise Refused(f"connecting to {replica} timed out") from None
-            if client.gone:
-                conn.close()
-                return CLIENT_CLOSED, True
-        assert conn is not None
+
+    async def send(conn: UpstreamConnection, reused: bool) -> tuple[int | None, bool] | None:
+        if not reused and client.gone:
+            conn.close()
+            return CLIENT_CLOSED, True
         exchange = Exchange(proxy, client, request, replica, conn, reused)
         exchange.start(request_bytes(request, pool, headers))
-        if await exchange.done != STALE:
-            _report(proxy, lease, exchange)
-            return exchange.code, _accepted(exchange)
-    raise AssertionError("unreachable: a fresh connection is never stale")
+        if await exchange.done == STALE:
+            return None
+        _report(proxy, lease, exchange)
+        return exchange.code, _accepted(exchange)
+
+    try:
+        return await pool.exchange(send)
+    except OSError as error:
+        raise Refused(str(error)) from None
+    except TimeoutError:  # nothing was sent: as safe to retry elsewhere as a refusal
+        proxy.context.outliers.failure(lease.replica, TIMEOUT)
+        raise Refused(f"connecting to {replica} timed out") from None
 
 
 def _report(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> None:

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 import httptools
 
 from ..errors import RouterError
+from ..listener import BODY_GRACE_SECONDS
 from . import wire
-from .listener import BODY_GRACE_SECONDS
 from .routes import HOP_BY_HOP, connection_tokens
 
 if TYPE_CHECKING:
-    from .listener import Limits, Listener
+    from ..listener import Limits
+    from .listener import HttpListener
     from .relay import Exchange
 
 MAX_HEAD = 64 * 1024  # request line + headers; more is a 431
@@ -60,7 +61,7 @@ class HttpRequest:
 class ClientConnection(asyncio.Protocol):
     """Parses requests off one client connection and hands them, in order, to ``Listener.handle``."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: HttpListener) -> None:
         self.listener = listener
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None  # the attempt whose response is being relayed, if any

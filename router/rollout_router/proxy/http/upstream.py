@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
 
 import httptools
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from .relay import Exchange
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 POOL_SIZE = 64  # idle connections kept per replica; more concurrent requests open (and then close) more
 KEEPALIVE_SECONDS = 4.0
 CONNECT_SECONDS = 10.0
+
+T = TypeVar("T")
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -122,6 +125,24 @@ class ReplicaPool:
             _, connection = await loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port,
                                                          ssl=self.ssl)
         return connection
+
+    async def exchange(self, send: Callable[[UpstreamConnection, bool], Awaitable[T | None]]) -> T:
+        """``send(connection, reused)`` on an idle connection, and once more on a new one when it answers None.
+
+        None means stale: the replica closed the reused connection before answering
+        (the race a keep-alive pool cannot avoid), so nothing was done and the request
+        is as safe to send again. A new connection is never stale. Connecting raises
+        OSError when the replica refuses, TimeoutError when it does not answer.
+        """
+        connection = self.take()
+        if connection is not None:
+            result = await send(connection, True)
+            if result is not None:
+                return result
+        result = await send(await self.connect(), False)
+        if result is None:
+            raise AssertionError("unreachable: a fresh connection is never stale")
+        return result
 
     def give_back(self, connection: UpstreamConnection, now: float) -> None:
         if connection.closed or len(self._idle) >= POOL_SIZE:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 
 from ..context import RouterContext
-from ..proxy.admin import GET, AdminAnswer, AdminRequest, Route, error
+from .admin import GET, AdminAnswer, AdminRequest, Route, error
 
 
 def _json(document: dict) -> AdminAnswer:

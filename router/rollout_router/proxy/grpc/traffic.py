@@ -1,0 +1,212 @@
+"""The gRPC listener's calls: limits, session key, owner or replica, the attempt, the sweep."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from ...context import RouterContext
+from ...health import TIMEOUT
+from ...policy import NoReplicaError
+from ..attempts import AllRefused, Refused, forward
+from ..errors import RouterError
+from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
+from ..owner import FORWARD_SLACK_SECONDS, HOP
+from ..session_key import KeyNames, header_key
+from . import h2
+from .call import REFUSED, Call
+from .conn import flush_dirty
+from .owner import to_owner
+from .server import ClientConnection
+from .upstream import Upstreams
+
+log = logging.getLogger(__name__)
+
+REPLICA_METADATA = "x-rolloutrouter-replica"
+
+
+def unary_request_methods() -> frozenset[bytes]:
+    """Paths of the methods whose client sends exactly one message, from vLLM's protos."""
+    try:
+        from smg_grpc_proto.generated import vllm_engine_pb2
+    except ImportError:  # without the protos no call gets the one-message timeouts; every call still works
+        return frozenset()
+    return frozenset(f"/{service.full_name}/{method.name}".encode()
+                     for service in vllm_engine_pb2.DESCRIPTOR.services_by_name.values()
+                     for method in service.methods if not method.client_streaming)
+
+
+class GrpcProxy(Listener):
+    name = "grpc"
+    refusal = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, context: RouterContext, budget: Budget | None = None):
+        super().__init__(context, budget)
+        self.upstreams = Upstreams()
+        self.calls: set[Call] = set()  # calls in progress (bounded by maxGrpcStreams)
+        self.active: set[Call] = set()  # calls with an attempt on a replica
+        self.unary_methods = unary_request_methods()
+        self._streams_full = False
+        self._key_names = KeyNames()
+        context.metrics.grpc_calls.set_function(lambda: len(self.calls))
+
+    def limits(self) -> Limits:
+        return traffic_limits(self.context.settings)
+
+    def connection(self) -> asyncio.Protocol:
+        return ClientConnection(self)
+
+    def budget_message(self) -> str:
+        return (f"the router holds its limit of buffered request bytes (maxBufferedBytes="
+                f"{self.limits().max_buffered_bytes}); retry later")
+
+    def refused(self, reason: str) -> None:
+        self.context.metrics.errors.labels(reason).inc()
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Stop taking calls, let those in progress finish for up to ``grace`` seconds, then close everything."""
+        if self._server is not None:
+            self._server.close()
+        for client in list(self.clients):
+            client.go_away()
+        flush_dirty()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                while self.calls:
+                    await asyncio.sleep(0.05)
+        await super().close()
+        self.upstreams.close()
+
+    def prune(self) -> None:
+        """Retire connections to targets that no replica (live or still draining) or peer router has any more."""
+        live = self.context.replicas.grpc_targets()
+        if self.context.fleet is not None:  # and the owner routers calls are forwarded to
+            live |= {m.grpc for m in self.context.fleet.membership.peers.values() if m.grpc}
+        for target in self.upstreams.targets() - live:
+            self.upstreams.retire(target)
+
+    # a new call
+    def open_call(self, client: ClientConnection, stream, headers: list[h2.Header], end: bool) -> None:
+        path, method, metadata = b"", b"", []
+        for name, value in headers:
+            if name[:1] == b":":
+                if name == b":path":
+                    path = value
+                elif name == b":method":
+                    method = value
+            elif name not in (b"te", b"connection", b"host"):
+                metadata.append((name, value))
+        if method != b"POST" or not path.startswith(b"/"):
+            return client.answer(stream, h2.UNIMPLEMENTED, "gRPC calls are POST requests to /service/method",
+                                 request_ended=end)
+        limit = self.context.settings.max_grpc_streams
+        if len(self.calls) >= limit:
+            self.refused("stream_limit")
+            if not self._streams_full:
+                self._streams_full = True
+                log.warning("grpc listener: %d calls in progress, the limit (maxGrpcStreams=%d); new calls get "
+                            "RESOURCE_EXHAUSTED until some end", len(self.calls), limit)
+            return client.answer(stream, h2.RESOURCE_EXHAUSTED, "the router has reached its limit of concurrent "
+                                 f"gRPC calls (maxGrpcStreams={limit}); retry later", request_ended=end)
+        call = Call(self, client, stream, path, metadata, path in self.unary_methods)
+        self.calls.add(call)
+        if end:
+            call.on_data(stream, b"", True)
+        asyncio.get_running_loop().create_task(self._serve(call))
+
+    async def _serve(self, call: Call) -> None:
+        try:
+            await self._route(call)
+        except Exception:
+            log.exception("unexpected error on gRPC call %s", call.path.decode("latin-1"))
+            call.answer(h2.INTERNAL, "internal router error; see the router's log")
+        finally:
+            if not call.finished:  # every path above answers; this is the guard that nothing leaks
+                call.answer(h2.INTERNAL, "the router ended the call without an answer")
+            flush_dirty()
+
+    async def _route(self, call: Call) -> None:
+        try:
+            key = self._session_key(call.metadata)
+        except RouterError as error:
+            return call.refuse(h2.INVALID_ARGUMENT, error.message, error.reason)
+        fleet = self.context.fleet
+        if fleet is not None and key is not None and await fleet.via_owner(
+                key, any(name == HOP for name, _ in call.metadata), lambda member: to_owner(call, fleet, member)):
+            return
+        if call.finished:
+            return
+
+        async def send(lease) -> bool:
+            return await self._attempt(call, lease)
+
+        try:
+            await forward(self.context, key, send, grpc=True)
+        except NoReplicaError:
+            self.refused("no_replica")
+            call.answer(h2.UNAVAILABLE, "no replica with a gRPC port is available")
+        except AllRefused as error:
+            self.refused("all_refused")
+            call.answer(h2.UNAVAILABLE, str(error))
+
+    async def _attempt(self, call: Call, lease) -> bool:
+        """One attempt on the leased replica; whether it accepted the call. Raises ``Refused`` to retry elsewhere."""
+        replica = lease.replica
+        assert replica.grpc_target is not None  # acquire(grpc=True) only leases gRPC replicas
+        started = time.monotonic()
+        try:
+            outcome = await call.attempt(replica.grpc_target, replica.id, False)
+        except OSError as error:
+            raise Refused(str(error)) from None
+        except TimeoutError:
+            self.context.outliers.failure(replica, TIMEOUT)
+            raise Refused(f"connecting to {replica.id} timed out") from None
+        if outcome == REFUSED:
+            raise Refused(f"{replica.id} closed the connection before answering")
+        self.context.metrics.observe(replica.id, h2.status_name(call.code), time.monotonic() - started)
+        if call.failure is not None:
+            self.context.outliers.failure(replica, call.failure)
+        elif call.answered:
+            self.context.outliers.success(replica)
+        return call.accepted()
+
+    def _session_key(self, metadata: list[h2.Header]) -> str | None:
+        session = self.context.settings.session
+        names = self._key_names.of(session)[0]
+        for header, lower in zip(session.headers, names):
+            for name, value in metadata:
+                if name == lower and value:
+                    return header_key(header, value, session)
+        return None
+
+    # the sweep
+    def tick(self, elapsed: float) -> None:
+        """Once a sweep: first-byte and mid-response timeouts, slow one-message requests, the end of a
+        stream-limit episode."""
+        settings, now = self.context.settings, self.now
+        if self._streams_full and len(self.calls) < settings.max_grpc_streams:
+            self._streams_full = False
+        first_byte, idle = settings.first_byte_timeout_seconds, settings.upstream_timeout_seconds
+        for call in list(self.active):
+            slack = FORWARD_SLACK_SECONDS if call.forwarded else 0.0  # the owner router times out first, and says so
+            if first_byte is not None and call.single and not call.first and call.waiting_since is not None \
+                    and now - call.waiting_since >= first_byte + slack:
+                call.timeout()
+            elif idle is not None and call.request_ended and (call.first or (call.answered and not call.single)):
+                call.sweep_silence(elapsed, idle, slack)  # (a client still sending may be what the replica awaits)
+        limits = self.limits()
+        for call in list(self.calls):
+            if call.single and not call.request_ended:
+                self._check_body(call, now - call.started_at, limits)
+        flush_dirty()
+
+    def _check_body(self, call: Call, elapsed: float, limits: Limits) -> None:
+        """A one-message request must arrive as an HTTP body must (bodyTimeoutSeconds, minBodyBytesPerSecond)."""
+        if limits.body_timeout is not None and elapsed > limits.body_timeout:
+            call.refuse(h2.DEADLINE_EXCEEDED, "request message not complete within "
+                        f"bodyTimeoutSeconds={limits.body_timeout:g}", "body_timeout")
+        elif elapsed > BODY_GRACE_SECONDS and call.received / elapsed < limits.min_body_rate:
+            call.refuse(h2.DEADLINE_EXCEEDED, f"request message arrives at {call.received / elapsed:.0f} bytes/s, "
+                        f"slower than minBodyBytesPerSecond={limits.min_body_rate}", "body_too_slow")
+
