@@ -63,7 +63,7 @@ def test_crd_shape():
         "Unreachable": ".status.fleet.ownerUnreachable"}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["required"] == ["selector"]
-    assert spec["properties"]["backendPort"] == {"x-kubernetes-int-or-string": True, "default": 8000,
+    assert spec["properties"]["backendPort"] == {"x-kubernetes-int-or-string": True, "default": 8000, "nullable": True,
                                                  "description": spec["properties"]["backendPort"]["description"]}
     assert spec["properties"]["session"]["properties"]["maxSessions"]["default"] == 100000
     assert spec["properties"]["router"]["properties"]["service"]["properties"]["type"]["enum"] == \

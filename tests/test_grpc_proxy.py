@@ -15,9 +15,13 @@ from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
 
+HEALTH_CHECK = "/vllm.grpc.engine.VllmEngine/HealthCheck"
+HEALTHY = b"\x08\x01"  # HealthCheckResponse{healthy: true}
+
+
 @dataclass
 class GrpcReplica:
-    """A raw-bytes gRPC server: Echo answers once, Stream answers ``chunks`` times, Hold waits, StallAfterOne
+    """A raw-bytes gRPC server: vLLM's HealthCheck answers healthy, Echo answers once, Stream answers ``chunks`` times, Hold waits, StallAfterOne
     answers once and then waits, Flood answers ``chunks`` messages of 256 KiB as fast as it may, Gather (client
     streaming) reads every request message, sends its response head, then waits."""
 
@@ -48,7 +52,7 @@ class GrpcReplica:
         behaviours = {"/test.Echo/Unary": self._unary, "/test.Echo/Stream": self._stream,
                       "/test.Echo/Hold": self._hold, "/test.Echo/Fail": self._fail,
                       "/test.Echo/StallAfterOne": self._stall_after_one, "/test.Echo/Flood": self._flood,
-                      "/test.Echo/Gather": self._gather}
+                      "/test.Echo/Gather": self._gather, HEALTH_CHECK: self._health}
         behaviour = behaviours.get(details.method)
         if behaviour is None:
             return None
@@ -57,6 +61,10 @@ class GrpcReplica:
         if details.method == "/test.Echo/Gather":
             return grpc.stream_unary_rpc_method_handler(behaviour)
         return grpc.unary_unary_rpc_method_handler(behaviour)
+
+    async def _health(self, request: bytes, context) -> bytes:
+        """vLLM's HealthCheck, which the router's gRPC probe calls on every replica with a gRPC address."""
+        return HEALTHY
 
     def _record(self, request: bytes, context) -> None:
         self.seen.append({"request": request, "metadata": dict(context.invocation_metadata())})

@@ -145,6 +145,13 @@ def test_router_serves_grpc_exactly_when_the_replicas_do(grpc_port):
         assert settings["discovery"]["grpcPort"] == grpc_port  # where the replicas' gRPC is found
 
 
+def test_a_grpc_only_fleet_is_discovered_by_its_grpc_port_alone():
+    kinds = by_kind(render(resource({"backendPort": None, "grpcPort": "grpc"})))
+    settings = yaml.safe_load(kinds["ConfigMap"]["data"]["config.yaml"])
+    assert settings["discovery"]["port"] is None and settings["discovery"]["grpcPort"] == "grpc"
+    assert "--grpc-port" in kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
 @pytest.mark.parametrize("replicas, has_pdb", [(0, False), (1, False), (2, True), (5, True)])
 def test_pdb_only_above_one_replica(replicas, has_pdb):
     assert ("PodDisruptionBudget" in by_kind(render(resource({"router": {"replicas": replicas}})))) is has_pdb
@@ -177,6 +184,7 @@ def test_runtime_changes_roll_the_deployment(change):
     ({"selector": {}}, "spec.selector"),
     ({"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}, "spec.selector"),
     ({"grpcPort": 8000}, "spec.grpcPort"),
+    ({"backendPort": None}, "spec.backendPort"),
     ({"affinityBreakMargin": -1}, "spec.affinityBreakMargin"),
     ({"policy": "random"}, "spec.policy"),
     ({"router": {"replicas": "two"}}, "spec.router.replicas"),

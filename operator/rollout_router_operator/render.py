@@ -116,6 +116,8 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
         raise InvalidSpec("spec.selector: matches the router's own pods; select the vLLM pods only")
     if spec.grpc_port is not None and str(spec.grpc_port) == str(spec.backend_port):
         raise InvalidSpec("spec.grpcPort: must differ from spec.backendPort")
+    if spec.backend_port is None and spec.grpc_port is None:
+        raise InvalidSpec("spec.backendPort: null (gRPC-only replicas) needs spec.grpcPort")
     for index, env in enumerate(spec.router.env):
         if env.name in RESERVED_ENV:
             raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set by the operator")

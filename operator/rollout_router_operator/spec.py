@@ -237,7 +237,8 @@ class RolloutRouterSpec(PolicySettings):
     selector: LabelSelector = Field(
         description="The vLLM pods, in the resource's namespace.",
         json_schema_extra={"x-kubernetes-validations": [SELECTOR_RULE]})
-    backend_port: Port = Field(8000, description="vLLM HTTP port: a number or a container port name.")
+    backend_port: Port | None = Field(8000, description="vLLM HTTP port: a number or a container port name; null "
+                                      "for replicas that serve gRPC only (vLLM's gRPC frontend), with grpcPort.")
     grpc_port: Port | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
     router: RouterDeploymentSpec = Field(default_factory=RouterDeploymentSpec)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)

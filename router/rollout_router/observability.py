@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .replicas import grpc_only
+
 if TYPE_CHECKING:
     from .balancer import Balancer
     from .fleet.node import Fleet
@@ -65,10 +67,18 @@ class _LiveCollector(Collector):
             repinned.add_metric([reason], count)
         yield repinned
         healthy = GaugeMetricFamily("rolloutrouter_backend_healthy",
-                                    "1 while the replica's last health probe passed.", labels=["backend"])
+                                    "1 while the replica's last health probe passed (over HTTP; for a gRPC-only "
+                                    "replica over gRPC).", labels=["backend"])
+        grpc_healthy = GaugeMetricFamily("rolloutrouter_backend_grpc_healthy",
+                                         "1 while the last gRPC health probe of a replica with a gRPC address passed.",
+                                         labels=["backend"])
         for replica in live.replicas.replicas():
-            healthy.add_metric([replica.id], 1 if replica.healthy else 0)
+            http_ok = replica.grpc_healthy if grpc_only(replica.id) else replica.healthy
+            healthy.add_metric([replica.id], 1 if http_ok else 0)
+            if replica.grpc_target is not None:
+                grpc_healthy.add_metric([replica.id], 1 if replica.grpc_healthy else 0)
         yield healthy
+        yield grpc_healthy
         yield GaugeMetricFamily("rolloutrouter_backends_ejected", "Replicas ejected now (passive health).",
                                 value=live.replicas.ejected())
         yield GaugeMetricFamily("rolloutrouter_sessions", "Sessions currently pinned.",
@@ -181,19 +191,25 @@ def _status(live: Metrics) -> dict:
         "full_determinism": settings.full_determinism,
         "sessions": balancer.policy.sessions(),
         "total_inflight": replicas.total_inflight(),
-        "backends_ready": len(loads),
+        "backends_ready": replicas.ready_count(),
+        "backends_ready_http": len(loads),
+        "backends_ready_grpc": len(replicas.loads(grpc=True)),
         "backends_ejected": replicas.ejected(),
         "repinned": dict(balancer.repinned),
-        "backends": [_backend(r, r.id in loads, now, wall) for r in replicas.replicas()],
+        "backends": [_backend(r, r.id in loads, r.id in replicas.loads(grpc=True), now, wall)
+                     for r in replicas.replicas()],
         "config_reloads": dict(live.config_reloads),
         "fleet": fleet.status() if fleet is not None else None,
     }
 
 
-def _backend(replica: Replica, ready: bool, now: float, wall: float) -> dict:
-    """One replica in /status; ``ejected_until`` is Unix time, null when not ejected."""
+def _backend(replica: Replica, ready: bool, ready_grpc: bool, now: float, wall: float) -> dict:
+    """One replica in /status: ``ready`` over HTTP, ``ready_grpc`` over gRPC, ``protocols`` the listeners it can
+    serve at all; ``ejected_until`` is Unix time, null when not ejected."""
     ejected = replica.ejected_until > now
+    protocols = [*([] if grpc_only(replica.id) else ["http"]), *(["grpc"] if replica.grpc_target else [])]
     return {"url": replica.id, "inflight": replica.inflight, "fleet_inflight": replica.inflight + replica.external,
-            "ready": ready, "healthy": replica.healthy,
+            "protocols": protocols, "grpc": replica.grpc_target,
+            "ready": ready, "ready_grpc": ready_grpc, "healthy": replica.healthy, "grpc_healthy": replica.grpc_healthy,
             "ejected_until": round(wall + replica.ejected_until - now, 3) if ejected else None,
             "consecutive_failures": replica.failures}

@@ -14,7 +14,11 @@ routers reported, or what vLLM reports beyond ours (``fleet.loadview``).
 A replica is routable unless it is marked down (it refused a connection),
 ejected (passive health, ``health.outliers``) or failed its last probe (active
 health, ``health.probes``); each takes it out of the indexes the same way, so
-a session pinned to it is re-placed on its next turn. Any source of replicas
+a session pinned to it is re-placed on its next turn. Each protocol has its
+own probe verdict (``healthy`` over HTTP, ``grpc_healthy`` over gRPC), so a
+replica whose HTTP server fails its probe still takes gRPC calls and the
+other way round. A replica given by its gRPC address alone (``grpc://HOST:PORT``,
+vLLM's gRPC frontend serves no HTTP) is in the gRPC index only. Any source of replicas
 (static list, discovery, registration) only calls ``add``/``remove``: the
 prober probes every live replica each round.
 
@@ -35,11 +39,17 @@ from .policy.loads import LoadIndex
 log = logging.getLogger(__name__)
 
 STATIC, DISCOVERED, API = "static", "discovered", "api"  # where a replica came from
+GRPC_ONLY = "grpc://"  # the id prefix of a replica given by its gRPC address alone
+
+
+def grpc_only(replica_id: str) -> bool:
+    """Whether the replica serves gRPC only (its id is ``grpc://HOST:PORT``): never an HTTP request's target."""
+    return replica_id.startswith(GRPC_ONLY)
 
 
 @dataclasses.dataclass(slots=True)
 class Replica:
-    """One serving endpoint. ``id`` is its HTTP base URL."""
+    """One serving endpoint. ``id`` is its HTTP base URL, or ``grpc://HOST:PORT`` for a gRPC-only one."""
 
     id: str
     grpc_target: str | None = None
@@ -49,7 +59,8 @@ class Replica:
     ejected_until: float = 0.0  # the end of its last ejection (passive health)
     ejections: int = 0  # the ejection multiplier: grows with each ejection, decays while it behaves
     failures: int = 0  # consecutive failures (passive health); a success resets it
-    healthy: bool = True  # the last active probe passed (or none has run yet)
+    healthy: bool = True  # the last active HTTP probe passed (or none has run yet)
+    grpc_healthy: bool = True  # the last active gRPC probe passed (or none has run yet)
     sources: dict[str, str | None] = dataclasses.field(default_factory=dict)  # source -> the gRPC target it named
 
 
@@ -159,7 +170,9 @@ class ReplicaSet:
         return dict(self._external)
 
     def ready_count(self) -> int:
-        return len(self.loads())
+        """Replicas that can take a request now over either protocol."""
+        http, grpc = self.loads(), self._grpc
+        return len(http) + sum(1 for replica_id in grpc if replica_id not in http)
 
     def acquire(self, replica_id: str) -> Lease:
         replica = self._live[replica_id]
@@ -182,16 +195,16 @@ class ReplicaSet:
         if self._live.get(replica.id) is replica:
             self._take_out(replica, replica.ejected_until)
 
-    def set_healthy(self, replica_id: str, healthy: bool) -> bool:
-        """Active health: a probe's verdict. Returns True when it changed the replica's state."""
+    def set_healthy(self, replica_id: str, healthy: bool, grpc: bool = False) -> bool:
+        """Active health: one protocol's probe verdict. Returns True when it changed the replica's state."""
         replica = self._live.get(replica_id)
-        if replica is None or replica.healthy == healthy:
+        if replica is None or (replica.grpc_healthy if grpc else replica.healthy) == healthy:
             return False
-        replica.healthy = healthy
-        if healthy:
-            self._index(replica)
+        if grpc:
+            replica.grpc_healthy = healthy
         else:
-            self._unindex(replica_id)
+            replica.healthy = healthy
+        self._index(replica)
         return True
 
     def ejected(self) -> int:
@@ -206,11 +219,13 @@ class ReplicaSet:
             return "removed"
         if replica.ejected_until > self._clock():
             return "ejected"
-        if not replica.healthy:
+        if not (replica.grpc_healthy if grpc else replica.healthy):
             return "unhealthy"
         if replica_id in self._down:
             return "down"
-        return "no_grpc" if grpc else "routable"
+        if grpc:
+            return "no_grpc" if replica.grpc_target is None else "routable"
+        return "grpc_only" if grpc_only(replica_id) else "routable"
 
     def _take_out(self, replica: Replica, until: float) -> None:
         replica.down_until = self._down[replica.id] = max(until, self._down.get(replica.id, 0.0))
@@ -238,18 +253,24 @@ class ReplicaSet:
 
     def _recount(self, replica: Replica) -> None:
         """Move a replica whose count changed within the indexes that hold it."""
-        if replica.id in self._http and self._live.get(replica.id) is replica:
-            load = replica.inflight + replica.external
-            self._http.set(replica.id, load)
-            if replica.grpc_target is not None:
-                self._grpc.set(replica.id, load)
-
-    def _index(self, replica: Replica) -> None:
-        if replica.id in self._down or not replica.healthy:
+        if self._live.get(replica.id) is not replica:
             return
         load = replica.inflight + replica.external
-        self._http.set(replica.id, load)
-        if replica.grpc_target is not None:
+        if replica.id in self._http:
+            self._http.set(replica.id, load)
+        if replica.id in self._grpc:
+            self._grpc.set(replica.id, load)
+
+    def _index(self, replica: Replica) -> None:
+        """Put a replica in (or out of) each protocol's index by its state: down, probe verdicts, addresses."""
+        if replica.id in self._down:
+            return
+        load = replica.inflight + replica.external
+        if replica.healthy and not grpc_only(replica.id):
+            self._http.set(replica.id, load)
+        else:
+            self._http.discard(replica.id)
+        if replica.grpc_target is not None and replica.grpc_healthy:
             self._grpc.set(replica.id, load)
         else:
             self._grpc.discard(replica.id)
@@ -269,5 +290,8 @@ class ReplicaSet:
 
 
 def _grpc_target(replica: Replica) -> str | None:
-    """The first gRPC target any of its sources named (a worker registered by URL names none)."""
+    """A gRPC-only replica's own address, else the first gRPC target any of its sources named (a worker
+    registered by its HTTP URL names none)."""
+    if grpc_only(replica.id):
+        return replica.id[len(GRPC_ONLY):]
     return next((target for target in replica.sources.values() if target is not None), None)

@@ -110,36 +110,69 @@ class DiscoverySettings(Model):
 
     namespace: str | None = Field(None, description="Defaults to POD_NAMESPACE, then the service account's namespace.")
     selector: LabelSelector
-    port: int | str = Field(8000, description="vLLM HTTP port: a number or a container port name.")
+    port: int | str | None = Field(8000, description="vLLM HTTP port: a number or a container port name; null for "
+                                                     "pods that serve gRPC only (vLLM's gRPC frontend), with grpcPort.")
     grpc_port: int | str | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
+
+    @model_validator(mode="after")
+    def _some_port(self) -> DiscoverySettings:
+        if self.port is None and self.grpc_port is None:
+            raise ValueError("discovery needs port (HTTP) or grpcPort (gRPC only), or both")
+        return self
 
 
 Seconds = Annotated[float, Field(gt=0)]
 
 
-class Backend(Model):
-    """A static replica: its HTTP base URL (its identity) and, if it serves gRPC, where."""
+HOST_PORT = re.compile(r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}")
 
-    url: str = Field(description="HTTP base URL, e.g. http://vllm-0:8000.")
+
+def _host_port(target: str) -> str:
+    if not HOST_PORT.fullmatch(target):
+        raise ValueError(f"grpc target {target!r} must be host:port")
+    return target
+
+
+class Backend(Model):
+    """A static replica: its HTTP base URL (its identity) and, if it serves gRPC, where; or, for vLLM's gRPC
+    frontend (which serves no HTTP), its gRPC address alone: ``grpc://HOST:PORT`` or ``{grpc: HOST:PORT}``."""
+
+    url: str = Field(description="HTTP base URL, e.g. http://vllm-0:8000; or grpc://HOST:PORT for a replica that "
+                                 "serves gRPC only (it then takes gRPC calls only).")
     grpc: str | None = Field(None, description="host:port of the replica's vLLM gRPC server, if any.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grpc_alone(cls, data: object) -> object:
+        """``{grpc: HOST:PORT}`` without a url is the gRPC-only replica ``grpc://HOST:PORT``."""
+        if isinstance(data, dict) and data.get("url") is None and isinstance(data.get("grpc"), str):
+            return {**data, "url": f"grpc://{data['grpc']}", "grpc": None}
+        return data
 
     @field_validator("url")
     @classmethod
-    def _http_url(cls, url: str) -> str:
+    def _url(cls, url: str) -> str:
+        if url.startswith("grpc://"):
+            return "grpc://" + _host_port(url[len("grpc://"):].rstrip("/"))
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"backend {url!r} must be an http:// or https:// URL")
+            raise ValueError(f"backend {url!r} must be an http://, https:// or grpc:// URL")
         return url.rstrip("/")
 
     @field_validator("grpc")
     @classmethod
-    def _host_port(cls, target: str | None) -> str | None:
-        if target is not None and not re.fullmatch(r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", target):
-            raise ValueError(f"grpc target {target!r} must be host:port")
-        return target
+    def _grpc_target(cls, target: str | None) -> str | None:
+        return None if target is None else _host_port(target)
+
+    @model_validator(mode="after")
+    def _one_grpc_address(self) -> Backend:
+        if self.url.startswith("grpc://") and self.grpc is not None:
+            raise ValueError(f"backend {self.url} is gRPC only: give its address once (url or grpc), not both")
+        return self
 
 
 class HealthSettings(Model):
-    """Passive health (outlier ejection, as Envoy's) and the active probe of each replica's HTTP health path."""
+    """Passive health (outlier ejection, as Envoy's) and the active probes of each replica: its HTTP health path,
+    and its gRPC health call when it has a gRPC address."""
 
     consecutive_failures: StrictInt = Field(
         3, ge=1, description="Failures in a row (no answer within firstByteTimeoutSeconds, unparseable HTTP, "
@@ -151,6 +184,9 @@ class HealthSettings(Model):
         50, ge=0, le=100, description="At most this share of the replicas is ejected at once (rounded down), "
                                       "so a fleet-wide slowdown never ejects the whole fleet.")
     probe_path: str = Field("/health", pattern=r"^/", description="Path probed on each replica's HTTP URL.")
+    grpc_probe: Literal["vllm", "grpc_health"] = Field(
+        "vllm", description="How a replica with a gRPC address is probed over gRPC: vllm (VllmEngine/HealthCheck) or "
+                            "grpc_health (grpc.health.v1.Health/Check, where the server offers it).")
     probe_interval_seconds: Seconds | None = Field(
         5.0, description="Time between probe rounds; null turns active probing off.")
     probe_timeout_seconds: Seconds = Field(

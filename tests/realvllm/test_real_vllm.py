@@ -138,20 +138,11 @@ def fleet(servers) -> Iterator[tuple[Service, list[VllmServer]]]:
 
 @pytest.fixture(scope="module")
 def grpc_fleet(servers) -> Iterator[tuple[Service, VllmServer]]:
-    """A router serving gRPC in front of vLLM's gRPC frontend.
-
-    The gRPC frontend is a server of its own (no OpenAI HTTP port), so the replica's HTTP URL
-    is an address nothing listens on; gRPC routing and accounting never use it.
-    """
+    """A router serving gRPC in front of vLLM's gRPC frontend, a server of its own with no OpenAI HTTP port:
+    the replica is given by its gRPC address alone and probed over gRPC with the default health settings."""
     server = servers["grpc"]
     server.wait_ready(STARTUP_TIMEOUT)
-    unused = f"http://{server.host}:{free_port(server.host)}"
-    # Nothing answers the HTTP health probe there either: active probing off, or the replica is out of rotation.
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    config = LOG_DIR / "router-grpc.json"
-    config.write_text(json.dumps({"health": {"probeIntervalSeconds": None}}))
-    router = start_router("router-grpc", [f"{unused},grpc={server.target}"],
-                          ["--affinity-break-margin", "0", "--config", str(config)], grpc=True)
+    router = start_router("router-grpc", [f"grpc://{server.target}"], ["--affinity-break-margin", "0"], grpc=True)
     try:
         yield router, server
     finally:

@@ -31,13 +31,23 @@ def pod_endpoint(pod: dict, settings: DiscoverySettings) -> Endpoint | None:
     ip = (pod.get("status") or {}).get("podIP")
     if not ip or not is_ready(pod) or not matches(settings.selector, pod.get("metadata", {}).get("labels")):
         return None
-    port = container_port(pod, settings.port)
-    if port is None:
-        log.warning("pod %s has no container port named %r; skipped", pod["metadata"].get("name"), settings.port)
-        return None
     host = f"[{ip}]" if ":" in ip else ip
+    if settings.port is None:  # gRPC only (vLLM's gRPC frontend): the replica is its gRPC address
+        grpc_port = _port(pod, settings.grpc_port)
+        return Endpoint(f"grpc://{host}:{grpc_port}", None) if grpc_port is not None else None
+    port = _port(pod, settings.port)
+    if port is None:
+        return None
     grpc_port = container_port(pod, settings.grpc_port)
     return Endpoint(f"http://{host}:{port}", f"{host}:{grpc_port}" if grpc_port is not None else None)
+
+
+def _port(pod: dict, port: int | str | None) -> int | None:
+    """The pod's port by number or container port name; None (logged) when the pod has no such name."""
+    number = container_port(pod, port)
+    if number is None:
+        log.warning("pod %s has no container port named %r; skipped", pod["metadata"].get("name"), port)
+    return number
 
 
 class PodTracker:

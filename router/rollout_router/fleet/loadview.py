@@ -9,8 +9,9 @@ three ways (``fleet.loadView``):
   This router's own counts are exact; the peers' are at most one poll (plus a
   round trip) old. A member that leaves takes its counts with it.
 - ``vllm``: each replica's ``vllm:num_requests_running + vllm:num_requests_waiting``
-  scraped from its ``/metrics`` at the same interval, minus this router's own
-  count at the scrape (never below 0): what vLLM holds beyond us.
+  scraped from its ``/metrics`` at the same interval (a gRPC-only replica, which
+  has no ``/metrics``: the same counts from its ``VllmEngine/GetLoads``), minus
+  this router's own count at the scrape (never below 0): what vLLM holds beyond us.
 - ``local``: nothing; each router compares only its own counts.
 
 docs/fleet.md says which tracks the true load better (benchmarks/fleet_loadview.py).
@@ -21,7 +22,8 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from ..replicas import ReplicaSet
+from ..health.grpc_probe import grpc_load
+from ..replicas import Replica, ReplicaSet, grpc_only
 from .client import PeerClient, PeerError, Unreachable
 
 log = logging.getLogger(__name__)
@@ -74,16 +76,19 @@ async def scrape_vllm(replicas: ReplicaSet, client: PeerClient, interval: float)
     """The ``vllm`` view: every ``interval``, each replica's queue in vLLM beyond our own requests."""
     while True:
         live = replicas.replicas()
-        loads = await asyncio.gather(*(_scrape(client, replica.id, interval) for replica in live))
+        loads = await asyncio.gather(*(_scrape(client, replica, interval) for replica in live))
         for replica, load in zip(live, loads):
             if load is not None:
                 replicas.set_external(replica.id, max(0, load - replica.inflight))
         await asyncio.sleep(interval)
 
 
-async def _scrape(client: PeerClient, url: str, interval: float) -> int | None:
+async def _scrape(client: PeerClient, replica: Replica, interval: float) -> int | None:
+    timeout, url = max(interval * 4, 0.5), replica.id
+    if grpc_only(url) and replica.grpc_target is not None:
+        return await grpc_load(replica.grpc_target, timeout)
     try:
-        return vllm_load(await client.text(f"{url}/metrics", timeout=max(interval * 4, 0.5)))
+        return vllm_load(await client.text(f"{url}/metrics", timeout=timeout))
     except (Unreachable, PeerError) as error:
         log.debug("vLLM load of %s not read: %s", url, error)
         return None

@@ -5,8 +5,10 @@ and fails on anything else: refused or reset connection, no head within
 ``probeTimeoutSeconds``, another status, bytes that are not HTTP. A failed
 probe takes the replica out of rotation until a probe passes (a probe never
 ends an ejection early: a replica whose engine hangs can still answer
-``/health``). Every replica is probed on its HTTP URL, gRPC-only ones too;
-a replica whose URL serves no health path needs ``probeIntervalSeconds: null``.
+``/health``). A replica with a gRPC address is also probed over gRPC
+(``grpc_probe``), and each protocol's verdict takes the replica out of that
+protocol's rotation only; a gRPC-only replica (``grpc://``) is probed over
+gRPC alone.
 
 Rounds run on the router's event loop, at most ``CONCURRENCY`` probes at a
 time, so 1,000 replicas cost a few hundred small connections per interval.
@@ -24,8 +26,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ..replicas import ReplicaSet
+from ..replicas import ReplicaSet, grpc_only
 from ..settings import HealthSettings
+from .grpc_probe import grpc_probe
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,7 @@ class Prober:
             if interval is None:
                 for replica in self._replicas.replicas():  # probing turned off: nobody stays out for it
                     self._replicas.set_healthy(replica.id, True)
+                    self._replicas.set_healthy(replica.id, True, grpc=True)
             else:
                 try:
                     await self.round(settings)
@@ -118,25 +122,33 @@ class Prober:
                 await asyncio.wait_for(self._wake.wait(), interval or IDLE_RECHECK)
 
     async def round(self, settings: HealthSettings) -> None:
-        """Probe every live replica once, ``CONCURRENCY`` at a time."""
-        pending = iter([replica.id for replica in self._replicas.replicas()])
+        """Probe every live replica once per protocol it serves, ``CONCURRENCY`` at a time."""
+        live = self._replicas.replicas()
+        pending = iter([*((r.id, None) for r in live if not grpc_only(r.id)),
+                        *((r.id, r.grpc_target) for r in live if r.grpc_target is not None)])
 
         async def worker() -> None:
-            for replica_id in pending:  # one iterator shared by the workers: each replica is probed once
-                self.record(replica_id, await probe(replica_id, settings.probe_path,
-                                                    settings.probe_timeout_seconds, self._context()))
+            for replica_id, target in pending:  # one iterator shared by the workers: each probe runs once
+                if target is None:
+                    self.record(replica_id, await probe(replica_id, settings.probe_path,
+                                                        settings.probe_timeout_seconds, self._context()))
+                else:
+                    self.record(replica_id, await grpc_probe(target, settings.grpc_probe,
+                                                             settings.probe_timeout_seconds), grpc=True)
 
-        await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, len(self._replicas)))))
+        await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, len(live) * 2))))
 
-    def record(self, replica_id: str, failure: Failure | None) -> None:
-        """Apply one probe's verdict; state changes are logged."""
+    def record(self, replica_id: str, failure: Failure | None, grpc: bool = False) -> None:
+        """Apply one probe's verdict for one protocol; state changes are logged."""
         if failure is not None:
             self._on_failure(replica_id, failure[0])
-        if self._replicas.set_healthy(replica_id, failure is None):
+        if self._replicas.set_healthy(replica_id, failure is None, grpc=grpc):
+            protocol = "gRPC" if grpc else "HTTP"
             if failure is None:
-                log.info("replica %s passed its health probe: back in rotation", replica_id)
+                log.info("replica %s passed its %s health probe: back in rotation", replica_id, protocol)
             else:
-                log.warning("replica %s failed its health probe (%s): out of rotation", replica_id, failure[1])
+                log.warning("replica %s failed its %s health probe (%s): out of %s rotation", replica_id, protocol,
+                            failure[1], protocol)
 
     def _context(self) -> ssl.SSLContext:
         """One TLS context for every https probe (making one loads the CA store)."""

@@ -85,7 +85,8 @@ def readyz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     ready = context.replicas.ready_count()
     if ready == 0:
         return error(503, "no replica is ready")
-    return _json({"status": "ready", "backends_ready": ready})
+    return _json({"status": "ready", "backends_ready": ready, "backends_ready_http": len(context.replicas.loads()),
+                  "backends_ready_grpc": len(context.replicas.loads(grpc=True))})
 
 
 def metrics(context: RouterContext, request: AdminRequest) -> AdminAnswer:

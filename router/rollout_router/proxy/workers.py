@@ -26,7 +26,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, unquote
 
 from ..context import RouterContext
-from ..replicas import API, Replica
+from ..replicas import API, Replica, grpc_only
 from ..settings import Backend, SettingsError, parse_settings
 from .admin import GET, AdminAnswer, Route
 from .errors import error_body
@@ -64,10 +64,11 @@ def _valid_url(url: object) -> str | AdminAnswer:
 
 def _entry(context: RouterContext, replica: Replica) -> dict:
     """One worker as SGLang's router lists it (and vllm-router's keys), plus the sources naming it."""
+    only_grpc = grpc_only(replica.id)  # a grpc:// worker, as SGLang's gateway registers gRPC engines
     return {"id": worker_id(replica.id), "url": replica.id, "model_id": "unknown", "priority": 50, "cost": 1.0,
-            "worker_type": "regular", "is_healthy": replica.id in context.replicas.loads(), "load": replica.inflight,
-            "connection_mode": "HTTP", "metadata": {}, "disable_health_check": False,
-            "sources": sorted(replica.sources)}
+            "worker_type": "regular", "is_healthy": replica.id in context.replicas.loads(grpc=only_grpc),
+            "load": replica.inflight, "connection_mode": "gRPC" if only_grpc else "HTTP", "metadata": {},
+            "disable_health_check": False, "sources": sorted(replica.sources)}
 
 
 def _add(context: RouterContext, url: str) -> bool:
