@@ -23,10 +23,10 @@ async def to_owner(call: Call, fleet: Fleet, member: Member) -> bool:
     gone = True
     try:
         outcome = await call.attempt(member.grpc, member.id, True, ((owner.HOP, owner.hop_value(fleet)),))
+    except TimeoutError:  # before OSError, its base class: a slow owner stays a member; decided here
+        outcome, gone = REFUSED, False
     except OSError:
         outcome = REFUSED
-    except TimeoutError:  # a slow owner stays a member; this call is decided here
-        outcome, gone = REFUSED, False
     if outcome == REFUSED:
         owner.unreached(fleet, member, gone=gone)
         return False

@@ -53,9 +53,9 @@ async def to_owner(proxy: HttpProxy, fleet: Fleet, client: ClientConnection, req
 
     try:
         return await pool.exchange(send)
+    except TimeoutError:  # before OSError, its base class: a slow owner stays a member
+        owner.unreached(fleet, member, gone=False)
+        return False
     except OSError:
         owner.unreached(fleet, member, gone=True)
-        return False
-    except TimeoutError:
-        owner.unreached(fleet, member, gone=False)
         return False

@@ -305,11 +305,11 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
 
     try:
         return await pool.exchange(send)
-    except OSError as error:
-        raise Refused(str(error)) from None
-    except TimeoutError:  # nothing was sent: as safe to retry elsewhere as a refusal
+    except TimeoutError:  # before OSError, its base class: nothing was sent, as safe to retry as a refusal
         proxy.context.outliers.failure(lease.replica, TIMEOUT)
         raise Refused(f"connecting to {replica} timed out") from None
+    except OSError as error:
+        raise Refused(str(error)) from None
 
 
 def _report(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> None:
