@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from . import descriptors
 from .balancer import Balancer
 from .context import RouterContext
 from .health import OutlierDetector, Prober
@@ -27,6 +28,7 @@ from .listening import address
 from .observability import Metrics
 from .proxy.http import HttpProxy
 from .proxy.http.admin_listener import AdminListener, TokenFile
+from .proxy.listener import limit_connections
 from .replicas import DISCOVERED, STATIC, ReplicaSet
 from .settings import (
     DiscoverySettings,
@@ -155,6 +157,9 @@ class Runtime(RouterContext):
     async def start(self, host: str, port: int) -> int:
         """Start everything the router owns; listen for HTTP on ``host:port`` (0: any free port). Returns the port."""
         self.apply(self.settings)
+        listeners = 1 + (self.grpc_proxy is not None)
+        limit_connections(descriptors.connection_cap(self.settings.max_connections, descriptors.raise_limit(),
+                                                     listeners))
         self.port = await self.http_proxy.start(host, port)
         if self.admin_address is not None:
             self.admin_port = await self.admin.start(*self.admin_address)

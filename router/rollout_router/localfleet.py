@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -103,17 +103,19 @@ class Starting:
         return ports
 
 
-def spawn(args: Sequence[str], host: str, log: IO[str] | None = None) -> Starting:
+def spawn(args: Sequence[str], host: str, log: IO[str] | None = None,
+          preexec: Callable[[], None] | None = None) -> Starting:
     """``rollout-router ARGS --host HOST --port 0 --port-file ...``; ARGS may add ``--grpc-port 0``.
 
     A router's admin listener binds a free port too (on loopback, ``Service.admin_url``), unless ARGS place it.
-    Output goes to ``log`` when given, else stderr is kept for the error of a server that dies.
+    Output goes to ``log`` when given, else stderr is kept for the error of a server that dies. ``preexec`` runs
+    in the child before it starts (e.g. to lower its resource limits).
     """
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-")) / "ports.json"
     admin = ["--admin-port", "0"] if args[0] == "serve" and "--admin-port" not in args else []
     process = subprocess.Popen(command(*args, *admin, "--host", host, "--port", "0", "--port-file", str(port_file)),
                                stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT if log else subprocess.PIPE,
-                               stdin=subprocess.DEVNULL, text=True)
+                               stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec)
     return Starting(process, host, port_file)
 
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from . import descriptors
 from .replicas import grpc_only
 
 if TYPE_CHECKING:
@@ -79,6 +80,13 @@ class _LiveCollector(Collector):
                 grpc_healthy.add_metric([replica.id], 1 if replica.grpc_healthy else 0)
         yield healthy
         yield grpc_healthy
+        exhausted = CounterMetricFamily("rolloutrouter_descriptors_exhausted",
+                                        "Connects to replicas (connect) and probes (probe) the router could not make "
+                                        "for want of a file descriptor; no replica is blamed for them.",
+                                        labels=["where"])
+        for where, count in sorted(descriptors.exhausted.items()):
+            exhausted.add_metric([where], count)
+        yield exhausted
         yield GaugeMetricFamily("rolloutrouter_backends_ejected", "Replicas ejected now (passive health).",
                                 value=live.replicas.ejected())
         yield GaugeMetricFamily("rolloutrouter_sessions", "Sessions currently pinned.",

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from .. import descriptors
 from ..replicas import ReplicaSet, grpc_only
 from ..settings import HealthSettings
 from .grpc_probe import grpc_probe
@@ -37,6 +38,7 @@ MAX_HEAD = 64 * 1024  # a health answer's head is a few hundred bytes; more is n
 IDLE_RECHECK = 1.0  # with probing off, how often the settings are looked at again
 
 Failure = tuple[str, str]  # (reason for metrics, detail for the log)
+LOCAL = "local"  # a probe the router could not make (no descriptor left): no verdict on the replica
 
 
 class _Head:
@@ -71,6 +73,9 @@ async def probe(url: str, path: str, timeout: float, context: ssl.SSLContext | N
     except TimeoutError:
         return "timeout", f"no answer within {timeout:g} s"
     except OSError as error:
+        if descriptors.local_shortage(error):  # the router's own shortage says nothing of the replica
+            descriptors.report("probe")
+            return LOCAL, str(error)
         return "connection_failed", str(error) or type(error).__name__
 
 
@@ -139,7 +144,10 @@ class Prober:
         await asyncio.gather(*(worker() for _ in range(min(CONCURRENCY, len(live) * 2))))
 
     def record(self, replica_id: str, failure: Failure | None, grpc: bool = False) -> None:
-        """Apply one probe's verdict for one protocol; state changes are logged."""
+        """Apply one probe's verdict for one protocol; state changes are logged. A probe the router could not
+        make (``LOCAL``) leaves the replica as it was."""
+        if failure is not None and failure[0] == LOCAL:
+            return
         if failure is not None:
             self._on_failure(replica_id, failure[0])
         if self._replicas.set_healthy(replica_id, failure is None, grpc=grpc):

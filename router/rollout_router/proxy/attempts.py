@@ -13,12 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
+from .. import descriptors
 from ..context import RouterContext
 from ..replicas import Lease
 
 
 class Refused(Exception):
     """The replica refused the request before any byte was exchanged: safe to retry elsewhere."""
+
+
+class OutOfDescriptors(Exception):
+    """The router has no file descriptor left for a connection to the replica: its own shortage, not the
+    replica's failure, so nothing is marked down and the client is told to retry (descriptors.py)."""
+
+    def __init__(self, where: str):
+        descriptors.report(where)
+        super().__init__("the router is out of file descriptors (RLIMIT_NOFILE): retry later")
+
+
+def refused_or_short(error: OSError, detail: str) -> Exception:
+    """What a failed connect to a replica means: ``Refused`` (retry elsewhere), or the router's own shortage."""
+    return OutOfDescriptors("connect") if descriptors.local_shortage(error) else Refused(detail)
 
 
 class AllRefused(Exception):
@@ -33,7 +48,7 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
     """``send`` on a routed replica, retried on others while replicas refuse.
 
     Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
-    when every attempt was refused.
+    when every attempt was refused, ``OutOfDescriptors`` when the router could not open a connection at all.
     """
     settings = context.settings  # one snapshot for every attempt of this request
     attempts = settings.connect_retries + 1
@@ -41,6 +56,9 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
         decision, lease = context.balancer.acquire(key, prefix, grpc=grpc)
         try:
             accepted = await send(lease)
+        except OutOfDescriptors:
+            context.balancer.forget(key, decision)
+            raise
         except Refused:
             context.replicas.mark_down(lease.replica_id, settings.down_seconds)
             context.metrics.retries.labels(lease.replica_id).inc()

@@ -38,12 +38,20 @@ class Limits:
 
 
 _TRAFFIC: list = [None, None]  # the settings the traffic limits were last computed from, and those limits
+_ROOM: list[int | None] = [None]  # clients one traffic listener may hold within the descriptor limit
+
+
+def limit_connections(room: int | None) -> None:
+    """Cap every traffic listener's ``maxConnections`` at ``room`` (descriptors.connection_cap, at start)."""
+    _ROOM[0], _TRAFFIC[0] = room, None
 
 
 def traffic_limits(settings: RouterSettings) -> Limits:
     """The limits the traffic listeners (HTTP and gRPC) enforce, from the live settings; recomputed when they change."""
     if _TRAFFIC[0] is not settings:
-        _TRAFFIC[:] = [settings, Limits(settings.max_connections, settings.max_body_bytes, settings.max_buffered_bytes,
+        room = _ROOM[0]
+        connections = settings.max_connections if room is None else min(settings.max_connections, room)
+        _TRAFFIC[:] = [settings, Limits(connections, settings.max_body_bytes, settings.max_buffered_bytes,
                                         settings.header_timeout_seconds, settings.body_timeout_seconds,
                                         settings.min_body_bytes_per_second)]
     return _TRAFFIC[1]

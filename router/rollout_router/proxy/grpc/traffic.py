@@ -9,7 +9,7 @@ import time
 from ...context import RouterContext
 from ...health import TIMEOUT
 from ...policy import NoReplicaError
-from ..attempts import AllRefused, Refused, forward
+from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short
 from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
@@ -149,6 +149,9 @@ class GrpcProxy(Listener):
         except AllRefused as error:
             self.refused("all_refused")
             call.answer(h2.UNAVAILABLE, str(error))
+        except OutOfDescriptors as error:
+            self.refused("out_of_descriptors")
+            call.answer(h2.UNAVAILABLE, str(error))
 
     async def _attempt(self, call: Call, lease) -> bool:
         """One attempt on the leased replica; whether it accepted the call. Raises ``Refused`` to retry elsewhere."""
@@ -157,11 +160,11 @@ class GrpcProxy(Listener):
         started = time.monotonic()
         try:
             outcome = await call.attempt(replica.grpc_target, replica.id, False)
-        except OSError as error:
-            raise Refused(str(error)) from None
-        except TimeoutError:
+        except TimeoutError:  # before OSError, its base class
             self.context.outliers.failure(replica, TIMEOUT)
             raise Refused(f"connecting to {replica.id} timed out") from None
+        except OSError as error:
+            raise refused_or_short(error, str(error)) from None
         if outcome == REFUSED:
             raise Refused(f"{replica.id} closed the connection before answering")
         self.context.metrics.observe(replica.id, h2.status_name(call.code), time.monotonic() - started)

@@ -22,7 +22,7 @@ import httptools
 
 from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
 from ...replicas import Lease
-from ..attempts import Refused
+from ..attempts import Refused, refused_or_short
 from ..errors import error_body
 from . import wire
 from .routes import HOP_BY_HOP, REPLICA_HEADER
@@ -309,7 +309,7 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
         proxy.context.outliers.failure(lease.replica, TIMEOUT)
         raise Refused(f"connecting to {replica} timed out") from None
     except OSError as error:
-        raise Refused(str(error)) from None
+        raise refused_or_short(error, str(error)) from None
 
 
 def _report(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> None:

@@ -7,7 +7,7 @@ import time
 from ...context import RouterContext
 from ...policy import NoReplicaError
 from .. import admin, workers
-from ..attempts import AllRefused, forward
+from ..attempts import AllRefused, OutOfDescriptors, forward
 from ..errors import RouterError
 from ..listener import Limits, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
@@ -94,6 +94,8 @@ class HttpProxy(HttpListener):
                          "no_replica")
         except AllRefused as error:
             self._refuse(client, request, RouterError(503, str(error)), "all_refused")
+        except OutOfDescriptors as error:
+            self._refuse(client, request, RouterError(503, str(error)), "out_of_descriptors")
 
     def _session_key(self, request: HttpRequest) -> str | None:
         session = self.context.settings.session
