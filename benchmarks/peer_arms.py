@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rollout_router.localfleet import Service, free_port, wait_healthy
+from rollout_router.localfleet import Service, free_port, spawn, wait_healthy
 
 SESSION_HEADERS = ("X-Session-ID", "x-smg-routing-key")
 
@@ -37,6 +37,14 @@ def _started(args: list[str], port: int, health: str = "/health") -> Service:
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                text=True)
     return wait_healthy(Service(f"http://127.0.0.1:{port}", process), health, timeout=60)
+
+
+def ours(*extra: str) -> Callable[[list[str]], Service]:
+    """A starter for ``rollout-router serve`` in front of the given backends, with ``extra`` flags."""
+    def start(urls: list[str]) -> Service:
+        args = ["serve", "--log-level", "warning", *[a for u in urls for a in ("--backend", u)], *extra]
+        return wait_healthy(spawn(args, "127.0.0.1").bound(), "/readyz")
+    return start
 
 
 def vllm_router(backends: list[str], policy: str = "consistent_hash") -> Service | None:

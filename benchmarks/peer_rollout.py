@@ -28,19 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-from peer_arms import SESSION_HEADERS, sglang_router, vllm_router
+from peer_arms import SESSION_HEADERS, ours, sglang_router, vllm_router
 
 from rollout_router.demo.workload import Conversation, rollout, tool_text
-from rollout_router.localfleet import Service, spawn, spawn_replica, wait_healthy
+from rollout_router.localfleet import Service, spawn_replica, wait_healthy
 
 SAMPLE_SECONDS = 0.05
-
-
-def ours(*extra: str) -> Callable[[list[str]], Service | None]:
-    def start(urls: list[str]) -> Service:
-        args = ["serve", "--log-level", "warning", *[a for u in urls for a in ("--backend", u)], *extra]
-        return wait_healthy(spawn(args, "127.0.0.1").bound(), "/readyz")
-    return start
 
 
 ARMS: dict[str, Callable[[list[str]], Service | None]] = {

@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peer_arms import PEERS, SESSION_HEADERS, tool
+from peer_arms import PEERS, SESSION_HEADERS, ours, tool
 from proxy_overhead import start_raw_replica
 
-from rollout_router.localfleet import Service, spawn, wait_healthy
+from rollout_router.localfleet import Service
 
 HERE = Path(__file__).resolve().parent
 LOADGEN = HERE.parent / ".cache" / "bench" / "loadgen"
@@ -46,8 +46,8 @@ EVENTS = 33  # data lines per stream: 32 events + [DONE] (raw_replica.EVENTS)
 CHAT = '{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":"hello"}],"max_tokens":4}'
 STREAM = ('{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":"hello"}],"max_tokens":32,'
           '"stream":true}')
-OURS = {"ours (sticky)": [], "ours (margin 2)": ["--affinity-break-margin", "2"],
-        "ours (cost_affinity)": ["--policy", "cost_affinity", "--affinity-break-margin", "2"]}
+OURS = {"ours (sticky)": ours(), "ours (margin 2)": ours("--affinity-break-margin", "2"),
+        "ours (cost_affinity)": ours("--policy", "cost_affinity", "--affinity-break-margin", "2")}
 
 
 def build_loadgen() -> Path:
@@ -121,17 +121,13 @@ def start_arms(backends: list[Service], names: set[str] | None, arms: list[Arm])
     """Every arm that can run here, appended to ``arms`` in table order (so the caller stops those started
     even if a later one fails), and a note for each that cannot run."""
     urls = [b.url for b in backends]
-    starters: dict[str, Callable[[], Service | None]] = {"direct (one replica)": lambda: backends[0]}
-    for name, extra in OURS.items():
-        starters[name] = lambda extra=extra: wait_healthy(spawn(
-            ["serve", "--log-level", "warning", *[a for u in urls for a in ("--backend", u)], *extra],
-            "127.0.0.1").bound(), "/readyz")
-    starters.update({name: lambda start=start: start(urls) for name, start in PEERS.items()})
+    starters: dict[str, Callable[[list[str]], Service | None]] = {"direct (one replica)": lambda _: backends[0],
+                                                                  **OURS, **PEERS}
     notes = []
     for name, start in starters.items():
         if names is not None and name not in names and name != "direct (one replica)":
             continue
-        service = start()
+        service = start(urls)
         if service is None:
             notes.append(f"{name}: not installed (make bench-deps)")
         else:

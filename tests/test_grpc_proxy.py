@@ -14,7 +14,6 @@ from rollout_router.proxy.listener import SWEEP_SECONDS
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
-
 HEALTH_CHECK = "/vllm.grpc.engine.VllmEngine/HealthCheck"
 HEALTHY = b"\x08\x01"  # HealthCheckResponse{healthy: true}
 
