@@ -7,7 +7,7 @@ import pytest
 
 from rollout_router.policy.base import Outcome
 from rollout_router.sim.cost import CostModel
-from rollout_router.sim.engine import Arm, run_step
+from rollout_router.sim.engine import run_step
 from rollout_router.sim.replica import Replica, Req
 from rollout_router.sim.verl import (SINGLE_TURN, TOOL_AGENT, VERL_PRESETS, arrival_order, generate_verl,
                                      max_tokens)
@@ -146,13 +146,17 @@ def test_verl_grid_plans_every_arm_with_the_baseline():
     assert any(set(arms) == set(ALL) for arms in points.values())
 
 
-def test_verl_grid_quick_runs_and_pairs_against_sticky():
-    from rollout_router.sim.verlgrid import run_verl_grid
+def test_verl_grid_quick_from_the_command_line_pairs_against_verl_sticky(tmp_path, capsys):
+    import json
 
-    g = run_verl_grid("quick", seeds=2, progress=False)
-    (point,) = g["points"]
+    from rollout_router.sim.cli import main
+
+    md = tmp_path / "verl.md"
+    assert main(["--verl-grid", "quick", "--seeds", "2", "--jobs", "1", "--no-progress", "--json",
+                 "--markdown", str(md)]) == 0
+    (point,) = json.loads(capsys.readouterr().out)["points"]
     base = point["policies"]["verl_sticky"]
     assert base["change"]["median"] == 0.0 and 0.5 < base["hit_rate"] <= 1.0
     assert point["turns"] > 1
-    assert {a for a in point["policies"]} == set(VERL_GRIDS["quick"]["blocks"][0].arms)
-    assert Arm("x", "verl").policy == "verl"
+    assert set(point["policies"]) == set(VERL_GRIDS["quick"]["blocks"][0].arms)
+    assert "### verl-compare" in md.read_text() and "8.7K: -8.6%, hit 5.3%" in md.read_text()
