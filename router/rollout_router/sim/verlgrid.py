@@ -50,6 +50,7 @@ def verl_arms(entries: int) -> dict[str, Arm]:
 
 ALL = tuple(verl_arms(1))
 FEW = (BASELINE, "verl_margin0", "verl_margin2", "ours_margin2", "least_loaded")
+FEW_MARGINS = (BASELINE, "verl_margin0", "verl_margin2", "verl_margin4", "least_loaded")
 
 
 def build(arm: Arm):
@@ -100,11 +101,13 @@ VERL_GRIDS: dict[str, dict[str, Any]] = {
     # the comparison with the seed's four published rows (docs/simulator.md): the PR's 16-replica trainer
     # under tool_agent, 4 replicas simulated at its per-replica load
     "compare": {"seeds": 3, "blocks": (
-        VBlock("pr", (TOOL,), ("7b-tp4-0.8", "7b-tp2-0.5", "32b-tp4-0.8"), (256, 1024, 4096), (0.5, 0.9)),
-        VBlock("latency", (TOOL,), ("7b-tp4-0.8", "32b-tp4-0.8"), (1024,), (0.9,), (2.0, 10.0)),
-        VBlock("single-turn", ("one-step-off-dapo-7b", "dapo-32b"), ("7b-tp4-0.8", "32b-tp4-0.8"), (1024, 8192),
-               arms=FEW),
-        VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (512, 2048), (0.75,), arms=FEW),
+        VBlock("pr", (TOOL,), ("7b-tp4-0.8", "32b-tp4-0.8"), (256, 1024, 4096), (0.5, 0.9), arms=FEW_MARGINS),
+        VBlock("all-arms", (TOOL,), ("7b-tp4-0.8",), (1024,), (0.9,)),
+        VBlock("verl-defaults", (TOOL,), ("7b-tp2-0.5",), (1024,), (0.9,), arms=FEW_MARGINS),
+        VBlock("latency", (TOOL,), ("7b-tp4-0.8",), (1024,), (0.9,), (5.0,), arms=FEW_MARGINS),
+        VBlock("single-turn", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (4096,), arms=FEW),
+        VBlock("single-turn-32b", ("dapo-32b",), ("32b-tp4-0.8",), (4096,), arms=FEW),
+        VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (1024,), (0.75,), arms=FEW),
     )},
     "quick": {"seeds": 3, "blocks": (
         VBlock("pr", (TOOL,), ("7b-tp4-0.8",), (256,), (0.75,), replicas=2, arms=FEW),
