@@ -100,8 +100,9 @@ VERL_PRESETS: dict[str, VerlPreset] = {p.name: p for p in [
 
 
 def max_tokens(p: VerlPreset, context: int) -> int:
-    """verl's per-turn ``max_tokens`` (vllm_async_server.py ``generate``): what is left of prompt + response."""
-    return max(0, p.prompt_length + p.response_length - context)
+    """verl's per-turn ``max_tokens`` (vllm_async_server.py ``generate``@0.9.1): at most ``response_length``, and no
+    more than is left of prompt + response; at least 1 (vLLM refuses 0)."""
+    return max(1, min(p.response_length, p.prompt_length + p.response_length - context))
 
 
 def arrival_order(m: int, workers: int = AGENT_WORKERS) -> list[int]:

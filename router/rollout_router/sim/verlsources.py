@@ -16,18 +16,19 @@ from .sources import Gpu, kv_pool_tokens
 
 VERL = "b178a3cd56f58b2d502255daba591e92833930a7"
 
-# --- the agent loops (verl/experimental/agent_loop/*.py@b178a3cd) ---------------------------------------------
+# --- the agent loops (verl/experimental/agent_loop/*.py@b178a3cd; the same at 0.9.1) ------------------------
 # single_turn_agent_loop.py: one generate() per sample with request_id=uuid4().hex, so no request is a sticky hit.
 # tool_agent_loop.py run(): request_id = uuid4().hex once per sample, passed on every turn. A turn ends at EOS
-# (the hermes parser: right after </tool_call>); the loop stops when len(response_mask) >= response_length, at
+# (the hermes parser: right after </tool_call>, per ../shared/notes/verl-traffic.md); the loop stops when len(response_mask) >= response_length, at
 # max_assistant_turns, on a turn without a tool call, or when the tool's tokens would reach response_length.
 # Tool text longer than max_tool_response_length characters is cut in the middle (the default side):
 # text[:128] + "...(truncated)..." + text[-128:].
 MAX_TOOL_RESPONSE_CHARS = 256  # rollout.yaml multi_turn.max_tool_response_length@b178a3cd
 TRUNCATION_MARKER_CHARS = len("...(truncated)...")  # tool_agent_loop.py _call_tool@b178a3cd
-# Characters to tokens: Qwen2.5's byte-level BPE emits at most one token per byte, and Qwen's tokenizer splits
-# numbers into single digits (Qwen technical report, arXiv 2309.16609, section 2.2), so a code interpreter's numeric
-# output costs close to one token per character: the rule is 1 token per character, an upper bound.
+# Characters to tokens: Qwen2.5's byte-level BPE emits at most one token per byte, and its pre-tokenizer isolates
+# every digit (the alternative \p{N} in the Split regex of Qwen2/2.5's tokenizer.json; Llama 3's has \p{N}{1,3}), so a
+# code interpreter's numeric output costs close to one token per character: the rule is 1 token per character, an
+# upper bound for ASCII text.
 TOOL_CHARS_PER_TOKEN = 1.0
 # The tool message's chat-template tokens (Qwen2.5: "<|im_start|>user\n<tool_response>\n" ... "\n</tool_response>
 # <|im_end|>\n<|im_start|>assistant\n") [est: counted by hand, about 15].
@@ -37,14 +38,16 @@ TOOL_TEMPLATE_TOKENS = 15
 TOOL_RESULT_TOKENS = TOOL_TEMPLATE_TOKENS + math.ceil(
     (MAX_TOOL_RESPONSE_CHARS + TRUNCATION_MARKER_CHARS) / TOOL_CHARS_PER_TOKEN)
 
-# Per-turn max_tokens: vllm_async_server.py generate()@b178a3cd, when the sampling params carry none (the agent
-# loops pass none): max(0, min(prompt_length + response_length - len(prompt_ids), max_model_len - len(prompt_ids))).
-# max_model_len is taken as >= prompt_length + response_length (the recipes' contexts fit their models).
+# Per-turn max_tokens: vllm_async_server.py generate()@0.9.1, when the sampling params carry none (agent_loop.py
+# passes temperature, top_p, top_k, repetition_penalty, logprobs only): min(response_length, prompt_length +
+# response_length - len(prompt_ids)), clamped to [1, max_model_len - len(prompt_ids)]. (At b178a3cd the
+# min(response_length, ...) was not there yet.) max_model_len is taken as >= prompt_length + response_length.
 
 # --- one step's traffic ------------------------------------------------------------------------------------------
-AGENT_WORKERS = 8  # rollout.yaml agent.num_workers@b178a3cd; agent_loop.py: prompts.chunk(len(workers)), contiguous
+AGENT_WORKERS = 8  # rollout.yaml agent.num_workers@b178a3cd and @0.9.1; agent_loop.py: prompts.chunk(len(workers)),
+# contiguous equal chunks (protocol.py DataProto.chunk@0.9.1)
 STICKY_ENTRIES = 10_000  # one cachetools.LRUCache for the fleet, no idle timeout (llm_server.py@0.9.1)
-MAX_NUM_SEQS = 256  # rollout.yaml max_num_seqs@b178a3cd (1024 up to v0.8.0)
+MAX_NUM_SEQS = 256  # rollout.yaml max_num_seqs@b178a3cd and @0.9.1 (1024 up to v0.8.0, per the notes)
 DEFAULT_TP, DEFAULT_GPU_UTIL = 2, 0.5  # rollout.yaml tensor_model_parallel_size, gpu_memory_utilization@b178a3cd
 DEFAULT_MAX_BATCHED_TOKENS = 8192  # rollout.yaml max_num_batched_tokens@b178a3cd
 
