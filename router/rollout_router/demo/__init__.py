@@ -32,7 +32,7 @@ ARMS = {
 COLUMNS = {
     "wall s": "median over the rounds of the time from a round's first request to its last answer (verl's step time)",
     "mean s / p99 s": "a turn's latency at the client, over every turn of every round",
-    "prefix hit": "mean over the rounds of prompt tokens the replicas found cached / all they were asked (their /metrics)",
+    "prefix hit": "mean over the rounds of prompt tokens found cached / all asked (the replicas' own /metrics)",
     "skew mean / max": "max - min in-flight requests over the replicas, sampled from the router's /status",
     "kept / broken": "turns sent to their trajectory's pinned replica / moved off it by the margin (router /status)",
 }

@@ -38,7 +38,8 @@ def verl_arms(entries: int) -> dict[str, Arm]:
     tables match), no affinity, and ``cost_affinity`` as shipped."""
     ours = {"max_sessions": entries, "idle_ttl": None}
     arms = [Arm(BASELINE, "verl", {"margin": None, "tie": "first", "max_sessions": entries})]
-    arms += [Arm(f"verl_margin{m}", "verl", {"margin": m, "tie": "first", "max_sessions": entries}) for m in (0, 1, 2, 4)]
+    arms += [Arm(f"verl_margin{m}", "verl", {"margin": m, "tie": "first", "max_sessions": entries})
+             for m in (0, 1, 2, 4)]
     arms += [Arm("verl_sticky_random", "verl", {"margin": None, "tie": "random", "max_sessions": entries}),
              Arm("verl_margin2_random", "verl", {"margin": 2, "tie": "random", "max_sessions": entries}),
              Arm("ours_sticky", "affinity", {"margin": None, **ours}),

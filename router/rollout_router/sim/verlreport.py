@@ -43,8 +43,8 @@ def _nearest(grid: dict[str, Any], ctx: float, fleet: str) -> dict[str, Any] | N
 
 def compare_table(grid: dict[str, Any]) -> str:
     arms = ("verl_margin0", "verl_margin2", "verl_margin4", "least_loaded")
-    head = ("| published row (verl PR #7435) | nearest point of the `pr` block | final context | verl sticky: prefix hit | "
-            + " | ".join(arms) + " |")
+    head = ("| published row (verl PR #7435) | nearest point of the `pr` block | final context | "
+            "verl sticky: prefix hit | " + " | ".join(arms) + " |")
     rows = [head, "|" + "---|" * (4 + len(arms))]
     for name in PUBLISHED:
         row = PRESETS[name]
