@@ -20,7 +20,8 @@ VERL = "b178a3cd56f58b2d502255daba591e92833930a7"
 # single_turn_agent_loop.py: one generate() per sample with request_id=uuid4().hex, so no request is a sticky hit.
 # tool_agent_loop.py run(): request_id = uuid4().hex once per sample, passed on every turn. A turn ends at EOS
 # (the hermes parser: right after </tool_call>, per ../shared/notes/verl-traffic.md); the loop stops when
-# len(response_mask) >= response_length, at max_assistant_turns, on a turn without a tool call, or when the tool's tokens would reach response_length.
+# len(response_mask) >= response_length, at max_assistant_turns, on a turn without a tool call, or when the tool's
+# tokens would reach response_length.
 # Tool text longer than max_tool_response_length characters is cut in the middle (the default side):
 # text[:128] + "...(truncated)..." + text[-128:].
 MAX_TOOL_RESPONSE_CHARS = 256  # rollout.yaml multi_turn.max_tool_response_length@b178a3cd
