@@ -9,6 +9,7 @@ BIN    := $(VENV)/bin
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
 
 $(BIN)/python:
+	@echo "first run: creating the virtualenv $(VENV) (once)"
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { \
 	  echo "installing Debian packages: python3-venv"; \
 	  $(APT) update -qq && $(APT) install -y -qq --no-install-recommends python3-venv >/dev/null; }
@@ -22,6 +23,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-sim: pyproject.toml | $(BIN)/python
+	@echo "installing the router and the demo's dependencies into $(VENV) (aiohttp, numpy, ...; once, about a minute)"
 	$(BIN)/pip install --quiet -e '.[sim]'
 	touch $@ $(VENV)/.installed
 

@@ -1,65 +1,134 @@
-"""``rollout-router demo``: the same rollout through the router under each policy setting.
+"""``rollout-router demo``: a small verl-shaped rollout through the router under each policy, with a verdict.
 
-Every arm gets fresh replicas (cold caches) and a fresh router, replays the
-same conversations, and is measured from the outside: turn latency at the
-client, prefix-cache hit rate from the replicas' own /metrics, in-flight skew
-and kept/broken counts from the router's /status.
+One set of simulated replicas, one router per arm. Each round draws a new rollout (``workload.rollout``,
+seeded by the round) and replays it through every arm in turn, the order rotated each round so no arm
+always runs first; each arm is measured from the outside: the round's wall time (the step time, as
+verl's makespan), turn latency at the client, prefix hits from the replicas' own /metrics, in-flight
+skew and kept/broken counts from the router's /status. Under the table, each arm's paired change of
+wall time against sticky over the rounds, with an exact order-statistic interval of its median
+(``sim.stats.median_ci``), or "no difference detectable" when that interval contains zero.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
+from collections.abc import Iterator, Sequence
 
 from tqdm import tqdm
 
-from ..localfleet import local_fleet
+from ..localfleet import Service, spawn_replica, spawn_router, stop, wait_healthy
 from .driver import ArmResult, run_arm
 from .workload import rollout
 
+BASELINE = "sticky always (margin null)"
 ARMS = {
     "no affinity (least_loaded)": ["--policy", "least_loaded"],
-    "sticky always (margin null)": ["--affinity-break-margin", "null"],
+    BASELINE: ["--affinity-break-margin", "null"],
     "margin 0": ["--affinity-break-margin", "0"],
     "margin 2": ["--affinity-break-margin", "2"],
+}
+COLUMNS = {
+    "wall s": "median over the rounds of the time from a round's first request to its last answer (verl's step time)",
+    "mean s / p99 s": "a turn's latency at the client, over every turn of every round",
+    "prefix hit": "mean over the rounds of prompt tokens found cached / all asked (the replicas' own /metrics)",
+    "skew mean / max": "max - min in-flight requests over the replicas, sampled from the router's /status",
+    "kept / broken": "turns sent to their trajectory's pinned replica / moved off it by the margin (router /status)",
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--prompts", type=int, default=12, help="distinct prompts (GRPO groups)")
-    parser.add_argument("--samples", type=int, default=5, help="trajectories per prompt")
+    parser.add_argument("--prompts", type=int, default=6, help="distinct prompts (GRPO groups) per round")
+    parser.add_argument("--samples", type=int, default=4, help="trajectories per prompt")
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds: every arm runs each round's rollout")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--num-blocks", type=int, default=1200,
                         help="KV blocks per simulated replica (smaller = more cache pressure)")
 
 
+@contextlib.contextmanager
+def fleet(replicas: int, arms: Sequence[Sequence[str]], fake_args: Sequence[str]) -> Iterator[
+        tuple[list[Service], list[Service]]]:
+    """``replicas`` simulated vLLM servers and one router per arm in front of all of them; all stop on exit."""
+    processes = []
+    try:
+        starting = [spawn_replica(i, fake_args) for i in range(replicas)]
+        processes += [s.process for s in starting]
+        backends = [s.bound() for s in starting]
+        starting_routers = [spawn_router([b.backend for b in backends], args) for args in arms]
+        processes += [s.process for s in starting_routers]
+        routers = [s.bound() for s in starting_routers]
+        yield [wait_healthy(b, "/health") for b in backends], [wait_healthy(r, "/readyz") for r in routers]
+    finally:
+        for process in reversed(processes):
+            stop(process)
+
+
 def run(args: argparse.Namespace) -> int:
-    conversations = rollout(args.prompts, args.samples, seed=args.seed)
-    turns = sum(len(c.turns) for c in conversations)
-    print(f"{args.replicas} simulated vLLM replicas, {len(conversations)} conversations, {turns} turns per arm\n")
-    fake_args = ["--num-blocks", str(args.num_blocks)]
-    results = []
-    with tqdm(total=turns * len(ARMS), unit="turn", dynamic_ncols=True) as bar:
-        for name, router_args in ARMS.items():
-            bar.set_description(name)
-            with local_fleet(args.replicas, router_args, fake_args) as (router, replicas):
-                results.append(asyncio.run(run_arm(name, router.url, str(router.admin_url), [r.url for r in replicas], conversations,
-                                                   on_turn=lambda: bar.update(1))))
+    rounds = [rollout(args.prompts, args.samples, seed=args.seed + r) for r in range(args.rounds)]
+    turns = sum(len(c.turns) for convs in rounds for c in convs)
+    print(f"starting {args.replicas} simulated vLLM replicas and {len(ARMS)} routers (one per policy)...", flush=True)
+    names = list(ARMS)
+    results: dict[str, list[ArmResult]] = {n: [] for n in names}
+    with fleet(args.replicas, list(ARMS.values()), ["--num-blocks", str(args.num_blocks)]) as (replicas, routers):
+        print(f"{args.rounds} paired rounds of {args.prompts * args.samples} verl-shaped trajectories; every policy "
+              f"replays each round ({turns} turns per policy)\n", flush=True)
+        with tqdm(total=turns * len(names), unit="turn", dynamic_ncols=True) as bar:
+            for r, conversations in enumerate(rounds):
+                for i in range(len(names)):
+                    k = (i + r) % len(names)  # rotate the order every round
+                    bar.set_description(f"round {r + 1}: {names[k]}")
+                    router = routers[k]
+                    results[names[k]].append(asyncio.run(run_arm(
+                        names[k], router.url, str(router.admin_url), [s.url for s in replicas], conversations,
+                        on_turn=lambda: bar.update(1))))
     print()
     print(table(results))
+    print(legend())
+    print()
+    print("\n".join(verdicts(results)))
     print(HOW_TO_USE)
-    return 1 if any(r.errors for r in results) else 0
+    return 1 if any(r.errors for rs in results.values() for r in rs) else 0
 
 
-def table(results: list[ArmResult]) -> str:
+def table(results: dict[str, list[ArmResult]]) -> str:
     header = f"{'policy':<30}{'wall s':>8}{'mean s':>8}{'p99 s':>8}{'prefix hit':>11}{'skew mean':>10}{'skew max':>9}{'kept':>7}{'broken':>7}"
     rows = [header, "-" * len(header)]
-    for r in results:
-        rows.append(f"{r.name:<30}{r.wall_seconds:>8.2f}{r.mean_latency:>8.3f}{r.p99_latency:>8.3f}"
-                    f"{r.prefix_hit_rate:>10.1%} {statistics.fmean(r.skews or [0]):>10.2f}{max(r.skews or [0]):>9}"
-                    f"{r.status['affinity_kept']:>7}{r.status['affinity_broken']:>7}")
+    for name, runs in results.items():
+        lat = sorted(x for r in runs for x in r.turn_latencies)
+        skews = [s for r in runs for s in r.skews] or [0]
+        hit = statistics.fmean(r.prefix_hit_rate for r in runs)
+        last = runs[-1].status  # the router's counters are cumulative over the rounds
+        rows.append(f"{name:<30}{statistics.median(r.wall_seconds for r in runs):>8.2f}{statistics.fmean(lat):>8.3f}"
+                    f"{lat[min(len(lat) - 1, int(0.99 * len(lat)))]:>8.3f}{hit:>10.1%} {statistics.fmean(skews):>10.2f}"
+                    f"{max(skews):>9}{last['affinity_kept']:>7}{last['affinity_broken']:>7}")
     return "\n".join(rows)
+
+
+def legend() -> str:
+    return "\n".join(f"  {name}: {text}" for name, text in COLUMNS.items())
+
+
+def verdicts(results: dict[str, list[ArmResult]]) -> list[str]:
+    """One line per arm: its paired change of wall time against sticky over the rounds."""
+    from ..sim.stats import median_ci, paired_changes
+
+    base = [r.wall_seconds for r in results[BASELINE]]
+    lines = []
+    for name, runs in results.items():
+        if name == BASELINE:
+            continue
+        ch = paired_changes([r.wall_seconds for r in runs], base)
+        lo, hi, coverage = median_ci(ch)
+        span = f"median {statistics.median(ch):+.1%}, {coverage:.0%} interval [{lo:+.1%}, {hi:+.1%}]"
+        if lo > 0 or hi < 0:
+            word = "slower" if lo > 0 else "faster"
+            lines.append(f"{name} vs sticky: {word} ({span}) over {len(ch)} paired rounds")
+        else:
+            lines.append(f"{name} vs sticky: no difference detectable in {len(ch)} paired rounds ({span})")
+    return lines
 
 
 HOW_TO_USE = """

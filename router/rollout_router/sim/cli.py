@@ -9,6 +9,7 @@ import sys
 
 from .cost import CostModel
 from .grid import GRIDS
+from .verlgrid import VERL_GRIDS
 from .runner import Config, arms_for, resolve_presets, run_study
 from .workload import PRESETS
 
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="run on a Ray cluster instead of local processes: host:port, 'auto', or 'local' (a private instance)")
     d = parser.add_argument_group("grid (docs/simulator.md: the margin over KV pool x concurrency x context x routers)")
     d.add_argument("--grid", choices=sorted(GRIDS), help="run a grid instead of presets ('quick': seconds, for tests)")
+    d.add_argument("--verl-grid", choices=sorted(VERL_GRIDS), help="run a verl grid (docs/simulator.md: \"The traffic "
+                   "verl sends\"): verl's agent loops and balancer over the unpublished quantities")
     d.add_argument("--seeds", type=int, help="paired steps per grid point (default: the grid's own)")
     d.add_argument("--cache", metavar="FILE", help="keep finished grid steps in FILE (JSON lines): a rerun reuses those "
                    "the same model computed, so an interrupted run resumes")
@@ -61,6 +64,10 @@ def _overrides(args) -> dict:
 
 
 def run(args) -> int:
+    if args.verl_grid:
+        from .verlreport import run_command
+
+        return run_command(args)
     if args.grid or args.from_json:
         return run_grid_command(args)
     names = args.preset or STUDY_PRESETS

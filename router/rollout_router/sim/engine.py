@@ -127,7 +127,7 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
         # a turn arrives at the router
         tr = obj
         loads = dict(zip(names, tokload if by_tokens else inflight))
-        decision = route(Request(tr.key, loads, t, BlockChainPrefix(tr.gid, tr.tid, tr.P, tr.ctx // block_size)))
+        decision = route(Request(tr.key, loads, t, BlockChainPrefix(tr.gid, tr.tid, tr.P, tr.ctx // block_size, tr.S)))
         i = index[decision.replica]
         if tr.last is not None and tr.last != i:
             moved += 1
@@ -140,7 +140,7 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
         if trace is not None:
             trace.append((t, tuple(inflight)))
         fresh = tr.ctx if tr.turn == 0 else tr.outs[tr.turn - 1] + tr.tools[tr.turn - 1]
-        req = Req(tr, serial, tr.ctx, tr.outs[tr.turn], tr.gid, tr.tid, tr.P, fresh)
+        req = Req(tr, serial, tr.ctx, tr.outs[tr.turn], tr.gid, tr.tid, tr.P, fresh, tr.S)
         serial += 1
         requests += 1
         rep = reps[i]

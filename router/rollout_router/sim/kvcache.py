@@ -3,7 +3,8 @@
 vLLM hashes every full block by (parent hash, tokens), so a request can reuse
 only a cached *prefix* of its block chain. In an RL rollout every context is
 one of two chains: a GRPO group's prompt (shared by the group's samples) and,
-after it, one trajectory's own blocks. The pool therefore tracks, per chain, how
+after it, one trajectory's own blocks (with the verl workload, a third chain
+before both: the prefix every request shares; ``replica.Req.S``). The pool therefore tracks, per chain, how
 many leading blocks are cached and how many requests hold it, instead of
 hashing individual blocks:
 

@@ -30,22 +30,27 @@ from .cost import CostModel
 from .kvcache import BlockPool, Chain
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+SHARED = -(1 << 50)  # the chain id of the prefix every request shares (no group or trajectory id is negative)
 
 
 class Req:
     """One turn of a trajectory, as an engine request."""
 
     __slots__ = (
-        "traj", "serial", "ctx", "remaining", "computed", "phase", "gid", "tid", "P",
-        "gchain", "tchain", "off", "fin_it", "growth0", "fresh",
+        "traj", "serial", "ctx", "remaining", "computed", "phase", "gid", "tid", "P", "S",
+        "schain", "gchain", "tchain", "off", "fin_it", "growth0", "fresh",
         "hit", "query", "preemptions",
     )
 
-    def __init__(self, traj, serial: int, ctx: int, out: int, gid: int, tid: int, P: int, fresh: int):
+    def __init__(self, traj, serial: int, ctx: int, out: int, gid: int, tid: int, P: int, fresh: int, S: int = 0):
+        """``P`` full blocks precede the trajectory's own chain: the first ``S`` of them are the fleet-wide
+        shared prefix (system prompt, instruction, tool schema: one chain every request shares), the rest the
+        group's prompt."""
         self.traj, self.serial = traj, serial
         self.ctx, self.remaining, self.computed = ctx, out, 0
         self.phase = WAITING
-        self.gid, self.tid, self.P = gid, tid, P
+        self.gid, self.tid, self.P, self.S = gid, tid, P, S
+        self.schain: Chain | None = None
         self.gchain: Chain | None = None
         self.tchain: Chain | None = None
         self.off = self.fin_it = self.growth0 = 0
@@ -227,25 +232,32 @@ class Replica:
 
     # -- internals ---------------------------------------------------------------
     def _admit(self, req: Req, budget: int) -> int:
-        pool, bs, P = self.pool, self.bs, req.P
-        gc = pool.cached(req.gid) if P else 0
+        pool, bs, P, S = self.pool, self.bs, req.P, req.S
+        G = P - S  # the group prompt's own blocks
+        sc = pool.cached(SHARED) if S else 0
+        gc = pool.cached(req.gid) if G else 0
         tc = pool.cached(req.tid)
-        hit_blocks = P + tc if gc >= P else gc
+        hit_blocks = sc if sc < S else S + gc if gc < G else P + tc
         hit_blocks = min(hit_blocks, (req.ctx - 1) // bs)
         hit = hit_blocks * bs
         n = min(req.ctx - hit, budget)
-        need_g = max(0, P - gc)
+        need_s = max(0, S - sc)
+        need_g = max(0, G - gc)
         need_t = max(0, self._traj_blocks(hit + n, P) - tc)
         # vLLM admits a request only if its whole context fits, not just the first chunk
         # (SchedulerConfig.scheduler_reserve_full_isl, on by default).
         full_t = max(0, self._traj_blocks(req.ctx, P) - tc)
-        cids = (req.gid, req.tid) if P else (req.tid,)
-        if need_g + full_t > pool.evictable_after_touch(*cids):
+        cids = (*((SHARED,) if S else ()), *((req.gid,) if G else ()), req.tid)
+        if need_s + need_g + full_t > pool.evictable_after_touch(*cids):
             return 0
-        if P:
+        if S:
+            req.schain = pool.acquire(SHARED)
+            if req.schain.cached < S:
+                pool.grow(req.schain, S - req.schain.cached)
+        if G:
             req.gchain = pool.acquire(req.gid)
-            if req.gchain.cached < P:
-                pool.grow(req.gchain, P - req.gchain.cached)
+            if req.gchain.cached < G:
+                pool.grow(req.gchain, G - req.gchain.cached)
         req.tchain = pool.acquire(req.tid)
         pool.grow(req.tchain, need_t)
         req.computed = hit
@@ -287,8 +299,10 @@ class Replica:
             pool.settle(req.tchain, -(-tokens // self.bs) - req.growth0)
         pool.release(req.tchain, max(0, tokens // self.bs - req.P))
         if req.gchain is not None:
-            pool.release(req.gchain, req.P)
-        req.gchain = req.tchain = None
+            pool.release(req.gchain, req.P - req.S)
+        if req.schain is not None:
+            pool.release(req.schain, req.S)
+        req.schain = req.gchain = req.tchain = None
 
     def _preempt(self, req: Req) -> None:
         self.running.remove(req)

@@ -111,13 +111,14 @@ def fit_out_median(preset: Preset, target: float, iters: int = 30) -> float:
 class Trajectory:
     """One sample's turns; mutated by the fleet as it runs."""
 
-    __slots__ = ("key", "gid", "tid", "index", "prompt", "P", "outs", "tools", "lats",
+    __slots__ = ("key", "gid", "tid", "index", "prompt", "P", "S", "outs", "tools", "lats",
                  "turn", "ctx", "last", "t_done")
 
     def __init__(self, key: str, gid: int, tid: int, index: int, prompt: int, P: int,
-                 outs: list[int], tools: list[int], lats: list[float]):
+                 outs: list[int], tools: list[int], lats: list[float], S: int = 0):
+        """``P`` full prompt blocks, the first ``S`` of them shared by every trajectory (``replica.Req``)."""
         self.key, self.gid, self.tid, self.index = key, gid, tid, index
-        self.prompt, self.P = prompt, P
+        self.prompt, self.P, self.S = prompt, P, S
         self.outs, self.tools, self.lats = outs, tools, lats
         self.turn, self.ctx = 0, prompt
         self.last: int | None = None
@@ -171,14 +172,15 @@ def generate(preset: Preset, seed: int, step: int, block_size: int = 16) -> list
 class BlockChainPrefix(Sequence):
     """A request's full-block hash chain, computed on demand (for cache-aware policies).
 
-    Item i is an integer standing for vLLM's chained hash of block i: blocks of
-    the group prompt are shared by the group, later ones belong to the trajectory.
+    Item i is an integer standing for vLLM's chained hash of block i: the first
+    ``S`` blocks are shared by every request, the group prompt's by the group,
+    later ones belong to the trajectory.
     """
 
-    __slots__ = ("gid", "tid", "P", "n")
+    __slots__ = ("gid", "tid", "P", "n", "S")
 
-    def __init__(self, gid: int, tid: int, P: int, n: int):
-        self.gid, self.tid, self.P, self.n = gid, tid, P, n
+    def __init__(self, gid: int, tid: int, P: int, n: int, S: int = 0):
+        self.gid, self.tid, self.P, self.n, self.S = gid, tid, P, n, S
 
     def __len__(self) -> int:
         return self.n
@@ -190,6 +192,8 @@ class BlockChainPrefix(Sequence):
             i += self.n
         if not 0 <= i < self.n:
             raise IndexError(i)
+        if i < self.S:
+            return (1 << 61) | i
         if i < self.P:
             return (self.gid << 21) | i
         return (1 << 62) | ((self.tid - TRAJ_CHAIN) << 21) | i

@@ -1,0 +1,195 @@
+"""The verl grid: the verl presets over the quantities no source publishes, every policy on the same steps.
+
+A point is a verl preset (``sim.verl``), simulated on ``replicas`` replicas at
+the recipe's per-replica load, with the unknowns set: per-turn output median,
+tool-call probability, tool latency, and the fleet (model, TP, memory
+utilisation: the PR's are not published, so the recipe's and verl's defaults
+are both points). Nothing here was chosen by looking at the published rows:
+the axes' values are round numbers spanning what a reader could believe, and
+this module was committed before the comparison was run.
+
+The baseline is verl's sticky balancer at the PR's base (``verl_sticky``: no
+margin, ties to the first registered server); every other arm is paired with
+it step by step (common random numbers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+from .engine import Arm, run_step
+from .grid import shipped_cost_affinity
+from .stats import summarize
+from .verl import VERL_PRESETS, VerlPreset, generate_verl
+from .verlbalancer import VerlBalancer
+from .verlsources import DEFAULT_GPU_UTIL, DEFAULT_TP, QWEN7B, QWEN32B, pool
+
+BASELINE = "verl_sticky"
+
+# (model, TP, gpu_memory_utilization): the recipes' and verl's defaults (verlsources)
+FLEETS = {"7b-tp4-0.8": ("qwen2.5-7b", 4, 0.8), "7b-tp2-0.5": ("qwen2.5-7b", DEFAULT_TP, DEFAULT_GPU_UTIL),
+          "32b-tp4-0.8": ("qwen2.5-32b", 4, 0.8), "32b-tp4-0.9": ("qwen2.5-32b", 4, 0.9)}
+
+
+def verl_arms(entries: int) -> dict[str, Arm]:
+    """verl's balancer (margins, both tie-breaks), ours (hash ties, per-router table without TTL here so the
+    tables match), no affinity, and ``cost_affinity`` as shipped."""
+    ours = {"max_sessions": entries, "idle_ttl": None}
+    arms = [Arm(BASELINE, "verl", {"margin": None, "tie": "first", "max_sessions": entries})]
+    arms += [Arm(f"verl_margin{m}", "verl", {"margin": m, "tie": "first", "max_sessions": entries})
+             for m in (0, 1, 2, 4)]
+    arms += [Arm("verl_sticky_random", "verl", {"margin": None, "tie": "random", "max_sessions": entries}),
+             Arm("verl_margin2_random", "verl", {"margin": 2, "tie": "random", "max_sessions": entries}),
+             Arm("ours_sticky", "affinity", {"margin": None, **ours}),
+             Arm("ours_margin2", "affinity", {"margin": 2, **ours}),
+             Arm("least_loaded", "least_loaded"),
+             Arm("cost_affinity", "cost_affinity", {**shipped_cost_affinity(), **ours})]
+    return {a.label: a for a in arms}
+
+
+ALL = tuple(verl_arms(1))
+FEW = (BASELINE, "verl_margin0", "verl_margin2", "ours_margin2", "least_loaded")
+FEW_MARGINS = (BASELINE, "verl_margin0", "verl_margin2", "verl_margin4", "least_loaded")
+
+
+def build(arm: Arm):
+    """A fresh policy for ``arm`` (verl's balancer lives in the simulator, the rest in the router's registry)."""
+    return VerlBalancer(**arm.options) if arm.policy == "verl" else arm.build()
+
+
+@dataclasses.dataclass(frozen=True)
+class VPoint:
+    preset: str  # a VERL_PRESETS key
+    fleet: str  # a FLEETS key
+    out: float  # per-turn output median, tokens
+    tool_p: float  # chance a turn ends in a tool call
+    latency: float = 0.0  # tool seconds
+    replicas: int = 4
+
+    @property
+    def label(self) -> str:
+        return f"{self.preset} {self.fleet} out={self.out:g} p={self.tool_p:g} lat={self.latency:g} R={self.replicas}"
+
+    def verl_preset(self) -> VerlPreset:
+        model, tp, util = FLEETS[self.fleet]
+        base = VERL_PRESETS[self.preset]
+        cost = QWEN7B if model == "qwen2.5-7b" else QWEN32B
+        p = dataclasses.replace(base, model=model, kv_tokens=pool(cost, tp, util), turn_out_median=self.out,
+                                tool_call_p=self.tool_p, tool_latency=self.latency)
+        return p.scaled(self.replicas) if self.replicas != base.replicas else p
+
+
+@dataclasses.dataclass(frozen=True)
+class VBlock:
+    name: str
+    presets: tuple[str, ...]
+    fleets: tuple[str, ...]
+    outs: tuple[float, ...]
+    tool_ps: tuple[float, ...] = (0.75,)
+    latencies: tuple[float, ...] = (0.0,)
+    replicas: int = 4
+    arms: tuple[str, ...] = ALL
+
+    def points(self) -> Iterable[VPoint]:
+        for pr, fl, o, p, lat in itertools.product(self.presets, self.fleets, self.outs, self.tool_ps, self.latencies):
+            yield VPoint(pr, fl, o, p, lat, self.replicas)
+
+
+TOOL = "one-step-off-dapo-7b-tool"
+VERL_GRIDS: dict[str, dict[str, Any]] = {
+    # the comparison with the seed's four published rows (docs/simulator.md): the PR's 16-replica trainer
+    # under tool_agent, 4 replicas simulated at its per-replica load
+    "compare": {"seeds": 3, "blocks": (
+        VBlock("pr", (TOOL,), ("7b-tp4-0.8", "32b-tp4-0.8"), (256, 1024, 4096), (0.5, 0.9), arms=FEW_MARGINS),
+        VBlock("all-arms", (TOOL,), ("7b-tp4-0.8",), (1024,), (0.9,)),
+        VBlock("verl-defaults", (TOOL,), ("7b-tp2-0.5",), (1024,), (0.9,), arms=FEW_MARGINS),
+        VBlock("latency", (TOOL,), ("7b-tp4-0.8",), (1024,), (0.9,), (5.0,), arms=FEW_MARGINS),
+        VBlock("single-turn", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (4096,), arms=FEW),
+        VBlock("single-turn-32b", ("dapo-32b",), ("32b-tp4-0.8",), (4096,), arms=FEW),
+        VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (1024,), (0.75,), arms=FEW),
+    )},
+    "quick": {"seeds": 3, "blocks": (
+        VBlock("pr", (TOOL,), ("7b-tp4-0.8",), (256,), (0.75,), replicas=2, arms=FEW),
+    )},
+}
+
+
+def plan(blocks: Iterable[VBlock]) -> dict[VPoint, tuple[str, ...]]:
+    out: dict[VPoint, set[str]] = {}
+    for b in blocks:
+        for p in b.points():
+            out.setdefault(p, {BASELINE}).update(b.arms)
+    return {p: tuple(a for a in ALL if a in arms) for p, arms in out.items()}
+
+
+Task = tuple[VPoint, str, int, int]  # point, arm, step, seed
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    """One arm on one step of one point."""
+    point, label, step, seed = task
+    vp = point.verl_preset()
+    arm = verl_arms(vp.sticky_entries)[label]
+    trajs = generate_verl(vp, seed, step)
+    ctx = sum(t.contexts()[-1] + t.outs[-1] for t in trajs) / len(trajs)
+    turns = sum(len(t.outs) for t in trajs) / len(trajs)
+    res = run_step(vp.engine_preset(), trajs, arm, vp.cost, policy=build(arm))
+    return {"step_seconds": res.step_seconds, "hit_rate": res.hit_rate, "preemptions": float(res.preemptions),
+            "skew": res.skew, "moved_share": res.moved / max(1, res.requests - len(trajs)),
+            "evicted_lru": float(res.outcomes.get("evicted_lru", 0)), "context": ctx, "turns": turns}
+
+
+def describe(task: Task) -> dict[str, Any]:
+    """What a result depends on besides the model's code (the cache key)."""
+    point, label, step, seed = task
+    vp = dataclasses.asdict(point.verl_preset())
+    vp.pop("name")
+    arm = dataclasses.asdict(verl_arms(vp["sticky_entries"])[label])
+    arm.pop("label")
+    return {"verl_preset": vp, "arm": arm, "step": step, "seed": seed}
+
+
+def run_verl_grid(name: str, seeds: int | None = None, seed: int = 0, jobs: int = 1, progress: bool = True,
+                  cache: str | None = None) -> dict[str, Any]:
+    """Run verl grid ``name``; with ``cache`` finished steps are kept and reused (``sim.cache``)."""
+    from .cache import ResultCache
+    from .parallel import run_tasks
+
+    spec = VERL_GRIDS[name]
+    n = seeds if seeds is not None else spec["seeds"]
+    points = plan(spec["blocks"])
+    tasks = [(p, a, s, seed) for p, arms in points.items() for a in arms for s in range(n)]
+    store = ResultCache(cache) if cache else None
+    results: list[dict | None] = [store.get(describe(t)) if store else None for t in tasks]
+    todo = [i for i, r in enumerate(results) if r is None]
+
+    def save(j: int, result: dict) -> None:
+        results[todo[j]] = result
+        if store:
+            store.put(describe(tasks[todo[j]]), result)
+
+    run_tasks(run_task, [tasks[i] for i in todo], jobs=jobs, progress=progress, desc=f"verl grid {name}",
+              on_result=save)
+    by_point: dict[VPoint, dict[tuple[str, int], dict]] = {}
+    for (point, label, step, _), res in zip(tasks, results):
+        assert res is not None
+        by_point.setdefault(point, {})[(label, step)] = res
+    return {"verl_grid": name, "seeds": n, "seed": seed,
+            "blocks": {b.name: [p.label for p in b.points()] for b in spec["blocks"]},
+            "points": [summarize_point(p, arms, by_point[p], n) for p, arms in points.items()]}
+
+
+def summarize_point(point: VPoint, arms: tuple[str, ...], res: dict, seeds: int) -> dict[str, Any]:
+    base = [res[(BASELINE, s)]["step_seconds"] for s in range(seeds)]
+    policies = {}
+    for label in arms:
+        rows = [res[(label, s)] for s in range(seeds)]
+        times = [r["step_seconds"] for r in rows]
+        policies[label] = {"step_seconds": times, "change": summarize(times, base),
+                           **{k: sum(r[k] for r in rows) / seeds
+                              for k in ("hit_rate", "preemptions", "skew", "moved_share", "evicted_lru")}}
+    first = res[(BASELINE, 0)]
+    return {**dataclasses.asdict(point), "label": point.label, "kv_tokens": point.verl_preset().kv_tokens,
+            "context": first["context"], "turns": first["turns"], "policies": policies}
