@@ -13,6 +13,7 @@ import statistics
 
 from tqdm import tqdm
 
+from .. import usage
 from ..localfleet import local_fleet
 from .driver import ArmResult, run_arm
 from .workload import rollout
@@ -26,12 +27,15 @@ ARMS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--prompts", type=int, default=12, help="distinct prompts (GRPO groups)")
-    parser.add_argument("--samples", type=int, default=5, help="trajectories per prompt")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--num-blocks", type=int, default=1200,
-                        help="KV blocks per simulated replica (smaller = more cache pressure)")
+    parser.add_argument("--replicas", type=usage.at_least(1), default=4,
+                        help="simulated vLLM replicas (default: %(default)s)")
+    parser.add_argument("--prompts", type=usage.at_least(1), default=12,
+                        help="distinct prompts (GRPO groups; default: %(default)s)")
+    parser.add_argument("--samples", type=usage.at_least(1), default=5,
+                        help="trajectories per prompt (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=7, help="random seed of the conversations (default: %(default)s)")
+    parser.add_argument("--num-blocks", type=usage.at_least(1), default=1200,
+                        help="KV blocks per simulated replica (smaller = more cache pressure; default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
