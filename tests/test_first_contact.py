@@ -96,3 +96,36 @@ def test_serve_with_every_backend_down_says_so_once_and_its_503_says_why():
         proc.terminate()
         rest = proc.communicate(timeout=10)[0]
     assert "every replica is down" not in rest  # logged once
+
+
+def test_an_unreachable_api_server_is_one_line_per_backoff_step(tmp_path):
+    """The address, the reason and the next try; kopf's two long lines per attempt are gone."""
+    server = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens: every attempt is refused
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{server}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    proc = subprocess.Popen([SCRIPT, "operator", "-n", "a", "--metrics-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+                                                                      "KUBECONFIG": str(kubeconfig)})
+    timer = threading.Timer(60, proc.kill)
+    timer.start()
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "attempt 3 failed" in line:
+                break
+    finally:
+        timer.cancel()
+        proc.terminate()
+        proc.wait(10)
+    retries = [line for line in lines if "attempt" in line]
+    assert [line.split(": ", 1)[1].strip() for line in retries] == [
+        f"Kubernetes API {server} unreachable (connection refused): attempt {n} failed, next try in {delay} s"
+        for n, delay in ((1, 1), (2, 2), (3, 5))], lines
+    assert not any("ClientConnectorError" in line for line in lines)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from rollout_router import usage
 from rollout_router.kube import credentials
 
+from .api_retries import OneLinePerRetry
 from .spec import DEFAULT_IMAGE
 
 if TYPE_CHECKING:  # kopf (the [operator] extra) is imported only to run, so --help works without it
@@ -118,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     level = "debug" if args.verbose else args.log_level
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLinePerRetry(ApiBackoffs()))
     try:
         key = token_key(args.admin_token_key_file)
     except (OSError, ValueError) as error:
