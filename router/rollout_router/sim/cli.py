@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jobs", type=usage.at_least(1), default=os.cpu_count() or 1,
                    help="worker processes (default: the CPUs, %(default)s)")
     g.add_argument("--policies", default="", help="comma-separated arm labels to run (sticky always runs); default all")
-    g.add_argument("--list-policies", action="store_true", help="print the arm labels and exit")
+    g.add_argument("--list-policies", action="store_true", help="print the arm labels (for --policies) with their names and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     g.add_argument("--markdown", metavar="FILE", help="also write the tables as markdown")
     g.add_argument("--json-out", metavar="FILE", help="also write the JSON to FILE")
@@ -87,7 +87,9 @@ def run(args) -> int:
     names = args.preset or STUDY_PRESETS
     presets = tuple(dataclasses.replace(p, **_overrides(args)) for p in resolve_presets(names))
     if args.list_policies:
-        print("\n".join(a.label for a in arms_for(presets[0])))
+        from .report import ARM_NAMES
+
+        print("\n".join(f"{a.label:<24}{ARM_NAMES.get(a.label, a.label)}" for a in arms_for(presets[0])))
         return 0
     if args.steps == "published":
         steps = {p.name: p.steps for p in presets}
