@@ -2,6 +2,7 @@
 (and in its 503 answers) that it has no replica, or that every replica is down."""
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -129,3 +130,21 @@ current-context: x
         f"Kubernetes API {server} unreachable (connection refused): attempt {n} failed, next try in {delay} s"
         for n, delay in ((1, 1), (2, 2), (3, 5))], lines
     assert not any("ClientConnectorError" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", sorted(cli.SUBCOMMANDS))
+def test_every_flag_is_described_with_its_default(command):
+    """``--help`` of every subcommand: each flag has a help text, and one with a default names it."""
+    parser = cli.build_parser([command])
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    vague = []
+    for action in sub._actions:
+        if not action.option_strings or action.help in (None, argparse.SUPPRESS) and action.dest == "help":
+            continue
+        if action.help is argparse.SUPPRESS:
+            continue  # the peers' flags: docs/migrating.md lists them
+        text = (action.help or "") % {"default": action.default}
+        has_default = action.default not in (None, False, [], argparse.SUPPRESS) and action.dest != "help"
+        if not text or has_default and "default" not in text.lower():
+            vague.append(action.option_strings[0])
+    assert not vague, f"{command}: {vague}"
