@@ -146,6 +146,16 @@ ONE_LINE_CASES = [
                                         "127.0.0.1:{busy}: already in use"),
     (["fake-vllm", "--port", "0", "--grpc-port", "{busy}"], "rollout-router fake-vllm: --grpc-port {busy}: "
                                                             "cannot listen on 127.0.0.1:{busy}: already in use"),
+    (["serve", "--port-file", "/nonexistent/p.json"], "argument --port-file: /nonexistent/p.json: directory "
+                                                       "'/nonexistent' does not exist"),
+    (["fake-vllm", "--port-file", "/nonexistent/p.json"], "argument --port-file: /nonexistent/p.json: directory"),
+    (["fake-vllm", "--served-model-name=", "--port", "0"], "rollout-router fake-vllm: --served-model-name: must not "
+                                                           "be empty"),
+    (["serve", "--peer", "router-1:8081"], "argument --peer: must be an http:// or https:// URL, got 'router-1:8081'"),
+    (["simulate", "--preset", "quick", "--policies", "bogus"], "rollout-router simulate: --policies bogus: unknown "
+                                                               "arm label bogus"),
+    (["simulate", "--from-json", "/nonexistent/g.json"], "argument --from-json: /nonexistent/g.json: no such file"),
+    (["simulate", "--grid", "quick", "--readme", "/nonexistent/R.md"], "argument --readme: /nonexistent/R.md: no such"),
     # the peers' names: accepted where the rule is ours too, else refused by name with what to use instead
     (["serve", "--policy", "cache_aware"], "argument --policy: 'cache_aware' (vllm-router / SGLang router) is "
                                            "not served here"),

@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Pins kept; the least recently used is evicted beyond this (default 100000).")
     parser.add_argument("--idle-timeout", type=usage.number(positive=True), metavar="SECONDS",
                         help="Seconds before an idle pin is dropped (default 3600).")
-    parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL",
+    parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL", type=usage.http_url,
                         help="Another router's admin URL (http://HOST:ADMINPORT; repeat): the routers share the "
                         "sessions, each key owned by one of them (docs/fleet.md). Adds to the config's fleet.peers.")
     parser.add_argument("--peer-selector", metavar="LABELS",

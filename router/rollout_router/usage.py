@@ -11,6 +11,7 @@ import argparse
 import errno
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -68,6 +69,36 @@ def number(positive: bool) -> Callable[[str], float]:
         return value
     check.__name__ = "positive number" if positive else "number >= 0"
     return check
+
+
+def new_file(text: str) -> Path:
+    """An argparse type: a file to be written, in a directory that exists (checked before anything starts)."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {str(path.parent)!r} does not exist")
+    return path
+
+
+def existing_file(text: str) -> str:
+    """An argparse type: a file that exists (checked before a long run, not after it)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+def http_url(text: str) -> str:
+    """An argparse type: an http:// or https:// URL."""
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, got {text!r}")
+    return text
+
+
+def reading(flag: str, path: str | Path) -> str:
+    """The text of the file a flag names; a missing or unreadable one is a ``UsageError`` naming the flag."""
+    try:
+        return Path(path).read_text()
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: {error.strerror}") from None
 
 
 BIND_REASONS = {

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import listening, usage
+from ..usage import UsageError
 from .api import create_app
 from .config import FakeVllmConfig
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=usage.port_or_zero, default=None,
                         help="also serve vLLM's gRPC VllmEngine service on --host at this port, sharing "
                              "the engine (0 picks a free one; default: no gRPC)")
-    parser.add_argument("--port-file", type=Path, metavar="PATH",
+    parser.add_argument("--port-file", type=usage.new_file, metavar="PATH",
                         help='once listening, write the bound ports here as JSON ({"http": PORT, "grpc": PORT or '
                              'null, "admin": null}; a replica has no admin port); useful with --port 0')
     for knob in dataclasses.fields(FakeVllmConfig):
@@ -50,7 +51,12 @@ async def _bindable(host: str, port: int) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> FakeVllmConfig:
-    return FakeVllmConfig(**{knob.name: getattr(args, knob.name) for knob in dataclasses.fields(FakeVllmConfig)})
+    """The config the flags give; a value it refuses is a ``UsageError`` naming the flag."""
+    try:
+        return FakeVllmConfig(**{knob.name: getattr(args, knob.name) for knob in dataclasses.fields(FakeVllmConfig)})
+    except ValueError as error:
+        name, _, problem = str(error).partition(" ")
+        raise UsageError(f"--{name.replace('_', '-')}: {problem}") from None
 
 
 def run(args: argparse.Namespace) -> None:

@@ -55,9 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--seeds", type=usage.at_least(1), help="paired steps per grid point (default: the grid's own)")
     d.add_argument("--cache", metavar="FILE", help="keep finished grid steps in FILE (JSON lines): a rerun reuses those "
                    "the same model computed, so an interrupted run resumes")
-    d.add_argument("--from-json", metavar="FILE", help="re-render a saved grid (--json-out) without simulating")
-    d.add_argument("--docs", metavar="FILE", help="rewrite the generated sections of FILE (docs/simulator.md)")
-    d.add_argument("--readme", metavar="FILE", help="rewrite the generated simulator table of FILE (README.md)")
+    d.add_argument("--from-json", metavar="FILE", type=usage.existing_file, help="re-render a saved grid (--json-out) without simulating")
+    d.add_argument("--docs", metavar="FILE", type=usage.existing_file, help="rewrite the generated sections of FILE (docs/simulator.md)")
+    d.add_argument("--readme", metavar="FILE", type=usage.existing_file, help="rewrite the generated simulator table of FILE (README.md)")
     w = parser.add_argument_group("workload and engine overrides (apply to every chosen preset)")
     w.add_argument("--prompts", type=usage.at_least(1), help="GRPO groups per step")
     w.add_argument("--samples", type=usage.at_least(1), help="samples per prompt (GRPO n)")
@@ -99,8 +99,8 @@ def run(args) -> int:
     arm_filter = tuple(s for s in args.policies.split(",") if s)
     known = {a.label for a in arms_for(presets[0])}
     if set(arm_filter) - known:
-        print(f"unknown policies: {', '.join(sorted(set(arm_filter) - known))}", file=sys.stderr)
-        return 2
+        raise usage.UsageError(f"--policies {args.policies}: unknown arm label {', '.join(sorted(set(arm_filter) - known))}"
+                               f" (--list-policies shows them)")
     cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter)
     study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress, ray_address=args.ray_address)
     if args.plots:
@@ -123,8 +123,7 @@ def run_grid_command(args) -> int:
     from .grid import run_grid
 
     if args.from_json:
-        with open(args.from_json) as fh:
-            grid = json.load(fh)
+        grid = json.loads(usage.reading("--from-json", args.from_json))
     else:
         cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
         grid = run_grid(args.grid, seeds=args.seeds, seed=args.seed, cost=cost, jobs=max(1, args.jobs),
@@ -136,12 +135,13 @@ def run_grid_command(args) -> int:
 
         for path in write_grid_plots(grid, args.plots):
             print(f"wrote {path}", file=sys.stderr)
-    for path, sections in ((args.docs, gridreport.grid_sections(grid)),
-                           (args.readme, gridreport.readme_sections(grid))):
+    for flag, path, sections in (("--docs", args.docs, gridreport.grid_sections(grid)),
+                                 ("--readme", args.readme, gridreport.readme_sections(grid))):
         if path:
-            with open(path) as fh:
-                text = fh.read()
-            _write(path, gridreport.fill(text, sections))
+            try:
+                _write(path, gridreport.fill(usage.reading(flag, path), sections))
+            except ValueError as error:  # the file lacks a generated section's markers
+                raise usage.UsageError(f"{flag} {path}: {error}") from None
     return _emit(args, grid, gridreport.markdown(grid))
 
 
