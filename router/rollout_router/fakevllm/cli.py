@@ -47,7 +47,8 @@ def _knob_type(knob: dataclasses.Field) -> Callable[[str], Any]:
 
 async def _bindable(host: str, port: int) -> None:
     """Bind ``host:port`` and let go: grpcio prints its own multi-line log when its bind fails, so test first."""
-    socket.create_server((host, port)).close()
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # ::1 is IPv6, 127.0.0.1 IPv4
+    socket.create_server((host, port), family=family).close()
 
 
 def config_from_args(args: argparse.Namespace) -> FakeVllmConfig:
