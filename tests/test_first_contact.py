@@ -49,6 +49,20 @@ def test_migrating_md_lists_every_peer_name():
     assert not [name for name in names if f"`{name}`" not in text]
 
 
+@pytest.mark.parametrize("command", [["vllm-router", "--help"], ["sglang-router", "launch", "--help"]])
+def test_every_flag_of_the_peers_is_ours_or_answered_by_name(command):
+    """Their real --help (the pinned versions make install-test installs): no flag of theirs meets argparse's
+    anonymous "unrecognized arguments"."""
+    done = subprocess.run([str(Path(sys.executable).with_name(command[0])), *command[1:]], capture_output=True,
+                          text=True, timeout=60)
+    theirs = set(re.findall(r"^  (--[\w-]+)", done.stdout, re.M)) - {"--help"}
+    assert len(theirs) > 50, done.stdout + done.stderr  # the help was read
+    parser = cli.build_parser(["serve"])
+    serve = next(a for a in parser._actions if a.dest == "command").choices["serve"]
+    ours = {flag for action in serve._actions for flag in action.option_strings}
+    assert not sorted(theirs - ours)
+
+
 def started(args: list[str], until: str, timeout: float = 30.0) -> tuple[subprocess.Popen, list[str]]:
     """Start ``rollout-router serve ARGS`` and read its output up to the line containing ``until``."""
     proc = subprocess.Popen([SCRIPT, "serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0", *args],

@@ -74,6 +74,16 @@ UNMATCHED = (
     "--kv-aware-session-affinity-ttl-secs", "--kv-event-source", "--kv-event-replay-source",
     "--kv-event-block-size", "--kv-event-model", "--pd-kv-events", "--kv-connector", "--vllm-discovery-address",
     "--enable-program-scheduling", "--program-scheduling-config-json", "--prometheus-duration-buckets",
+    "--wasm-middleware", "--wasm-middleware-sha256", "--wasm-middleware-route",
+    # SGLang router's gateway features: tokenizer, tool and chat parsing, history stores, TLS, tracing, auth
+    "--model-path", "--tokenizer-path", "--chat-template", "--tokenizer-cache-enable-l0",
+    "--tokenizer-cache-l0-max-entries", "--tokenizer-cache-enable-l1", "--tokenizer-cache-l1-max-memory",
+    "--reasoning-parser", "--tool-call-parser", "--mcp-config-path", "--history-backend", "--oracle-wallet-path",
+    "--oracle-tns-alias", "--oracle-connect-descriptor", "--oracle-username", "--oracle-password", "--oracle-pool-min",
+    "--oracle-pool-max", "--oracle-pool-timeout-secs", "--postgres-db-url", "--postgres-pool-max", "--redis-url",
+    "--redis-pool-max", "--redis-retention-days", "--client-cert-path", "--client-key-path", "--ca-cert-paths",
+    "--tls-cert-path", "--tls-key-path", "--enable-trace", "--otlp-traces-endpoint", "--control-plane-api-keys",
+    "--control-plane-audit-enabled", "--jwt-issuer", "--jwt-audience", "--jwt-jwks-uri", "--jwt-role-mapping",
 )
 
 
