@@ -11,13 +11,15 @@ import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from rollout_router.localfleet import free_port
-from rollout_router.settings import parse_settings
+from rollout_router.settings import Backend, LabelSelector, RouterSettings, parse_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -44,6 +46,23 @@ def test_every_relative_link_points_at_a_file(page):
 def test_docs_index_lists_every_page():
     index = (ROOT / "docs" / "index.md").read_text()
     assert not [p.name for p in PAGES[1:] if p.name != "index.md" and f"({p.name})" not in index]
+
+
+def setting_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every key of a settings model as the file spells it, sections included (a label selector is one key)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        keys.append(key)
+        sections = [t for t in typing.get_args(field.annotation) or (field.annotation,)
+                    if isinstance(t, type) and issubclass(t, BaseModel) and t not in (LabelSelector, Backend)]
+        keys += setting_keys(sections[0], key + ".") if sections else []
+    return keys
+
+
+def test_the_configuration_page_lists_every_key():
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    assert not [key for key in setting_keys(RouterSettings) if f"| `{key}` |" not in text]
 
 
 def test_the_readme_examples_are_valid():
