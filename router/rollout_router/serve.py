@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "stack; IPv4 alone without IPv6).")
     parser.add_argument("--port", type=usage.port_or_zero, default=8080,
                         help="HTTP port (default 8080; 0 picks a free one).")
-    parser.add_argument("--grpc-port", type=usage.port_or_zero, help="Also serve gRPC (vLLM's VllmEngine and any other "
-                        "service, passed through) on this port (0 picks a free one; default: no gRPC); replicas need a gRPC target.")
+    parser.add_argument("--grpc-port", type=usage.port_or_zero, help="Also serve gRPC (vLLM's VllmEngine and any "
+                        "other service, passed through) on this port (0 picks a free one; default: no gRPC); "
+                        "replicas need a gRPC target.")
     parser.add_argument("--admin-host", default=ADMIN_HOST,
                         help=f"Address of the admin listener (/metrics, /status, DELETE /v1/sessions/KEY, probes); "
                         f"default {ADMIN_HOST}: this machine only. In a pod the operator passes '::' (every address).")
@@ -73,10 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "Overrides the config file's backends. vllm-router's and SGLang router's --worker-urls URL... "
                         "adds the same.")
     peer_flags.add_arguments(parser, _backend, usage.number(positive=True))
-    parser.add_argument("--policy", type=peer_flags.policy, help="affinity (default), cost_affinity (the margin grown by load, short turns "
-                        "kept; costAffinity in the config file), or a baseline: least_loaded, round_robin, "
-                        "consistent_hash (bounded loads), power_of_two. The peers' names for the same rules are accepted "
-                        "(docs/migrating.md).")
+    parser.add_argument("--policy", type=peer_flags.policy, help="affinity (default), cost_affinity (the margin "
+                        "grown by load, short turns kept; costAffinity in the config file), or a baseline: "
+                        "least_loaded, round_robin, consistent_hash (bounded loads), power_of_two. The peers' names "
+                        "for the same rules are accepted (docs/migrating.md).")
     parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
                         help="Skew tolerated before a pin moves; null (default) keeps every pin.")
     parser.add_argument("--full-determinism", action="store_true", default=None,

@@ -99,8 +99,8 @@ def run(args) -> int:
     arm_filter = tuple(s for s in args.policies.split(",") if s)
     known = {a.label for a in arms_for(presets[0])}
     if set(arm_filter) - known:
-        raise usage.UsageError(f"--policies {args.policies}: unknown arm label {', '.join(sorted(set(arm_filter) - known))}"
-                               f" (--list-policies shows them)")
+        unknown = ", ".join(sorted(set(arm_filter) - known))
+        raise usage.UsageError(f"--policies {args.policies}: unknown arm label {unknown} (--list-policies shows them)")
     cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter)
     study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress, ray_address=args.ray_address)
     if args.plots:
