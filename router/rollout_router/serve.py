@@ -13,8 +13,9 @@ from .app import Peering, Runtime
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
-from .settings import RouterSettings, SettingsError, load_settings, parse_settings
+from .settings import RouterSettings, SessionSettings, SettingsError, load_settings, parse_settings
 
+SESSION = SessionSettings().model_dump()  # the defaults --help names
 DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
 
 
@@ -87,9 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-body-field", action="append", dest="session_body_fields", metavar="FIELD",
                         help="JSON body field holding the session key, tried after headers (repeat; default none).")
     parser.add_argument("--max-sessions", type=usage.at_least(1), metavar="N",
-                        help="Pins kept; the least recently used is evicted beyond this (default 100000).")
+                        help=f"Pins kept; the least recently used is evicted beyond this "
+                        f"(default {SESSION['max_sessions']}).")
     parser.add_argument("--idle-timeout", type=usage.number(positive=True), metavar="SECONDS",
-                        help="Seconds before an idle pin is dropped (default 3600).")
+                        help=f"Seconds before an idle pin is dropped (default {SESSION['idle_timeout_seconds']:g}).")
     parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL", type=usage.http_url,
                         help="Another router's admin URL (http://HOST:ADMINPORT; repeat): the routers share the "
                         "sessions, each key owned by one of them (docs/fleet.md). Adds to the config's fleet.peers.")
