@@ -444,6 +444,14 @@ def test_example_rolloutrouter_is_valid_for_the_crd_and_the_operator(chart):
     assert "kubectl -n team-a get rr rollouts" in notes(chart, scenario_values("example"))
 
 
+def test_notes_send_the_scraper_to_the_routers_admin_port(chart):
+    """The routers' /metrics is on the admin listener (the Service's port "admin"); "http" answers 404 there."""
+    from rollout_router_operator.render import ROUTER_ADMIN_PORT
+    text = " ".join(notes(chart, {}).split())
+    assert f'/metrics on its admin port (port "admin", {ROUTER_ADMIN_PORT},' in text
+    assert '/metrics on port "http"' not in text
+
+
 def test_notes_tell_the_user_what_to_apply_next(chart):
     text = notes(chart, {})
     assert "kind: RolloutRouter" in text and "kubectl apply" in text and "kubectl -n infra rollout status" in text

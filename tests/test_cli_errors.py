@@ -2,12 +2,19 @@
 setting of the config file says so at startup (a reload of that field will not apply)."""
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
+import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rollout_router import usage
 from rollout_router.localfleet import free_port
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
@@ -21,11 +28,11 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 @pytest.mark.parametrize(("args", "env", "says"), [
     (["serve", "--config", "/nonexistent/router.yaml"], None, "--config /nonexistent/router.yaml: No such file"),
     (["serve", "--log-level", "loud"], None, "argument --log-level: invalid choice: 'loud'"),
-    (["serve", "--port", "eighty"], None, "argument --port: invalid int value"),
+    (["serve", "--port", "eighty"], None, "argument --port: must be a port 0-65535 (0 picks a free one), got 'eighty'"),
     (["operator", "--namespace", "a"], None, "no Kubernetes credentials"),
     (["operator", "--namespace", "a"], {"KUBECONFIG": "/nonexistent/config"}, "/nonexistent/config"),
     (["operator", "--log-level", "chatty"], None, "argument --log-level: invalid choice: 'chatty'"),
-    (["operator", "--status-interval", "often"], None, "argument --status-interval: invalid float value"),
+    (["operator", "--status-interval", "often"], None, "argument --status-interval: must be a number > 0, got 'often'"),
     (["operator", "-n", "a", "--all-namespaces"], None, "not allowed with argument"),
 ])
 def test_a_mistake_is_one_line_and_exit_2(args, env, says):
@@ -92,3 +99,117 @@ def test_serve_without_flags_over_the_file_says_nothing_of_overrides(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --- every subcommand: numbers out of range, ports, files, peers' names, bind failures ----------------------
+
+NOT_HERE = "192.0.2.1"  # TEST-NET-1: never an address of this machine; binding fails locally, nothing is sent
+
+
+@pytest.fixture(scope="module")
+def busy() -> Iterator[str]:
+    """A loopback port something listens on."""
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        yield str(held.getsockname()[1])
+
+
+ONE_LINE_CASES = [
+    (["serve", "--port", "80000"], "argument --port: must be a port 0-65535 (0 picks a free one), got '80000'"),
+    (["serve", "--port", "-5"], "argument --port: must be a port 0-65535 (0 picks a free one), got '-5'"),
+    (["serve", "--admin-port", "65536"], "argument --admin-port: must be a port 0-65535"),
+    (["fake-vllm", "--port", "70000"], "argument --port: must be a port 0-65535 (0 picks a free one), got '70000'"),
+    (["operator", "--metrics-port", "99999"], "argument --metrics-port: must be a port 0-65535"),
+    (["serve", "--affinity-break-margin", "-1"], "argument --affinity-break-margin: must be an integer >= 0 or "
+                                                 "'null', got '-1'"),
+    (["serve", "--idle-timeout", "-5"], "argument --idle-timeout: must be a number > 0, got '-5'"),
+    (["serve", "--max-sessions", "0"], "argument --max-sessions: must be an integer >= 1, got '0'"),
+    (["demo", "--replicas", "0"], "argument --replicas: must be an integer >= 1, got '0'"),
+    (["demo", "--prompts", "0"], "argument --prompts: must be an integer >= 1, got '0'"),
+    (["fake-vllm", "--speed", "0"], "argument --speed: must be a number > 0, got '0'"),
+    (["fake-vllm", "--num-blocks", "0"], "argument --num-blocks: must be an integer >= 1, got '0'"),
+    (["simulate", "--preset", "quick", "--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
+    (["simulate", "--preset", "quick", "--mfu", "0"], "argument --mfu: must be a number > 0, got '0'"),
+    (["crd", "-o", "/nonexistent/x.yaml"], "rollout-router crd: --output /nonexistent/x.yaml: No such file or directory"),
+    (["serve", "--host", NOT_HERE, "--port", "0", "--admin-port", "0"],
+     f"rollout-router serve: --host {NOT_HERE}: is not an address of this machine"),
+    (["serve", "--host", "127.0.0.1", "--port", "0", "--admin-host", NOT_HERE, "--admin-port", "0"],
+     f"rollout-router serve: --admin-host {NOT_HERE}: is not an address of this machine"),
+    (["fake-vllm", "--host", NOT_HERE, "--port", "0"],
+     f"rollout-router fake-vllm: --host {NOT_HERE}: is not an address of this machine"),
+    (["serve", "--host", "127.0.0.1", "--port", "{busy}", "--admin-port", "0"],
+     "rollout-router serve: --port {busy}: cannot listen on 127.0.0.1:{busy}: already in use"),
+    (["serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "{busy}"],
+     "rollout-router serve: --admin-port {busy}: cannot listen on 127.0.0.1:{busy}: already in use"),
+    (["serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0", "--grpc-port", "{busy}"],
+     "rollout-router serve: --grpc-port {busy}: cannot listen on 127.0.0.1:{busy}: already in use"),
+    (["fake-vllm", "--port", "{busy}"], "rollout-router fake-vllm: --port {busy}: cannot listen on "
+                                        "127.0.0.1:{busy}: already in use"),
+    (["fake-vllm", "--port", "0", "--grpc-port", "{busy}"], "rollout-router fake-vllm: --grpc-port {busy}: "
+                                                            "cannot listen on 127.0.0.1:{busy}: already in use"),
+    (["serve", "--port-file", "/nonexistent/p.json"], "argument --port-file: /nonexistent/p.json: directory "
+                                                       "'/nonexistent' does not exist"),
+    (["fake-vllm", "--port-file", "/nonexistent/p.json"], "argument --port-file: /nonexistent/p.json: directory"),
+    (["fake-vllm", "--served-model-name=", "--port", "0"], "rollout-router fake-vllm: --served-model-name: must not "
+                                                           "be empty"),
+    (["serve", "--peer", "router-1:8081"], "argument --peer: must be an http:// or https:// URL, got 'router-1:8081'"),
+    (["simulate", "--preset", "quick", "--policies", "bogus"], "rollout-router simulate: --policies bogus: unknown "
+                                                               "arm label bogus"),
+    (["simulate", "--from-json", "/nonexistent/g.json"], "argument --from-json: /nonexistent/g.json: no such file"),
+    (["simulate", "--grid", "quick", "--readme", "/nonexistent/R.md"], "argument --readme: /nonexistent/R.md: no such"),
+    # the peers' names: accepted where the rule is ours too, else refused by name with what to use instead
+    (["serve", "--policy", "cache_aware"], "argument --policy: 'cache_aware' (vllm-router / SGLang router) is "
+                                           "not served here"),
+    (["serve", "--policy", "random"], "argument --policy: 'random' (vllm-router / SGLang router) is not served "
+                                      "here: use --policy power_of_two"),
+    (["serve", "--balance-abs-threshold", "4"], "argument --balance-abs-threshold: not a flag of this router: use "
+                                                "--affinity-break-margin N"),
+    (["serve", "--cache-threshold", "0.5"], "argument --cache-threshold: a vllm-router / SGLang router flag that "
+                                            "has no counterpart here"),
+    (["serve", "--backend", "sglang"], "argument --backend: expected a replica's http:// or https:// URL"),
+    (["serve", "--worker-urls", "vllm-0:8000"], "argument --worker-urls: expected a replica's http:// or https:// URL"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), ONE_LINE_CASES)
+def test_every_subcommand_says_what_is_wrong_in_one_line(args, says, busy):
+    """The flag as the user wrote it and the value; exit 2, never a traceback, before anything long starts."""
+    done = run(*[arg.format(busy=busy) for arg in args])
+    assert done.returncode == 2, done.stderr
+    message = [line for line in done.stderr.splitlines() if not line.startswith(("usage:", " "))]
+    assert len(message) == 1 and says.format(busy=busy) in message[0], done.stderr
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("affinityBreakMargin: -1\n", "affinityBreakMargin: Input should be greater than or equal to 0 (got -1)"),
+    ("session: {idleTimeoutSeconds: -5}\n", "session.idleTimeoutSeconds: Input should be greater than 0 (got -5)"),
+])
+def test_a_bad_config_file_names_its_key_as_written(tmp_path, text, says):
+    config = tmp_path / "router.yaml"
+    config.write_text(text)
+    done = run("serve", "--config", str(config))
+    assert done.returncode == 2 and done.stderr.strip() == f"rollout-router serve: invalid settings: {says}"
+
+
+def test_a_bind_refusal_names_the_flag_for_each_errno():
+    """Permission (EACCES) cannot be provoked as root, so each errno's wording is checked on the helper."""
+    async def refused(code: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    for code, flag, says in [(errno.EACCES, "--port 80", "permission denied"),
+                             (errno.EADDRINUSE, "--port 80", "already in use"),
+                             (errno.EADDRNOTAVAIL, "--host 10.0.0.1", "is not an address of this machine")]:
+        with pytest.raises(usage.UsageError, match=f"^{flag}: .*{says}"):
+            asyncio.run(usage.bind(refused(code), "--host", "--port", "10.0.0.1", 80))
+
+
+def test_ctrl_c_ends_quietly():
+    """SIGINT in the middle of a demo run: exit 130, no traceback."""
+    proc = subprocess.Popen([SCRIPT, "demo", "--replicas", "1", "--prompts", "1", "--samples", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "simulated vLLM replicas" in proc.stdout.readline()  # started: the replicas are coming up
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -85,11 +85,20 @@ def test_router_and_fake_vllm_serve_traffic_on_the_core_install(without_extras):
 @pytest.mark.parametrize(("name", "extra"), NEEDS_EXTRA)
 @pytest.mark.parametrize("flags", [[], ["--help"]])
 def test_a_missing_extra_is_one_line_not_a_traceback(without_extras, name, extra, flags):
+    """Exit 2 with the install command; a command whose flags need nothing of the extra still shows --help."""
     done = run(str(SCRIPT), name, *flags)
+    if flags and not cli.SUBCOMMANDS[name].flags_need_extra:
+        assert (done.returncode, done.stderr) == (0, "") and "usage: rollout-router " + name in done.stdout
+        return
     missing = ", ".join(cli.EXTRAS[extra])
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == (f"rollout-router {name} needs the [{extra}] extra ({missing} not installed): "
-                           f"pip install 'rollout-router[{extra}]'\n")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"rollout-router {name}: needs the [{extra}] extra ({missing} not installed): "
+                           f"pip install 'rollout-router[{extra}]' (from a checkout: pip install -e '.[{extra}]')\n")
+
+
+def test_operator_help_needs_no_extra(without_extras):
+    done = run(str(SCRIPT), "operator", "--help")
+    assert done.returncode == 0 and "--namespace" in done.stdout and "--metrics-port" in done.stdout
 
 
 def test_the_core_modules_import_no_extra():

@@ -43,7 +43,8 @@ async def test_legacy_routes_add_route_to_list_and_remove(replicas, http):
     async with running_router(RouterSettings()) as (base, runtime):
         admin = runtime.admin_url  # the worker API is served on the admin listener
         assert await call(http, "GET", f"{admin}/list_workers") == (200, {"urls": []})
-        assert await call(http, "POST", f"{admin}/add_worker?url={worker}") == (200, f"Worker {worker} added successfully")
+        assert await call(http, "POST", f"{admin}/add_worker?url={worker}") == \
+            (200, f"Worker {worker} added successfully; probed now, it takes traffic while {worker}/health answers 200")
         assert await call(http, "GET", f"{admin}/list_workers") == (200, {"urls": [worker]})
         assert await served_by(http, base) == worker
         status, body = await call(http, "POST", f"{admin}/add_worker?url={worker}")
@@ -53,6 +54,19 @@ async def test_legacy_routes_add_route_to_list_and_remove(replicas, http):
         assert await call(http, "GET", f"{admin}/list_workers") == (200, {"urls": []})
         status, body = await call(http, "POST", f"{admin}/remove_worker?url={worker}")
         assert (status, body["error"]["message"]) == (400, f"Worker {worker} not found")
+
+
+async def test_a_dead_worker_is_probed_at_once_and_out_of_rotation(http):
+    """Nothing listens at the URL: the answer says traffic waits for the probe, which runs now (not in 5 s)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        dead = f"http://127.0.0.1:{held.getsockname()[1]}"
+        async with running_router(RouterSettings()) as (_, runtime):
+            status, text = await call(http, "POST", f"{runtime.admin_url}/add_worker?url={dead}")
+            assert status == 200 and text.endswith(f"it takes traffic while {dead}/health answers 200")
+            await wait_for(lambda: runtime.replicas.why_unroutable(dead) == "unhealthy", timeout=2.0)
+            _, workers = await call(http, "GET", f"{runtime.admin_url}/workers")
+            assert [w["is_healthy"] for w in workers["workers"]] == [False]
 
 
 async def test_rest_routes_register_by_json_and_remove_by_id_or_url(replicas, http):

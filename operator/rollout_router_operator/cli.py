@@ -10,14 +10,16 @@ import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import kopf
-
+from rollout_router import usage
 from rollout_router.kube import credentials
 
-from . import kube, metrics
-from .handlers import register
+from .api_retries import OneLinePerRetry
 from .spec import DEFAULT_IMAGE
+
+if TYPE_CHECKING:  # kopf (the [operator] extra) is imported only to run, so --help works without it
+    import kopf
 
 IMAGE_ENV = "ROLLOUT_ROUTER_IMAGE"
 ALLOWED_IMAGES_ENV = "ROLLOUT_ROUTER_ALLOWED_IMAGES"
@@ -32,11 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Watch RolloutRouters in NS (repeatable).")
     scope.add_argument("--all-namespaces", "-A", action="store_true",
                        help="Watch RolloutRouters in every namespace (the default without --namespace).")
-    parser.add_argument("--status-interval", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--status-interval", type=usage.number(positive=True), default=10.0, metavar="SECONDS",
                         help="How often router pods' /status is read into the resource status (default 10).")
     parser.add_argument("--liveness", metavar="URL", default=None,
-                        help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz.")
-    parser.add_argument("--metrics-port", type=int, default=METRICS_PORT, metavar="PORT",
+                        help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz (default: none).")
+    parser.add_argument("--metrics-port", type=usage.port_or_zero, default=METRICS_PORT, metavar="PORT",
                         help=f"Serve Prometheus metrics at /metrics on PORT (default {METRICS_PORT}; 0: off).")
     parser.add_argument("--metrics-host", default="0.0.0.0", metavar="ADDR",
                         help="Address the metrics endpoint listens on (default 0.0.0.0).")
@@ -92,6 +94,7 @@ class ApiBackoffs:
 
 def connection_info(creds: credentials.Credentials) -> kopf.ConnectionInfo:
     """kopf's form of the shared credentials; kopf logs in again (so re-reads a rotated token) on a 401."""
+    import kopf
     scheme, _, token = (creds.authorization() or "").partition(" ")
     return kopf.ConnectionInfo(server=creds.server, ca_path=creds.ca_path, insecure=creds.insecure,
                                scheme=scheme or None, token=token or None, certificate_path=creds.certificate_path,
@@ -116,12 +119,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     level = "debug" if args.verbose else args.log_level
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLinePerRetry(ApiBackoffs()))
     try:
         key = token_key(args.admin_token_key_file)
     except (OSError, ValueError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         print(f"rollout-router operator: --admin-token-key-file {args.admin_token_key_file}: {reason}", file=sys.stderr)
         return 2
+    import kopf
+
+    from . import kube, metrics
+    from .handlers import register
+
     registry = kopf.OperatorRegistry()
     register(registry, args.status_interval, args.router_image, args.allowed_images, key)
     if args.metrics_port:

@@ -4,18 +4,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rollout_router.usage import UsageError
+
 from .crd import crd_yaml
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout.")
+    parser.add_argument("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout (default: stdout).")
 
 
 def run(args: argparse.Namespace) -> int:
     text = crd_yaml()
     if args.output:
-        with open(args.output, "w") as out:
-            out.write(text)
+        try:
+            with open(args.output, "w") as out:
+                out.write(text)
+        except OSError as error:
+            raise UsageError(f"--output {args.output}: {error.strerror}") from None
     else:
         sys.stdout.write(text)
     return 0

@@ -39,6 +39,7 @@ from .settings import (
     SettingsError,
     load_settings,
 )
+from .usage import bind
 
 if TYPE_CHECKING:
     from .proxy.grpc import GrpcProxy
@@ -160,14 +161,16 @@ class Runtime(RouterContext):
         listeners = 1 + (self.grpc_proxy is not None)
         limit_connections(descriptors.connection_cap(self.settings.max_connections, descriptors.raise_limit(),
                                                      listeners))
-        self.port = await self.http_proxy.start(host, port)
+        self.port = await bind(self.http_proxy.start(host, port), "--host", "--port", host, port)
         if self.admin_address is not None:
-            self.admin_port = await self.admin.start(*self.admin_address)
+            self.admin_port = await bind(self.admin.start(*self.admin_address), "--admin-host", "--admin-port",
+                                         *self.admin_address)
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         self._probing = asyncio.get_running_loop().create_task(self.prober.run(), name="health-probes")
         if self.grpc_proxy is not None and self.grpc_address is not None:
             grpc_host, _, grpc_port = self.grpc_address.rpartition(":")
-            self.grpc_port = await self.grpc_proxy.start(grpc_host.strip("[]"), int(grpc_port))
+            self.grpc_port = await bind(self.grpc_proxy.start(grpc_host.strip("[]"), int(grpc_port)), "--host",
+                                        "--grpc-port", grpc_host, int(grpc_port))
         if self.peering.wanted(self.settings):
             self._start_fleet()
         return self.port

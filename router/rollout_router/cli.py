@@ -13,11 +13,14 @@ import importlib.util
 import sys
 from typing import NamedTuple
 
+from .usage import UsageError
+
 
 class Subcommand(NamedTuple):
     module: str  # has add_arguments(parser) and run(args)
     extra: str | None  # the pyproject.toml extra its imports need; None: the core install
     summary: str
+    flags_need_extra: bool = True  # False: add_arguments imports nothing of the extra, so --help works without it
 
 
 SUBCOMMANDS = {
@@ -28,7 +31,7 @@ SUBCOMMANDS = {
     "simulate": Subcommand("rollout_router.sim", "sim",
                            "Discrete-event fleet simulator: compare policies on RL rollout steps."),
     "operator": Subcommand("rollout_router_operator.cli", "operator",
-                           "Run the Kubernetes operator for RolloutRouter resources."),
+                           "Run the Kubernetes operator for RolloutRouter resources.", flags_need_extra=False),
     "crd": Subcommand("rollout_router_operator.cli_crd", None, "Print the RolloutRouter CustomResourceDefinition YAML."),
 }
 
@@ -42,36 +45,50 @@ EXTRAS = {
 
 
 def require_extra(command: str) -> None:
-    """Exit with one line naming the extra to install, instead of an ImportError traceback mid-import.
+    """Stop with one line naming the extra to install, instead of an ImportError traceback mid-import.
 
     ``find_spec`` only locates a top-level module, so checking costs no import.
     """
     extra = SUBCOMMANDS[command].extra
     missing = [name for name in EXTRAS.get(extra or "", ()) if importlib.util.find_spec(name) is None]
     if missing:
-        raise SystemExit(f"rollout-router {command} needs the [{extra}] extra ({', '.join(missing)} not installed): "
-                         f"pip install 'rollout-router[{extra}]'")
+        raise UsageError(f"needs the [{extra}] extra ({', '.join(missing)} not installed): "
+                         f"pip install 'rollout-router[{extra}]' (from a checkout: pip install -e '.[{extra}]')")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollout-router", description=(
         "RolloutRouter: a session-affinity router for vLLM fleets, with its operator, simulator and demo."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    chosen = _chosen(argv)
     for name, command in SUBCOMMANDS.items():
         summary = command.summary + (f" Needs the [{command.extra}] extra." if command.extra else "")
         subparser = sub.add_parser(name, help=summary, description=summary)
         subparser.set_defaults(module=command.module)
         if name == chosen:  # only the chosen one is imported to add its flags
-            require_extra(name)
+            if command.flags_need_extra:
+                require_extra(name)
             importlib.import_module(command.module).add_arguments(subparser)
     return parser
 
 
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is not a flag)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse, run; a ``UsageError`` from anywhere in the run is one line and exit 2, Ctrl-C ends quietly (130)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
-    return importlib.import_module(args.module).run(args) or 0
+    try:
+        args = build_parser(argv).parse_args(argv)
+        require_extra(args.command)
+        return importlib.import_module(args.module).run(args) or 0
+    except UsageError as error:
+        print(f"rollout-router {_chosen(argv)}: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -19,11 +19,13 @@ import os
 import socket
 from pathlib import Path
 
+from . import usage
+
 EVERY_ADDRESS = "::"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port-file", type=Path, metavar="PATH",
+    parser.add_argument("--port-file", type=usage.new_file, metavar="PATH",
                         help="Once listening, write the bound ports here as JSON "
                              '({"http": PORT, "grpc": PORT or null, "admin": PORT or null}); useful with --port 0.')
 

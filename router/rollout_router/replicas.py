@@ -29,6 +29,8 @@ drops a worker registered over the API, nor the API a static one.
 """
 from __future__ import annotations
 
+import collections
+
 import dataclasses
 import logging
 import time
@@ -80,6 +82,11 @@ class Lease:
         if not self._released:
             self._released = True
             self._owner._release(self.replica)
+
+
+OUT_OF_ROTATION = {"ejected": "ejected after failures", "unhealthy": "failing their health probe",
+                   "down": "refusing connections", "no_grpc": "without a gRPC target",
+                   "grpc_only": "serving gRPC only (grpc://)"}
 
 
 class ReplicaSet:
@@ -226,6 +233,18 @@ class ReplicaSet:
         if grpc:
             return "no_grpc" if replica.grpc_target is None else "routable"
         return "grpc_only" if grpc_only(replica_id) else "routable"
+
+    def unavailable(self, grpc: bool = False) -> str:
+        """Why no replica can take a request, for the 503 answer: none configured, or why each one is out."""
+        if not self._live:
+            return ("no replica is configured (no --backend, no backends in the --config file) "
+                    "or discovered (no Ready pod matches discovery.selector)")
+        if grpc and not any(replica.grpc_target for replica in self._live.values()):
+            return ("no replica with a gRPC port is configured (--backend grpc://HOST:PORT or URL,grpc=HOST:PORT, "
+                    "or grpc in the --config file's backends, or discovery.grpcPort)")
+        reasons = collections.Counter(self.why_unroutable(replica_id, grpc) for replica_id in self._live)
+        out = ", ".join(f"{count} {OUT_OF_ROTATION.get(why, why)}" for why, count in sorted(reasons.items()))
+        return f"no replica is available: the {len(self._live)} configured are out of rotation ({out})"
 
     def _take_out(self, replica: Replica, until: float) -> None:
         replica.down_until = self._down[replica.id] = max(until, self._down.get(replica.id, 0.0))

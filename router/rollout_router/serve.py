@@ -8,13 +8,14 @@ import signal
 import sys
 from pathlib import Path
 
-from . import listening
+from . import listening, peer_flags, usage
 from .app import Peering, Runtime
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
-from .settings import RouterSettings, SettingsError, load_settings, parse_settings
+from .settings import RouterSettings, SessionSettings, SettingsError, load_settings, parse_settings
 
+SESSION = SessionSettings().model_dump()  # the defaults --help names
 DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
 
 
@@ -22,9 +23,12 @@ def _margin(text: str) -> int | None:
     if text.lower() in ("null", "none"):
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'null', got {text!r}") from None
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'null', got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -39,33 +43,42 @@ def _seconds(text: str) -> float:
 
 def _backend(text: str) -> dict:
     url, _, rest = text.partition(",")
+    if not url.startswith(("http://", "https://")):  # SGLang router's --backend ENGINE is another flag
+        raise argparse.ArgumentTypeError(f"expected a replica's http:// or https:// URL[,grpc=HOST:PORT], got {text!r}")
     if rest and not rest.startswith("grpc="):
         raise argparse.ArgumentTypeError(f"expected URL or URL,grpc=HOST:PORT, got {text!r}")
     return {"url": url, "grpc": rest.removeprefix("grpc=") or None}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="0.0.0.0", help="Address of the traffic listeners (HTTP and gRPC); "
-                        "'::' listens on every IPv6 and IPv4 address (dual stack; IPv4 alone without IPv6).")
-    parser.add_argument("--port", type=int, default=8080, help="HTTP port (0 picks a free one).")
-    parser.add_argument("--grpc-port", type=int, help="Also serve gRPC (vLLM's VllmEngine and any other "
-                        "service, passed through) on this port (0 picks a free one); replicas need a gRPC target.")
+    parser.add_argument("--host", default="0.0.0.0", help="Address of the traffic listeners (HTTP and gRPC; "
+                        "default 0.0.0.0: every IPv4 address); '::' listens on every IPv6 and IPv4 address (dual "
+                        "stack; IPv4 alone without IPv6).")
+    parser.add_argument("--port", type=usage.port_or_zero, default=8080,
+                        help="HTTP port (default 8080; 0 picks a free one).")
+    parser.add_argument("--grpc-port", type=usage.port_or_zero, help="Also serve gRPC (vLLM's VllmEngine and any "
+                        "other service, passed through) on this port (0 picks a free one; default: no gRPC); "
+                        "replicas need a gRPC target.")
     parser.add_argument("--admin-host", default=ADMIN_HOST,
                         help=f"Address of the admin listener (/metrics, /status, DELETE /v1/sessions/KEY, probes); "
                         f"default {ADMIN_HOST}: this machine only. In a pod the operator passes '::' (every address).")
-    parser.add_argument("--admin-port", type=int, default=ADMIN_PORT,
+    parser.add_argument("--admin-port", type=usage.port_or_zero, default=ADMIN_PORT,
                         help=f"Admin listener port (default {ADMIN_PORT}; 0 picks a free one).")
     parser.add_argument("--admin-token-file", type=Path, metavar="PATH",
                         help="Require 'Authorization: Bearer TOKEN' on admin routes but /healthz and /readyz; "
-                        "TOKEN is this file's content, re-read when the file changes.")
+                        "TOKEN is this file's content, re-read when the file changes (default: no token).")
     listening.add_arguments(parser)
-    parser.add_argument("--config", type=Path, help="YAML/JSON RouterSettings; reloaded on change and on SIGHUP.")
+    parser.add_argument("--config", type=Path, metavar="PATH", help="YAML/JSON RouterSettings (docs/configuration.md); "
+                        "reloaded on change and on SIGHUP (default: none, the flags alone).")
     parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]",
                         type=_backend, help="A vLLM replica base URL, with its gRPC server if any (repeat). "
-                        "Overrides the config file's backends.")
-    parser.add_argument("--policy", help="affinity (default), cost_affinity (the margin grown by load, short turns "
-                        "kept; costAffinity in the config file), or a baseline: least_loaded, round_robin, "
-                        "consistent_hash (bounded loads), power_of_two.")
+                        "Overrides the config file's backends. vllm-router's and SGLang router's --worker-urls URL... "
+                        "adds the same.")
+    peer_flags.add_arguments(parser, _backend, usage.number(positive=True))
+    parser.add_argument("--policy", type=peer_flags.policy, help="affinity (default), cost_affinity (the margin "
+                        "grown by load, short turns kept; costAffinity in the config file), or a baseline: "
+                        "least_loaded, round_robin, consistent_hash (bounded loads), power_of_two. The peers' names "
+                        "for the same rules are accepted (docs/migrating.md).")
     parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
                         help="Skew tolerated before a pin moves; null (default) keeps every pin.")
     parser.add_argument("--full-determinism", action="store_true", default=None,
@@ -73,10 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-header", action="append", dest="session_headers", metavar="NAME",
                         help="Header holding the session key (repeat; default X-Session-ID).")
     parser.add_argument("--session-body-field", action="append", dest="session_body_fields", metavar="FIELD",
-                        help="JSON body field holding the session key, tried after headers (repeat).")
-    parser.add_argument("--max-sessions", type=int)
-    parser.add_argument("--idle-timeout", type=float, help="Seconds before an idle pin is dropped.")
-    parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL",
+                        help="JSON body field holding the session key, tried after headers (repeat; default none).")
+    parser.add_argument("--max-sessions", type=usage.at_least(1), metavar="N",
+                        help=f"Pins kept; the least recently used is evicted beyond this "
+                        f"(default {SESSION['max_sessions']}).")
+    parser.add_argument("--idle-timeout", type=usage.number(positive=True), metavar="SECONDS",
+                        help=f"Seconds before an idle pin is dropped (default {SESSION['idle_timeout_seconds']:g}).")
+    parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL", type=usage.http_url,
                         help="Another router's admin URL (http://HOST:ADMINPORT; repeat): the routers share the "
                         "sessions, each key owned by one of them (docs/fleet.md). Adds to the config's fleet.peers.")
     parser.add_argument("--peer-selector", metavar="LABELS",
@@ -96,8 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"to their new owners, its requests in flight finish; it exits after at most this long "
                         f"(default {DRAIN_TIMEOUT:g}; keep it below the pod's terminationGracePeriodSeconds). "
                         f"A second SIGTERM, or SIGINT, stops it at once.")
-    parser.add_argument("--log-level", default="info", type=str.lower,
-                        choices=["debug", "info", "warning", "error", "critical"])
+    parser.add_argument("--log-level", default="info", type=peer_flags.log_level,
+                        choices=["debug", "info", "warning", "error", "critical"], help="Log level (default info).")
 
 
 # flag dest -> the settings field it overrides (reported at startup: a live reload cannot change it)
@@ -172,15 +188,28 @@ async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None,
     loop.add_signal_handler(signal.SIGINT, stopping.set)
     loop.add_signal_handler(signal.SIGTERM, lambda: (stopping if terminated.is_set() else terminated).set())
     loop.add_signal_handler(signal.SIGHUP, runtime.reload)
-    port = await runtime.start(host, port)
     try:
+        port = await runtime.start(host, port)
         admin = (runtime.admin_address[0], runtime.admin_port) if runtime.admin_address and runtime.admin_port else None
         listening.announce("rollout-router", host, port, runtime.grpc_port, port_file, admin)
-        await _first(stopping.wait(), terminated.wait())
+        await _first(stopping.wait(), terminated.wait(), _warn_without_replicas(runtime))
         if not stopping.is_set() and runtime.has_peers():
             await _first(stopping.wait(), runtime.leave(drain_timeout))
     finally:
         await runtime.stop()
+
+
+async def _warn_without_replicas(runtime: Runtime) -> None:
+    """Say once, at start, that every request will get 503: no replica configured, or none passed its probe."""
+    log = logging.getLogger(__name__)
+    if runtime.settings.discovery is None and not runtime.settings.backends:
+        log.warning("no replica is configured (no --backend, no backends in the --config file): every request "
+                    "gets 503 until one is added (config file, or POST /add_worker on the admin port)")
+    else:
+        await runtime.prober.first_round.wait()
+        if len(runtime.replicas) and not runtime.replicas.ready_count():
+            log.warning("every replica is down at start: %s", runtime.replicas.unavailable())
+    await asyncio.Event().wait()  # a warning is not a reason to stop
 
 
 async def _first(*waits) -> None:

@@ -274,11 +274,15 @@ class SettingsError(ValueError):
 
 
 def describe(error: ValidationError) -> str:
-    """One line per problem, each naming its field in camelCase dotted form."""
+    """One line per problem, each naming its key as the file or resource spells it (camelCase, dotted) and the
+    value given, whether the data came in camelCase (a file) or snake_case (flags applied over a file)."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(root)"
-        lines.append(f"{where}: {item['msg']}")
+        where = ".".join(to_camel(part) if isinstance(part, str) and "_" in part else str(part)
+                         for part in item["loc"]) or "(root)"
+        given = item.get("input")
+        got = f" (got {given!r})" if item["type"] != "missing" and not isinstance(given, (dict, list)) else ""
+        lines.append(f"{where}: {item['msg']}{got}")
     return "; ".join(lines)
 
 

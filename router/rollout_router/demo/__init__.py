@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from tqdm import tqdm
 
+from .. import usage
 from ..localfleet import Service, spawn_replica, spawn_router, stop, wait_healthy
 from .driver import ArmResult, run_arm
 from .workload import rollout
@@ -39,13 +40,17 @@ COLUMNS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--prompts", type=int, default=6, help="distinct prompts (GRPO groups) per round")
-    parser.add_argument("--samples", type=int, default=4, help="trajectories per prompt")
-    parser.add_argument("--rounds", type=int, default=3, help="paired rounds: every arm runs each round's rollout")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--num-blocks", type=int, default=1200,
-                        help="KV blocks per simulated replica (smaller = more cache pressure)")
+    parser.add_argument("--replicas", type=usage.at_least(1), default=4,
+                        help="simulated vLLM replicas (default: %(default)s)")
+    parser.add_argument("--prompts", type=usage.at_least(1), default=6,
+                        help="distinct prompts (GRPO groups) per round (default: %(default)s)")
+    parser.add_argument("--samples", type=usage.at_least(1), default=4,
+                        help="trajectories per prompt (default: %(default)s)")
+    parser.add_argument("--rounds", type=usage.at_least(1), default=3,
+                        help="paired rounds: every arm runs each round's rollout (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=7, help="random seed of the conversations (default: %(default)s)")
+    parser.add_argument("--num-blocks", type=usage.at_least(1), default=1200,
+                        help="KV blocks per simulated replica (smaller = more cache pressure; default: %(default)s)")
 
 
 @contextlib.contextmanager

@@ -5,31 +5,60 @@ import argparse
 import asyncio
 import dataclasses
 import signal
+import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from .. import listening
+from .. import listening, usage
+from ..usage import UsageError
 from .api import create_app
 from .config import FakeVllmConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--host``, ``--port``, ``--grpc-port`` and one flag per ``FakeVllmConfig`` field."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (any 127.0.0.x works)")
-    parser.add_argument("--port", type=int, default=8000, help="port to bind (0 picks a free one)")
-    parser.add_argument("--grpc-port", type=int, default=None,
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (any 127.0.0.x works; default: %(default)s)")
+    parser.add_argument("--port", type=usage.port_or_zero, default=8000,
+                        help="port to bind (0 picks a free one; default: %(default)s)")
+    parser.add_argument("--grpc-port", type=usage.port_or_zero, default=None,
                         help="also serve vLLM's gRPC VllmEngine service on --host at this port, sharing "
                              "the engine (0 picks a free one; default: no gRPC)")
-    listening.add_arguments(parser)
+    parser.add_argument("--port-file", type=usage.new_file, metavar="PATH",
+                        help='once listening, write the bound ports here as JSON ({"http": PORT, "grpc": PORT or '
+                             'null, "admin": null}; a replica has no admin port); useful with --port 0')
     for knob in dataclasses.fields(FakeVllmConfig):
         flag = "--" + knob.name.replace("_", "-")
-        parser.add_argument(flag, *knob.metadata["aliases"], dest=knob.name, type=type(knob.default),
+        parser.add_argument(flag, *knob.metadata["aliases"], dest=knob.name, type=_knob_type(knob),
                             default=knob.default, help=f"{knob.metadata['help']} (default: %(default)s)")
 
 
+def _knob_type(knob: dataclasses.Field) -> Callable[[str], Any]:
+    """The argparse type of a knob: the range ``FakeVllmConfig`` checks, so a bad value is refused by name."""
+    low = knob.metadata["min"]
+    if low is None:
+        return type(knob.default)
+    if isinstance(knob.default, int):
+        return usage.at_least(int(low))
+    return usage.number(positive=knob.metadata["exclusive"])
+
+
+async def _bindable(host: str, port: int) -> None:
+    """Bind ``host:port`` and let go: grpcio prints its own multi-line log when its bind fails, so test first."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # ::1 is IPv6, 127.0.0.1 IPv4
+    socket.create_server((host, port), family=family).close()
+
+
 def config_from_args(args: argparse.Namespace) -> FakeVllmConfig:
-    return FakeVllmConfig(**{knob.name: getattr(args, knob.name) for knob in dataclasses.fields(FakeVllmConfig)})
+    """The config the flags give; a value it refuses is a ``UsageError`` naming the flag."""
+    try:
+        return FakeVllmConfig(**{knob.name: getattr(args, knob.name) for knob in dataclasses.fields(FakeVllmConfig)})
+    except ValueError as error:
+        name, _, problem = str(error).partition(" ")
+        raise UsageError(f"--{name.replace('_', '-')}: {problem}") from None
 
 
 def run(args: argparse.Namespace) -> None:
@@ -65,11 +94,12 @@ async def serve(config: FakeVllmConfig, host: str, port: int, grpc_port: int | N
     await runner.setup()
     grpc_server = None
     try:
-        await web.TCPSite(runner, host, port).start()
+        await usage.bind(web.TCPSite(runner, host, port).start(), "--host", "--port", host, port)
         grpc_bound = None
         if grpc_port is not None:
             from .grpc_api import start_grpc  # grpcio is loaded only when asked for
 
+            await usage.bind(_bindable(host, grpc_port), "--host", "--grpc-port", host, grpc_port)
             grpc_server, grpc_bound = await start_grpc(app, host, grpc_port)
         listening.announce("fake-vllm", host, runner.addresses[0][1], grpc_bound, port_file)
         await stop.wait()

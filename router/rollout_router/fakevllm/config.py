@@ -10,36 +10,34 @@ from dataclasses import field
 from typing import Any
 
 
-def _knob(default: int | float | str, help: str, *aliases: str) -> Any:
-    return field(default=default, metadata={"help": help, "aliases": aliases})
+def _knob(default: int | float | str, help: str, *aliases: str, low: float | None = None,
+          exclusive: bool = False) -> Any:
+    """A field with its CLI help and aliases, and its lowest value (``exclusive``: the value must exceed it)."""
+    return field(default=default, metadata={"help": help, "aliases": aliases, "min": low, "exclusive": exclusive})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FakeVllmConfig:
     served_model_name: str = _knob("tiny", "model name in /v1/models and responses")
-    block_size: int = _knob(16, "tokens per KV block (prefix cache granularity)")
-    num_blocks: int = _knob(4096, "KV blocks in the pool; fewer means more eviction and preemption")
-    max_num_seqs: int = _knob(256, "most requests running in one engine step")
+    block_size: int = _knob(16, "tokens per KV block (prefix cache granularity)", low=1)
+    num_blocks: int = _knob(4096, "KV blocks in the pool; fewer means more eviction and preemption", low=1)
+    max_num_seqs: int = _knob(256, "most requests running in one engine step", low=1)
     max_num_batched_tokens: int = _knob(
-        8192, "token budget of one engine step (longer prefills are chunked)", "--max-batched-tokens"
+        8192, "token budget of one engine step (longer prefills are chunked)", "--max-batched-tokens", low=1
     )
-    max_model_len: int = _knob(32768, "longest prompt + completion accepted, in tokens")
-    default_max_tokens: int = _knob(16, "tokens generated when a request sets no max_tokens")
-    step_base_ms: float = _knob(2.0, "fixed cost of every engine step")
-    decode_ms_per_seq: float = _knob(0.3, "step cost per request in the batch")
-    prefill_ms_per_token: float = _knob(0.05, "step cost per uncached prompt token computed")
-    speed: float = _knob(1.0, "divides every simulated time (tests run faster)")
+    max_model_len: int = _knob(32768, "longest prompt + completion accepted, in tokens", low=1)
+    default_max_tokens: int = _knob(16, "tokens generated when a request sets no max_tokens", low=1)
+    step_base_ms: float = _knob(2.0, "fixed cost of every engine step, ms", low=0)
+    decode_ms_per_seq: float = _knob(0.3, "step cost per request in the batch, ms", low=0)
+    prefill_ms_per_token: float = _knob(0.05, "step cost per uncached prompt token computed, ms", low=0)
+    speed: float = _knob(1.0, "divides every simulated time (tests run faster)", low=0, exclusive=True)
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens",
-                     "max_model_len", "default_max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("step_base_ms", "decode_ms_per_seq", "prefill_ms_per_token"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.speed <= 0:
-            raise ValueError(f"speed must be positive, got {self.speed}")
+        for knob in dataclasses.fields(self):
+            low, value = knob.metadata["min"], getattr(self, knob.name)
+            if low is not None and (value <= low if knob.metadata["exclusive"] else value < low):
+                raise ValueError(f"{knob.name} must be {'>' if knob.metadata['exclusive'] else '>='} {low}, "
+                                 f"got {value}")
         if not self.served_model_name:
             raise ValueError("served_model_name must not be empty")
 

@@ -104,6 +104,7 @@ class Prober:
         self._replicas, self._settings, self._on_failure = replicas, settings, on_failure
         self._wake = asyncio.Event()
         self._ssl: ssl.SSLContext | None = None
+        self.first_round = asyncio.Event()  # set once every replica known at start was probed (serve's warning)
 
     def wake(self) -> None:
         """Probe now rather than at the end of the interval (e.g. after replicas were registered)."""
@@ -123,6 +124,7 @@ class Prober:
                     await self.round(settings)
                 except Exception:  # a bug must not end probing for good: log it, try again next round
                     log.exception("health probe round failed")
+            self.first_round.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), interval or IDLE_RECHECK)
 

@@ -108,7 +108,9 @@ def add_worker(context: RouterContext, path: str, query: str, body: bytes) -> Ad
         return url
     if not _add(context, url):
         return _error(400, f"Worker {url} already exists", "url")
-    return _text(f"Worker {url} added successfully")
+    context.prober.wake()  # a URL nothing answers on is out of rotation (and logged) at once, not a round later
+    return _text(f"Worker {url} added successfully; probed now, it takes traffic while "
+                 f"{url}{context.settings.health.probe_path} answers 200")
 
 
 def remove_worker(context: RouterContext, path: str, query: str, body: bytes) -> AdminAnswer:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from .. import usage
 from .cost import CostModel
 from .grid import GRIDS
 from .verlgrid import VERL_GRIDS
@@ -15,45 +16,65 @@ from .workload import PRESETS
 
 STUDY_PRESETS = ["ctx2k", "ctx9k", "ctx20k", "ctx9k-bigkv"]
 
+COST_HELP = {  # CostModel's fields, as --help describes them (docs/simulator.md has their sources)
+    "layers": "transformer layers", "hidden": "hidden size", "kv_heads": "KV heads (GQA)",
+    "head_dim": "dimension of one attention head", "dtype_bytes": "bytes per weight and KV element (bf16: 2)",
+    "params": "model parameters", "linear_flops_per_token": "FLOPs of the linear layers per token",
+    "tp": "tensor-parallel GPUs per replica", "peak_flops": "peak dense FLOP/s per GPU",
+    "mfu": "share of peak FLOP/s reached (model FLOPs utilisation)", "hbm_bw": "HBM bytes/s per GPU",
+    "bw_eff": "share of HBM bandwidth reached", "allreduce_s": "seconds per all-reduce (two per layer and step)",
+    "overhead_s": "fixed seconds per engine step",
+}
+
+
+def _steps(text: str) -> str:
+    """``--steps``: a count >= 1, or 'published'."""
+    if text != "published":
+        usage.at_least(1)(text)
+    return text
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("study")
     g.add_argument("--preset", action="append", choices=sorted(PRESETS),
                    help=f"preset to run (repeatable; default: {' '.join(STUDY_PRESETS)})")
-    g.add_argument("--steps", default="12", help="paired steps per preset, or 'published' for the PR's counts (default 12)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    g.add_argument("--steps", type=_steps, default="12", help="paired steps per preset, or 'published' for the PR's counts (default 12)")
+    g.add_argument("--seed", type=int, default=0, help="random seed of the workload (default 0)")
+    g.add_argument("--jobs", type=usage.at_least(1), default=os.cpu_count() or 1,
+                   help="worker processes (default: the CPUs, %(default)s)")
     g.add_argument("--policies", default="", help="comma-separated arm labels to run (sticky always runs); default all")
-    g.add_argument("--list-policies", action="store_true", help="print the arm labels and exit")
+    g.add_argument("--list-policies", action="store_true", help="print the arm labels (for --policies) with their names and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     g.add_argument("--markdown", metavar="FILE", help="also write the tables as markdown")
     g.add_argument("--json-out", metavar="FILE", help="also write the JSON to FILE")
     g.add_argument("--plots", metavar="DIR", help="write PNG plots (sim-*.png) to DIR")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--ray-address", metavar="ADDR",
                    help="run on a Ray cluster instead of local processes: host:port, 'auto', or 'local' (a private instance)")
     d = parser.add_argument_group("grid (docs/simulator.md: the margin over KV pool x concurrency x context x routers)")
     d.add_argument("--grid", choices=sorted(GRIDS), help="run a grid instead of presets ('quick': seconds, for tests)")
     d.add_argument("--verl-grid", choices=sorted(VERL_GRIDS), help="run a verl grid (docs/simulator.md: \"The traffic "
                    "verl sends\"): verl's agent loops and balancer over the unpublished quantities")
-    d.add_argument("--seeds", type=int, help="paired steps per grid point (default: the grid's own)")
+    d.add_argument("--seeds", type=usage.at_least(1), help="paired steps per grid point (default: the grid's own)")
     d.add_argument("--cache", metavar="FILE", help="keep finished grid steps in FILE (JSON lines): a rerun reuses those "
                    "the same model computed, so an interrupted run resumes")
-    d.add_argument("--from-json", metavar="FILE", help="re-render a saved grid (--json-out) without simulating")
-    d.add_argument("--docs", metavar="FILE", help="rewrite the generated sections of FILE (docs/simulator.md)")
-    d.add_argument("--readme", metavar="FILE", help="rewrite the generated simulator table of FILE (README.md)")
+    d.add_argument("--from-json", metavar="FILE", type=usage.existing_file, help="re-render a saved grid (--json-out) without simulating")
+    d.add_argument("--docs", metavar="FILE", type=usage.existing_file, help="rewrite the generated sections of FILE (docs/simulator.md)")
+    d.add_argument("--readme", metavar="FILE", type=usage.existing_file, help="rewrite the generated simulator table of FILE (README.md)")
     w = parser.add_argument_group("workload and engine overrides (apply to every chosen preset)")
-    w.add_argument("--prompts", type=int, help="GRPO groups per step")
-    w.add_argument("--samples", type=int, help="samples per prompt (GRPO n)")
-    w.add_argument("--replicas", type=int)
-    w.add_argument("--kv-tokens", type=int, help="KV pool per replica, tokens")
-    w.add_argument("--max-num-seqs", type=int)
-    w.add_argument("--max-batched-tokens", type=int)
-    w.add_argument("--tool-latency", type=float, help="median tool latency, seconds")
-    w.add_argument("--router-lru", type=int, help="sticky-map size of the affinity arms (verl: 10000)")
+    w.add_argument("--prompts", type=usage.at_least(1), help="GRPO groups per step")
+    w.add_argument("--samples", type=usage.at_least(1), help="samples per prompt (GRPO n)")
+    w.add_argument("--replicas", type=usage.at_least(1), help="vLLM replicas in the fleet")
+    w.add_argument("--kv-tokens", type=usage.at_least(1), help="KV pool per replica, tokens")
+    w.add_argument("--max-num-seqs", type=usage.at_least(1), help="most sequences running in one engine step")
+    w.add_argument("--max-batched-tokens", type=usage.at_least(1), help="token budget of one engine step")
+    w.add_argument("--tool-latency", type=usage.number(positive=False), help="median tool latency, seconds")
+    w.add_argument("--router-lru", type=usage.at_least(1), help="sticky-map size of the affinity arms (verl: 10000)")
     c = parser.add_argument_group("cost model (defaults: Qwen2.5-32B bf16, TP 4, H200)")
     for f in dataclasses.fields(CostModel):
-        c.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, dest="cost_" + f.name)
+        c.add_argument("--" + f.name.replace("_", "-"), type=usage.at_least(1) if isinstance(f.default, int)
+                       else usage.number(positive=not f.name.endswith("_s")), default=f.default, dest="cost_" + f.name,
+                       help=f"{COST_HELP[f.name]} (default: %(default)g)")
 
 
 def _overrides(args) -> dict:
@@ -73,7 +94,9 @@ def run(args) -> int:
     names = args.preset or STUDY_PRESETS
     presets = tuple(dataclasses.replace(p, **_overrides(args)) for p in resolve_presets(names))
     if args.list_policies:
-        print("\n".join(a.label for a in arms_for(presets[0])))
+        from .report import ARM_NAMES
+
+        print("\n".join(f"{a.label:<24}{ARM_NAMES.get(a.label, a.label)}" for a in arms_for(presets[0])))
         return 0
     if args.steps == "published":
         steps = {p.name: p.steps for p in presets}
@@ -83,8 +106,8 @@ def run(args) -> int:
     arm_filter = tuple(s for s in args.policies.split(",") if s)
     known = {a.label for a in arms_for(presets[0])}
     if set(arm_filter) - known:
-        print(f"unknown policies: {', '.join(sorted(set(arm_filter) - known))}", file=sys.stderr)
-        return 2
+        unknown = ", ".join(sorted(set(arm_filter) - known))
+        raise usage.UsageError(f"--policies {args.policies}: unknown arm label {unknown} (--list-policies shows them)")
     cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter)
     study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress, ray_address=args.ray_address)
     if args.plots:
@@ -107,8 +130,7 @@ def run_grid_command(args) -> int:
     from .grid import run_grid
 
     if args.from_json:
-        with open(args.from_json) as fh:
-            grid = json.load(fh)
+        grid = json.loads(usage.reading("--from-json", args.from_json))
     else:
         cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
         grid = run_grid(args.grid, seeds=args.seeds, seed=args.seed, cost=cost, jobs=max(1, args.jobs),
@@ -120,12 +142,13 @@ def run_grid_command(args) -> int:
 
         for path in write_grid_plots(grid, args.plots):
             print(f"wrote {path}", file=sys.stderr)
-    for path, sections in ((args.docs, gridreport.grid_sections(grid)),
-                           (args.readme, gridreport.readme_sections(grid))):
+    for flag, path, sections in (("--docs", args.docs, gridreport.grid_sections(grid)),
+                                 ("--readme", args.readme, gridreport.readme_sections(grid))):
         if path:
-            with open(path) as fh:
-                text = fh.read()
-            _write(path, gridreport.fill(text, sections))
+            try:
+                _write(path, gridreport.fill(usage.reading(flag, path), sections))
+            except ValueError as error:  # the file lacks a generated section's markers
+                raise usage.UsageError(f"{flag} {path}: {error}") from None
     return _emit(args, grid, gridreport.markdown(grid))
 
 

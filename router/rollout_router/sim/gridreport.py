@@ -247,8 +247,17 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 
 def markdown(grid: dict[str, Any]) -> str:
-    """Every section, headed, for ``--markdown`` and the terminal."""
-    return "\n\n".join(f"### {name}\n\n{fn(grid)}" for name, fn in SECTIONS.items())
+    """Every section, headed, for ``--markdown`` and the terminal; a table this grid has no row of says so
+    (a small grid such as ``quick`` lacks the points of several)."""
+    return "\n\n".join(f"### {name}\n\n{_or_none(fn(grid), grid)}" for name, fn in SECTIONS.items())
+
+
+def _or_none(body: str, grid: dict[str, Any]) -> str:
+    """``body``, or a sentence instead of a table with a header and no row."""
+    table = [line for line in body.splitlines() if line.startswith("|")]
+    if not table or len(table) > 2:
+        return body
+    return f"(No point of grid {grid.get('grid', 'this')!r} belongs in this table; the full grid has them.)"
 
 
 def fill(text: str, sections: dict[str, str]) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from typing import Any
 
 
@@ -101,11 +102,17 @@ def _heatmaps(plt, grid: dict[str, Any], compared: tuple[str, ...], path: str) -
             if r == len(arms) - 1:
                 ax.set_xlabel("KV pool (x physical; all: never evicts)", fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.5, label="% vs sticky (blue: faster)")
-    fig.suptitle(f"Median paired change of step time vs sticky, % ({grid['seeds']} steps per cell; "
-                 "* the interval excludes 0)", fontsize=9)
+    fit_title(fig, f"Median paired change of step time vs sticky, % ({grid['seeds']} steps per cell; "
+                   "* the interval excludes 0)")
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def fit_title(fig, text: str, fontsize: int = 9) -> None:
+    """The figure's title, wrapped to its width: a one-column grid (``--grid quick``) is too narrow for one line."""
+    per_line = max(20, int(fig.get_figwidth() * 72 / (fontsize * 0.6)))  # about 0.6 em per character
+    fig.suptitle(textwrap.fill(text, per_line), fontsize=fontsize)
 
 
 def _routers_plot(plt, grid: dict[str, Any], path: str) -> str:

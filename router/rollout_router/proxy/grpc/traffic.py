@@ -145,7 +145,7 @@ class GrpcProxy(Listener):
             await forward(self.context, key, send, grpc=True)
         except NoReplicaError:
             self.refused("no_replica")
-            call.answer(h2.UNAVAILABLE, "no replica with a gRPC port is available")
+            call.answer(h2.UNAVAILABLE, self.context.replicas.unavailable(grpc=True))
         except AllRefused as error:
             self.refused("all_refused")
             call.answer(h2.UNAVAILABLE, str(error))

@@ -90,7 +90,7 @@ class HttpProxy(HttpListener):
         try:
             await forward(self.context, key, send)
         except NoReplicaError:
-            self._refuse(client, request, RouterError(503, "no replica is available to serve this request"),
+            self._refuse(client, request, RouterError(503, self.context.replicas.unavailable()),
                          "no_replica")
         except AllRefused as error:
             self._refuse(client, request, RouterError(503, str(error)), "all_refused")

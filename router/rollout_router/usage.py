@@ -1,0 +1,122 @@
+"""Command-line mistakes as one line and exit 2: argparse types that check ranges, and ``UsageError``.
+
+A subcommand raises ``UsageError`` (the message names the flag the user wrote and the value) wherever it
+finds the problem, also deep inside a running event loop (a port that cannot be bound); ``cli.main`` prints
+``rollout-router COMMAND: MESSAGE`` and exits 2. Range checks belong in the flag's argparse type, so argparse
+itself names the flag, and the value is checked before anything starts.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class UsageError(Exception):
+    """A mistake of the user's: one line naming the flag (or file key) and the value; exit 2."""
+
+
+def port(text: str) -> int:
+    """A TCP port, 1-65535."""
+    return _port(text, zero=False)
+
+
+def port_or_zero(text: str) -> int:
+    """A TCP port, 1-65535, or 0: the kernel picks a free one."""
+    return _port(text, zero=True)
+
+
+def _port(text: str, zero: bool) -> int:
+    low = 0 if zero else 1
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not low <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a port {low}-65535{' (0 picks a free one)' if zero else ''}, got {text!r}")
+    return value
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    check.__name__ = f"integer >= {low}"
+    return check
+
+
+def number(positive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (``positive``) or >= 0."""
+    def check(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (0 < value if positive else 0 <= value) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a number {'> 0' if positive else '>= 0'}, got {text!r}")
+        return value
+    check.__name__ = "positive number" if positive else "number >= 0"
+    return check
+
+
+def new_file(text: str) -> Path:
+    """An argparse type: a file to be written, in a directory that exists (checked before anything starts)."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {str(path.parent)!r} does not exist")
+    return path
+
+
+def existing_file(text: str) -> str:
+    """An argparse type: a file that exists (checked before a long run, not after it)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+def http_url(text: str) -> str:
+    """An argparse type: an http:// or https:// URL."""
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, got {text!r}")
+    return text
+
+
+def reading(flag: str, path: str | Path) -> str:
+    """The text of the file a flag names; a missing or unreadable one is a ``UsageError`` naming the flag."""
+    try:
+        return Path(path).read_text()
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: {error.strerror}") from None
+
+
+BIND_REASONS = {
+    errno.EADDRINUSE: ("port", "already in use (another process listens there; pick another port, or 0 for any)"),
+    errno.EACCES: ("port", "permission denied (ports below 1024 need privileges; pick one above 1023)"),
+    errno.EADDRNOTAVAIL: ("host", "is not an address of this machine"),
+}
+
+
+async def bind(start: Awaitable[T], host_flag: str, port_flag: str, host: str, port: int) -> T:
+    """Await ``start`` (a listener binding ``host:port``); a refusal becomes a ``UsageError`` naming the flag."""
+    try:
+        return await start
+    except socket.gaierror as error:
+        raise UsageError(f"{host_flag} {host}: not a host name or address of this machine ({error.strerror})") \
+            from None
+    except OSError as error:
+        which, reason = BIND_REASONS.get(error.errno or 0, ("port", error.strerror or str(error)))
+        if which == "host":
+            raise UsageError(f"{host_flag} {host}: {reason}") from None
+        raise UsageError(f"{port_flag} {port}: cannot listen on {host}:{port}: {reason}") from None
