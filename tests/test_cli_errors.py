@@ -119,8 +119,10 @@ ONE_LINE_CASES = [
     (["serve", "--admin-port", "65536"], "argument --admin-port: must be a port 0-65535"),
     (["fake-vllm", "--port", "70000"], "argument --port: must be a port 0-65535 (0 picks a free one), got '70000'"),
     (["operator", "--metrics-port", "99999"], "argument --metrics-port: must be a port 0-65535"),
-    (["serve", "--affinity-break-margin", "-1"], "argument --affinity-break-margin: must be an integer >= 0 or "
+    (["serve", "--affinity-break-margin", "-1"], "argument --affinity-break-margin: must be a number >= 0 or "
                                                  "'null', got '-1'"),
+    (["serve", "--affinity-break-margin", "inf"], "argument --affinity-break-margin: must be a number >= 0 or "
+                                                  "'null', got 'inf'"),
     (["serve", "--idle-timeout", "-5"], "argument --idle-timeout: must be a number > 0, got '-5'"),
     (["serve", "--max-sessions", "0"], "argument --max-sessions: must be an integer >= 1, got '0'"),
     (["demo", "--replicas", "0"], "argument --replicas: must be an integer >= 1, got '0'"),

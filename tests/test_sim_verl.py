@@ -9,8 +9,7 @@ from rollout_router.policy.base import Outcome
 from rollout_router.sim.cost import CostModel
 from rollout_router.sim.engine import run_step
 from rollout_router.sim.replica import Replica, Req
-from rollout_router.sim.verl import (SINGLE_TURN, TOOL_AGENT, VERL_PRESETS, arrival_order, generate_verl,
-                                     max_tokens)
+from rollout_router.sim.verl import SINGLE_TURN, TOOL_AGENT, VERL_PRESETS, arrival_order, generate_verl, max_tokens
 from rollout_router.sim.verlbalancer import VerlBalancer
 from rollout_router.sim.verlgrid import ALL, VERL_GRIDS, build, plan, verl_arms
 from rollout_router.sim.verlsources import STICKY_ENTRIES, TOOL_RESULT_TOKENS

@@ -18,7 +18,7 @@ from .spec import GROUP, KIND, PLURAL, REQUIREMENT_RULE, VERSION, RolloutRouterS
 
 _DROP = {"title", "additionalProperties", "$defs"}
 PRINTER_COLUMNS = [
-    {"name": "Margin", "type": "integer", "jsonPath": ".spec.affinityBreakMargin",
+    {"name": "Margin", "type": "number", "jsonPath": ".spec.affinityBreakMargin",
      "description": "affinityBreakMargin; <none> keeps every pin"},
     {"name": "Backends", "type": "string", "jsonPath": ".status.backends.summary", "description": "ready/total vLLM pods"},
     {"name": "Kept", "type": "integer", "jsonPath": ".status.affinity.kept"},

@@ -30,7 +30,6 @@ drops a worker registered over the API, nor the API a static one.
 from __future__ import annotations
 
 import collections
-
 import dataclasses
 import logging
 import time

@@ -19,16 +19,17 @@ SESSION = SessionSettings().model_dump()  # the defaults --help names
 DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
 
 
-def _margin(text: str) -> int | None:
+def _margin(text: str) -> float | None:
+    """A number >= 0 (2 or 2.5, as verl takes it), or null; a whole number stays an int."""
     if text.lower() in ("null", "none"):
         return None
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'null', got {text!r}")
-    return value
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 or 'null', got {text!r}")
+    return int(value) if value.is_integer() else value
 
 
 def _seconds(text: str) -> float:
@@ -43,8 +44,11 @@ def _seconds(text: str) -> float:
 
 def _backend(text: str) -> dict:
     url, _, rest = text.partition(",")
+    if url.startswith("grpc://") and not rest:  # vLLM's gRPC frontend: gRPC only
+        return {"url": url}
     if not url.startswith(("http://", "https://")):  # SGLang router's --backend ENGINE is another flag
-        raise argparse.ArgumentTypeError(f"expected a replica's http:// or https:// URL[,grpc=HOST:PORT], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a replica's http:// or https:// URL[,grpc=HOST:PORT], or "
+                                         f"grpc://HOST:PORT for one that serves gRPC only, got {text!r}")
     if rest and not rest.startswith("grpc="):
         raise argparse.ArgumentTypeError(f"expected URL or URL,grpc=HOST:PORT, got {text!r}")
     return {"url": url, "grpc": rest.removeprefix("grpc=") or None}
@@ -70,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listening.add_arguments(parser)
     parser.add_argument("--config", type=Path, metavar="PATH", help="YAML/JSON RouterSettings (docs/configuration.md); "
                         "reloaded on change and on SIGHUP (default: none, the flags alone).")
-    parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]",
+    parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]|grpc://HOST:PORT",
                         type=_backend, help="A vLLM replica base URL, with its gRPC server if any (repeat). "
                         "Overrides the config file's backends. vllm-router's and SGLang router's --worker-urls URL... "
                         "adds the same.")
@@ -80,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "least_loaded, round_robin, consistent_hash (bounded loads), power_of_two. The peers' names "
                         "for the same rules are accepted (docs/migrating.md).")
     parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
-                        help="Skew tolerated before a pin moves; null (default) keeps every pin.")
+                        help="Skew tolerated before a pin moves: a number >= 0 (2.5 keeps a pin at skew 2, moves it "
+                             "at 3); null (default) keeps every pin.")
     parser.add_argument("--full-determinism", action="store_true", default=None,
                         help="Place sessions by key hash only; the margin is ignored.")
     parser.add_argument("--session-header", action="append", dest="session_headers", metavar="NAME",

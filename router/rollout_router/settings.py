@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from .policy import LiveConfig
@@ -62,6 +71,14 @@ class CostAffinitySettings(Model):
                                            "every session may move.")
 
 
+def _whole(value: float) -> float:
+    """A margin written as a whole number stays one (2, not 2.0, in /status and rendered configs)."""
+    return int(value) if value.is_integer() else value
+
+
+Margin = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False), AfterValidator(_whole)]
+
+
 class PolicySettings(Model):
     """The knobs that can change while the router runs, without losing pins."""
 
@@ -70,8 +87,9 @@ class PolicySettings(Model):
         "affinity", description="Routing policy; affinity is the margin policy, cost_affinity the margin that "
                                 "grows with load and spares short turns, the others are baselines "
                                 "(consistent_hash: bounded loads, c=1.25).")
-    affinity_break_margin: StrictInt | None = Field(
-        None, ge=0, description="Skew tolerated before a pin moves; null keeps every pin, 0 moves unless least-loaded.")
+    affinity_break_margin: Margin | None = Field(
+        None, description="Skew tolerated before a pin moves (any number >= 0, as verl takes it: 2.5 keeps a pin at "
+                          "skew 2 and moves it at 3); null keeps every pin, 0 moves unless least-loaded.")
     full_determinism: bool = Field(False, description="Place sessions by key hash only; the margin is ignored.")
     cost_affinity: CostAffinitySettings = Field(default_factory=CostAffinitySettings,
                                                 description="Read only by policy cost_affinity.")

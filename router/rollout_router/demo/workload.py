@@ -43,7 +43,7 @@ def _turns(rng: random.Random, max_turns: int, tool_call_p: float, median_output
            max_output: int) -> tuple[Turn, ...]:
     """Turns until one makes no tool call (chance ``1 - tool_call_p``) or ``max_turns``."""
     out = []
-    for k in range(max_turns):
+    for _ in range(max_turns):
         out.append(Turn(user_words=rng.randint(20, 120),
                         max_tokens=min(max_output, max(4, int(rng.lognormvariate(0, 1.0) * median_output))),
                         think_seconds=rng.uniform(0.01, 0.05)))

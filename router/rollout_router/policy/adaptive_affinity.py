@@ -25,7 +25,7 @@ from .hashing import lowest
 class AdaptiveAffinityPolicy(AffinityPolicy):
     name = "affinity_adaptive"
 
-    def __init__(self, margin: int | None = 2, context_scale: float | None = None, cooldown: float | None = None,
+    def __init__(self, margin: float | None = 2, context_scale: float | None = None, cooldown: float | None = None,
                  full_determinism: bool = False, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
         super().__init__(margin, full_determinism, max_sessions, idle_ttl)
         if context_scale is not None and context_scale <= 0:

@@ -3,12 +3,14 @@
 On a sticky hit the session stays on its replica while that replica's load is
 within ``margin`` of the least-loaded one; otherwise it is re-pinned to a
 least-loaded replica. ``margin=None`` keeps every pin (verl's sticky default),
-``0`` moves unless already least-loaded, ``N`` tolerates a skew of N. Under
+``0`` moves unless already least-loaded, ``N`` tolerates a skew of N (any
+number, as verl takes it: ``2.5`` keeps a pin at skew 2 and moves it at 3). Under
 ``full_determinism`` the margin is ignored and a new session's replica depends
 only on its key and the replica set, never on load or arrival order.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from .base import Decision, LiveConfig, Outcome, Request
@@ -22,21 +24,22 @@ class AffinityPolicy(SessionPolicy):
 
     def __init__(
         self,
-        margin: int | None = None,
+        margin: float | None = None,
         full_determinism: bool = False,
         max_sessions: int = 100_000,
         idle_ttl: float | None = 3600.0,
     ):
         super().__init__(max_sessions, idle_ttl)
-        self.margin: int | None = None
+        self.margin: float | None = None
         self.full_determinism = False
         self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl))
 
     def configure(self, config: LiveConfig) -> None:
         """Change the rule and the table's bounds live; pins and counters are kept."""
         margin = config.margin
-        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int) or margin < 0):
-            raise ValueError(f"affinity_break_margin must be an integer >= 0 or None, got {margin!r}")
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float)
+                                   or not 0 <= margin < math.inf):
+            raise ValueError(f"affinity_break_margin must be a number >= 0 or None, got {margin!r}")
         super().configure(config)
         self.margin, self.full_determinism = margin, config.full_determinism
 

@@ -94,7 +94,7 @@ class LiveConfig:
     something to it and ignores the rest (a stateless policy ignores all).
     """
 
-    margin: int | None = None
+    margin: float | None = None
     full_determinism: bool = False
     max_sessions: int = 100_000
     idle_ttl: float | None = 3600.0

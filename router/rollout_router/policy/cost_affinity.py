@@ -34,7 +34,7 @@ from .hashing import lowest
 class CostAffinityPolicy(AffinityPolicy):
     name = "cost_affinity"
 
-    def __init__(self, margin: int | None = 2, relative: float = 0.01, min_turn_seconds: float | None = 40.0,
+    def __init__(self, margin: float | None = 2, relative: float = 0.01, min_turn_seconds: float | None = 40.0,
                  full_determinism: bool = False, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
         self.relative: float = 0.0
         self.min_turn_seconds: float | None = None

@@ -10,8 +10,8 @@ import sys
 from .. import usage
 from .cost import CostModel
 from .grid import GRIDS
-from .verlgrid import VERL_GRIDS
 from .runner import Config, arms_for, resolve_presets, run_study
+from .verlgrid import VERL_GRIDS
 from .workload import PRESETS
 
 STUDY_PRESETS = ["ctx2k", "ctx9k", "ctx20k", "ctx9k-bigkv"]

@@ -25,9 +25,22 @@ import dataclasses
 import numpy as np
 
 from .cost import CostModel
-from .verlsources import (AGENT_WORKERS, ASYNC_RETOOL7B, DAPO32B, MAX_NUM_SEQS, ONE_STEP_OFF7B,
-                          PROBLEM_MEDIAN_TOKENS, QWEN7B, QWEN32B, RETOOL32B, SHARED_SINGLE_TURN_TOKENS,
-                          SHARED_TOOL_AGENT_TOKENS, STICKY_ENTRIES, TOOL_RESULT_TOKENS, pool)
+from .verlsources import (
+    AGENT_WORKERS,
+    ASYNC_RETOOL7B,
+    DAPO32B,
+    MAX_NUM_SEQS,
+    ONE_STEP_OFF7B,
+    PROBLEM_MEDIAN_TOKENS,
+    QWEN7B,
+    QWEN32B,
+    RETOOL32B,
+    SHARED_SINGLE_TURN_TOKENS,
+    SHARED_TOOL_AGENT_TOKENS,
+    STICKY_ENTRIES,
+    TOOL_RESULT_TOKENS,
+    pool,
+)
 from .workload import TRAJ_CHAIN, Preset, Trajectory
 
 SINGLE_TURN, TOOL_AGENT = "single_turn_agent", "tool_agent"
