@@ -25,7 +25,7 @@ ROLES = {
     "integrations": "verl", "app": "builds & runs it all", "localfleet": "test processes",
     "fakevllm": "simulated replica", "observability": "/metrics, /status", "proxy": "listeners send",
     "context": "the listeners' bundle", "fleet": "owners, peers' loads", "health": "ejection, probes",
-    "kube": "API client, watch", "discovery": "pods -> replicas", "balancer": "route + lease",
+    "kube": "API client, watch", "discovery": "pods -> replicas", "balancer": "route + lease", "descriptors": "fd limit, caps",
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
     "listening": "sockets",
 }
