@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import listening
 from .app import Peering, Runtime
+from .policy import registry
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
@@ -63,9 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", action="append", dest="backends", metavar="URL[,grpc=HOST:PORT]",
                         type=_backend, help="A vLLM replica base URL, with its gRPC server if any (repeat). "
                         "Overrides the config file's backends.")
-    parser.add_argument("--policy", help="affinity (default), cost_affinity (the margin grown by load, short turns "
-                        "kept; costAffinity in the config file), or a baseline: least_loaded, round_robin, "
-                        "consistent_hash (bounded loads), power_of_two.")
+    parser.add_argument("--policy", help=f"Routing policy (default affinity): {registry.summary()}.")
     parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
                         help="Skew tolerated before a pin moves; null (default) keeps every pin.")
     parser.add_argument("--full-determinism", action="store_true", default=None,
