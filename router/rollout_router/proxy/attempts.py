@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from ..context import RouterContext
 from ..replicas import Lease
+from .context import RouterContext
 
 
 class Refused(Exception):
