@@ -7,6 +7,7 @@ import pytest
 
 from rollout_router.policy import registry
 from rollout_router.policy.base import LiveConfig, Outcome, Request
+from rollout_router.policy.cost_affinity import CostAffinityOptions
 
 R = ["a", "b", "c", "d"]
 
@@ -60,9 +61,9 @@ def test_defaults_and_live_config():
     p = registry.create("cost_affinity")
     assert (p.margin, p.relative, p.min_turn_seconds) == (2, 0.01, 40.0)
     home = pin(p)
-    p.configure(LiveConfig(margin=None, relative=0.0, min_turn_seconds=None))
+    p.configure(LiveConfig(margin=None, options=CostAffinityOptions(relative=0.0, min_turn_seconds=None)))
     assert p.route(Request("s", skewed(home, 0, 50), 100.0)).outcome is Outcome.KEPT  # null margin: sticky
-    p.configure(LiveConfig(margin=3, relative=0.0, min_turn_seconds=None))
+    p.configure(LiveConfig(margin=3, options=CostAffinityOptions(relative=0.0, min_turn_seconds=None)))
     assert p.route(Request("s", skewed(home, 0, 3), 200.0)).outcome is Outcome.KEPT
     assert p.route(Request("s", skewed(home, 0, 4), 300.0)).outcome is Outcome.BROKEN
     assert p.sessions() == 1

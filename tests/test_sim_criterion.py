@@ -8,14 +8,14 @@ import pytest
 
 from rollout_router.balancer import _build
 from rollout_router.policy.base import Outcome, Request
-from rollout_router.policy.cost_affinity import CostAffinityPolicy
-from rollout_router.settings import CostAffinitySettings, PolicySettings
+from rollout_router.policy.cost_affinity import CostAffinityOptions, CostAffinityPolicy
+from rollout_router.settings import PolicySettings
 from rollout_router.sim import criterion, grid, gridreport
 from rollout_router.sim.cache import ResultCache
 from rollout_router.sim.cost import CostModel
 from rollout_router.sim.grid import GRIDS, PEERS, RULE, RULE_SAMPLE, Point, describe, grid_arms, plan, summarize_point
 
-SHIPPED = CostAffinitySettings()
+SHIPPED = CostAffinityOptions()
 POLICY_MARGIN = inspect.signature(CostAffinityPolicy).parameters["margin"].default
 
 

@@ -24,7 +24,7 @@ ROLES = {
     "cli": "subcommands", "serve": "flags -> settings", "demo": "make demo", "sim": "fleet simulator",
     "integrations": "verl", "app": "builds & runs it all", "localfleet": "test processes",
     "fakevllm": "simulated replica", "observability": "/metrics, /status", "proxy": "listeners send",
-    "context": "the listeners' bundle", "fleet": "owners, peers' loads", "health": "ejection, probes",
+    "fleet": "owners, peers' loads", "health": "ejection, probes",
     "kube": "API client, watch", "discovery": "pods -> replicas", "balancer": "route + lease", "descriptors": "fd limit, caps",
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
     "listening": "sockets",

@@ -1,8 +1,8 @@
 """Assembles a running router: settings -> replica set -> balancer -> listeners.
 
 ``Runtime`` builds each component once and gives it the pieces it reads (the
-fleet and the metrics their own; the listeners the ``RouterContext`` bundle),
-and holds what runs them: the listeners, replica sources and background
+fleet and the metrics their own; the listeners the runtime itself, read through
+the protocol they state, ``proxy.context.RouterContext``), and holds what runs them: the listeners, replica sources and background
 tasks. It applies new settings without dropping pins; ``start`` opens the HTTP traffic listener, the admin
 listener (metrics, status, sessions; its own port), the background tasks for
 pin expiry, config-file reloads, replica discovery and health probes, and the
@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 
 from . import descriptors
 from .balancer import Balancer
-from .context import RouterContext
 from .health import OutlierDetector, Prober
 from .listening import address
 from .observability import Metrics
@@ -42,6 +41,7 @@ from .settings import (
 from .usage import bind
 
 if TYPE_CHECKING:
+    from .fleet.node import Fleet
     from .proxy.grpc import GrpcProxy
 
 log = logging.getLogger(__name__)
@@ -52,23 +52,27 @@ RELOAD_INTERVAL = 2.0
 STOP_GRACE_SECONDS = 2.0  # gRPC calls in flight at stop are given this long
 
 
-class Runtime(RouterContext):
-    """The router's live state and what runs it; ``overrides`` are CLI flags re-applied over every reload."""
+class Runtime:
+    """The router's live state and what runs it; ``overrides`` are CLI flags re-applied over every reload.
+
+    The listeners read its live pieces (``proxy.context.RouterContext``: settings, replica set, balancer,
+    metrics, outlier detector, fleet, clock) when they use them, never a copy.
+    """
 
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
                  grpc_address: str | None = None, admin_address: tuple[str, int] | None = None,
                  admin_token: TokenFile | None = None, peering: Peering | None = None):
-        clock = time.monotonic
-        replicas = ReplicaSet(clock)
-        balancer = Balancer(replicas, settings.policy, settings.live_config(), clock)
-        metrics = Metrics(balancer, replicas, lambda: self.settings, lambda: self.fleet, clock)
+        self.settings, self.clock = settings, time.monotonic
+        self.replicas = ReplicaSet(self.clock)
+        self.balancer = Balancer(self.replicas, settings.policy, settings.live_config(), self.clock)
+        self.metrics = Metrics(self.balancer, self.replicas, lambda: self.settings, lambda: self.fleet, self.clock)
 
         def health() -> HealthSettings:  # read live: a reload replaces the settings
             return self.settings.health
-        super().__init__(settings, replicas, balancer, metrics,
-                         OutlierDetector(replicas, health, metrics.ejected, clock),
-                         Prober(replicas, health, metrics.probe_failed), clock)
+        self.outliers = OutlierDetector(self.replicas, health, self.metrics.ejected, self.clock)
+        self.prober = Prober(self.replicas, health, self.metrics.probe_failed)
+        self.fleet: Fleet | None = None  # session ownership among several routers (fleet/), when on
         self.peering = peering or Peering()
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
@@ -90,7 +94,8 @@ class Runtime(RouterContext):
     def apply(self, settings: RouterSettings) -> None:
         """Take new settings live: policy knobs keep pins; replica sources are swapped."""
         previous = self.settings
-        self.configure(settings)
+        self.settings = settings  # one assignment: every listener reads the new settings from here on
+        self.balancer.apply(settings.policy, settings.live_config())
         if self.fleet is not None:
             self.fleet.configure(settings.fleet or FleetSettings())
         if settings.discovery is None:

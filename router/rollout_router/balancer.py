@@ -2,7 +2,7 @@
 
 Every listener (HTTP and gRPC) routes through ``Balancer.acquire``, so policy
 decisions and in-flight accounting are shared across protocols. The balancer
-holds no settings: ``RouterContext`` hands it the policy's name and live knobs.
+holds no settings: app.py's ``Runtime`` hands it the policy's name and live knobs.
 """
 from __future__ import annotations
 

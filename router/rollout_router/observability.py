@@ -4,7 +4,7 @@ Decision counters and in-flight gauges are collected at scrape time from the
 policy and the replica set, so /metrics and /status can never disagree.
 ``Metrics`` is given what it reads (the balancer, the replica set, the live
 settings and fleet) by app.py; the listeners only count into it, through the
-router's context, and import nothing from here.
+runtime they are handed (``proxy.context.RouterContext``), and import nothing from here.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import listening, peer_flags, usage
 from .app import Peering, Runtime
+from .policy import registry
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
@@ -79,10 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "Overrides the config file's backends. vllm-router's and SGLang router's --worker-urls URL... "
                         "adds the same.")
     peer_flags.add_arguments(parser, _backend, usage.number(positive=True))
-    parser.add_argument("--policy", type=peer_flags.policy, help="affinity (default), cost_affinity (the margin "
-                        "grown by load, short turns kept; costAffinity in the config file), or a baseline: "
-                        "least_loaded, round_robin, consistent_hash (bounded loads), power_of_two. The peers' names "
-                        "for the same rules are accepted (docs/migrating.md).")
+    parser.add_argument("--policy", type=peer_flags.policy, help=f"Routing policy (default affinity): "
+                        f"{registry.summary()}. The peers' names for the same rules are accepted (docs/migrating.md).")
     parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
                         help="Skew tolerated before a pin moves: a number >= 0 (2.5 keeps a pin at skew 2, moves it "
                              "at 3); null (default) keeps every pin.")

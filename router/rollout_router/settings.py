@@ -14,19 +14,22 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictInt,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from .policy import LiveConfig
+from .policy import LiveConfig, PolicyOptions, registry
+from .policy.cost_affinity import CostAffinityOptions
 
 __all__ = [
-    "Backend", "CostAffinitySettings", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
+    "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
     "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
 ]
 
@@ -61,14 +64,9 @@ class SessionSettings(Model):
         return names
 
 
-class CostAffinitySettings(Model):
-    """What ``cost_affinity`` adds to the margin (docs/simulator.md, "A rule for every point")."""
-
-    relative: float = Field(0.01, ge=0, le=10, allow_inf_nan=False, description="Skew tolerated beyond "
-                            "affinityBreakMargin, per in-flight request on the least-loaded replica.")
-    min_turn_seconds: float | None = Field(40.0, ge=0, allow_inf_nan=False, description="A session whose previous "
-                                           "turn was routed less than this many seconds ago keeps its pin; null: "
-                                           "every session may move.")
+# A name from the policy registry that a router may run; the CRD's enum is the same list.
+PolicyName = Annotated[str, BeforeValidator(registry.selectable),
+                       WithJsonSchema({"type": "string", "enum": list(registry.SELECTABLE)})]
 
 
 def _whole(value: float) -> float:
@@ -80,19 +78,18 @@ Margin = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False), AfterVa
 
 
 class PolicySettings(Model):
-    """The knobs that can change while the router runs, without losing pins."""
+    """The knobs that can change while the router runs, without losing pins.
 
-    policy: Literal["affinity", "cost_affinity", "least_loaded", "round_robin", "consistent_hash",
-                    "power_of_two"] = Field(
-        "affinity", description="Routing policy; affinity is the margin policy, cost_affinity the margin that "
-                                "grows with load and spares short turns, the others are baselines "
-                                "(consistent_hash: bounded loads, c=1.25).")
+    A policy with options of its own (``Policy.Options``) has them in a field named after it.
+    """
+
+    policy: PolicyName = Field("affinity", description=f"Routing policy: {registry.summary()}.")
     affinity_break_margin: Margin | None = Field(
         None, description="Skew tolerated before a pin moves (any number >= 0, as verl takes it: 2.5 keeps a pin at "
                           "skew 2 and moves it at 3); null keeps every pin, 0 moves unless least-loaded.")
     full_determinism: bool = Field(False, description="Place sessions by key hash only; the margin is ignored.")
-    cost_affinity: CostAffinitySettings = Field(default_factory=CostAffinitySettings,
-                                                description="Read only by policy cost_affinity.")
+    cost_affinity: CostAffinityOptions = Field(default_factory=CostAffinityOptions,
+                                               description="Read only by policy cost_affinity.")
     session: SessionSettings = Field(default_factory=SessionSettings)
 
     @model_validator(mode="after")
@@ -104,10 +101,15 @@ class PolicySettings(Model):
         return self
 
     def live_config(self) -> LiveConfig:
-        """What the running policy takes from these settings."""
+        """What the running policy takes from these settings: the router's knobs and its own options, if any."""
         return LiveConfig(self.affinity_break_margin, self.full_determinism,
                           self.session.max_sessions, self.session.idle_timeout_seconds,
-                          self.cost_affinity.relative, self.cost_affinity.min_turn_seconds)
+                          self.own_options())
+
+    def own_options(self) -> PolicyOptions | None:
+        """The running policy's own options: the field named after it, if it has one (``Policy.Options``)."""
+        options = getattr(self, self.policy, None)
+        return options if isinstance(options, PolicyOptions) else None
 
 
 class LabelSelectorRequirement(Model):

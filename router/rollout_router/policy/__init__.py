@@ -5,7 +5,7 @@ session key or a replica; each policy lives in its own file; ``registry`` names
 them.
 """
 from .affinity import AffinityPolicy
-from .base import Counters, Decision, LiveConfig, NoReplicaError, Outcome, Policy, Request
+from .base import Counters, Decision, LiveConfig, NoReplicaError, Outcome, Policy, PolicyOptions, Request
 from .hashing import least_loaded, lowest, rendezvous, stable_hash
 from .least_loaded import LeastLoadedPolicy
 from .loads import LoadIndex
@@ -15,6 +15,6 @@ from .sessions import SessionPolicy, SessionTable
 
 __all__ = [
     "AffinityPolicy", "Counters", "Decision", "LeastLoadedPolicy", "LiveConfig", "LoadIndex", "NoReplicaError", "Outcome",
-    "POLICIES", "Policy", "Request", "RoundRobinPolicy", "SessionPolicy", "SessionTable", "create",
+    "POLICIES", "Policy", "PolicyOptions", "Request", "RoundRobinPolicy", "SessionPolicy", "SessionTable", "create",
     "least_loaded", "lowest", "rendezvous", "stable_hash",
 ]

@@ -11,7 +11,10 @@ import abc
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
 
 
 class NoReplicaError(LookupError):
@@ -85,6 +88,17 @@ _OUTCOME_FIELD = {
 }
 
 
+class PolicyOptions(BaseModel):
+    """A policy's own knobs, typed: the policy declares the model (``Policy.Options``), the router's settings
+    hold it under the policy's name (camelCase on the wire, like every setting) and hand it over in
+    ``LiveConfig.options``."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+OptionsT = TypeVar("OptionsT", bound=PolicyOptions)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LiveConfig:
     """The router-level knobs a running policy takes without losing its pins.
@@ -92,14 +106,23 @@ class LiveConfig:
     The router builds this from its settings on start and on every reload and
     hands it to ``Policy.configure``; each policy applies the fields that mean
     something to it and ignores the rest (a stateless policy ignores all).
+    ``options`` are the running policy's own (its ``Options`` model); None
+    gives it that model's defaults.
     """
 
     margin: float | None = None
     full_determinism: bool = False
     max_sessions: int = 100_000
     idle_ttl: float | None = 3600.0
-    relative: float = 0.0  # cost_affinity: skew tolerated per in-flight request on the least-loaded replica
-    min_turn_seconds: float | None = None  # cost_affinity: sessions whose last turn was shorter keep their pin
+    options: PolicyOptions | None = None
+
+    def options_for(self, model: type[OptionsT]) -> OptionsT:
+        """``options`` as ``model`` (its defaults when None); options of another policy are an error."""
+        if self.options is None:
+            return model()
+        if not isinstance(self.options, model):
+            raise TypeError(f"{type(self.options).__name__} given where {model.__name__} is wanted")
+        return self.options
 
 
 class Policy(abc.ABC):
@@ -122,6 +145,7 @@ class Policy(abc.ABC):
     """
 
     name: ClassVar[str]
+    Options: ClassVar[type[PolicyOptions] | None] = None  # the policy's own live knobs, if it has any
 
     def __init__(self) -> None:
         self.counters = Counters()

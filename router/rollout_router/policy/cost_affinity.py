@@ -26,26 +26,41 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import Field
+
 from .affinity import AffinityPolicy
-from .base import LiveConfig, Request
+from .base import LiveConfig, PolicyOptions, Request
 from .hashing import lowest
+
+
+class CostAffinityOptions(PolicyOptions):
+    """What ``cost_affinity`` adds to the margin (docs/simulator.md, "A rule for every point")."""
+
+    relative: float = Field(0.01, ge=0, le=10, allow_inf_nan=False, description="Skew tolerated beyond "
+                            "affinityBreakMargin, per in-flight request on the least-loaded replica.")
+    min_turn_seconds: float | None = Field(40.0, ge=0, allow_inf_nan=False, description="A session whose previous "
+                                           "turn was routed less than this many seconds ago keeps its pin; null: "
+                                           "every session may move.")
 
 
 class CostAffinityPolicy(AffinityPolicy):
     name = "cost_affinity"
+    Options = CostAffinityOptions
 
     def __init__(self, margin: float | None = 2, relative: float = 0.01, min_turn_seconds: float | None = 40.0,
                  full_determinism: bool = False, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
+        _check(relative, min_turn_seconds)  # the options model's own checks, worded for a keyword argument
+        options = CostAffinityOptions.model_construct(relative=relative, min_turn_seconds=min_turn_seconds)
         self.relative: float = 0.0
         self.min_turn_seconds: float | None = None
         super().__init__(margin, full_determinism, max_sessions, idle_ttl)
-        self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl, relative, min_turn_seconds))
+        self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl, options))
 
     def configure(self, config: LiveConfig) -> None:
-        """The router's live knobs: the margin (None keeps every pin), ``relative``, ``min_turn_seconds``."""
-        _check(config.relative, config.min_turn_seconds)
+        """The router's live knobs: the margin (None keeps every pin); its own: ``relative``, ``min_turn_seconds``."""
+        options = config.options_for(CostAffinityOptions)
         super().configure(config)
-        self.relative, self.min_turn_seconds = float(config.relative), config.min_turn_seconds
+        self.relative, self.min_turn_seconds = float(options.relative), options.min_turn_seconds
 
     def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
         if self.margin is None or self.full_determinism or request.key is None:

@@ -1,7 +1,16 @@
-"""Policies by name: a new policy is a new file plus one line here."""
+"""Policies by name: a new policy is a new file plus one entry here.
+
+This is the one list of policy names. The router's ``policy`` setting, the
+CLI's ``--policy`` help, the CRD's enum and the docs' list (docs/operator.md)
+are all derived from ``ENTRIES``; an entry that is not ``selectable`` is a
+research policy (the simulator's and the tests'), built by name with
+``create`` but refused as a router setting.
+"""
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from .adaptive_affinity import AdaptiveAffinityPolicy
@@ -15,12 +24,45 @@ from .least_loaded import LeastLoadedPolicy
 from .power_of_two import PowerOfTwoPolicy
 from .round_robin import RoundRobinPolicy
 
-POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (
-        AffinityPolicy, LeastLoadedPolicy, RoundRobinPolicy, DualThresholdPolicy, CacheAwarePolicy,
-        ConsistentHashPolicy, PowerOfTwoPolicy, AdaptiveAffinityPolicy, CostAffinityPolicy,
-    )
-}
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One policy: its class, a few words for help texts and docs, and whether a router may run it."""
+
+    policy: type[Policy]
+    summary: str
+    selectable: bool = True
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry(AffinityPolicy, "the margin policy"),
+    Entry(CostAffinityPolicy, "the margin grown with load, short turns kept; costAffinity in the settings"),
+    Entry(LeastLoadedPolicy, "baseline"),
+    Entry(RoundRobinPolicy, "baseline"),
+    Entry(ConsistentHashPolicy, "baseline, bounded loads, c=1.25"),
+    Entry(PowerOfTwoPolicy, "baseline"),
+    # Peer routers' rules and a refinement the simulator study did not keep (docs/simulator.md): compared there,
+    # not shipped.
+    Entry(DualThresholdPolicy, "verl/SGLang's global dual-threshold gate", selectable=False),
+    Entry(CacheAwarePolicy, "SGLang's cache-aware prefix tree", selectable=False),
+    Entry(AdaptiveAffinityPolicy, "the margin grown with context, with a cooldown", selectable=False),
+)
+
+POLICIES: dict[str, type[Policy]] = {entry.policy.name: entry.policy for entry in ENTRIES}
+SELECTABLE: tuple[str, ...] = tuple(entry.policy.name for entry in ENTRIES if entry.selectable)
+
+
+def summary(markup: Callable[[str], str] = str) -> str:
+    """The selectable policies with their few words, ``markup`` applied to each name (the CLI's help, the docs)."""
+    return ", ".join(f"{markup(entry.policy.name)} ({entry.summary})" for entry in ENTRIES if entry.selectable)
+
+
+def selectable(name: object) -> str:
+    """``name`` if a router may run it; else an error naming the choices (the settings' validator)."""
+    if isinstance(name, str) and name in SELECTABLE:
+        return name
+    why = "is research-only (the simulator's)" if name in POLICIES else "is not a policy"
+    raise ValueError(f"{name!r} {why}; choose one of: {', '.join(SELECTABLE)}")
 
 
 def options(name: str) -> list[str]:

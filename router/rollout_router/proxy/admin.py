@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..context import RouterContext
+from .context import RouterContext
 from .errors import error_body
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from .. import descriptors
-from ..context import RouterContext
 from ..replicas import Lease
+from .context import RouterContext
 
 
 class Refused(Exception):

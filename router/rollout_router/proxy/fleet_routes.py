@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 
-from ..context import RouterContext
 from .admin import GET, AdminAnswer, AdminRequest, Route, error
+from .context import RouterContext
 
 
 def _json(document: dict) -> AdminAnswer:

@@ -15,9 +15,9 @@ import dataclasses
 import logging
 import time
 
-from ..context import RouterContext
 from ..listening import EVERY_ADDRESS, dual_stack_socket
 from ..settings import RouterSettings
+from .context import RouterContext
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import uuid
 from collections.abc import Callable
 from urllib.parse import parse_qs, unquote
 
-from ..context import RouterContext
 from ..replicas import API, Replica, grpc_only
 from ..settings import Backend, SettingsError, parse_settings
 from .admin import GET, AdminAnswer, Route
+from .context import RouterContext
 from .errors import error_body
 
 WORKERS, WORKERS_PREFIX = "/workers", "/workers/"

@@ -59,13 +59,12 @@ def grid_arms(lru: int) -> dict[str, Arm]:
 
 def shipped_cost_affinity() -> dict[str, Any]:
     """``cost_affinity``'s options as the router ships them: ``relative`` and ``min_turn_seconds`` from the
-    router's settings (``CostAffinitySettings``), the margin from the policy's own default (the router's
+    router's settings (``CostAffinityOptions``, the policy's own model), the margin from the policy's own default (the router's
     ``affinityBreakMargin`` defaults to null, which it refuses under ``cost_affinity``: a deployment sets it).
     Spelled out in the arm, so the result cache keys by the values, not by a name."""
-    from rollout_router.policy.cost_affinity import CostAffinityPolicy
-    from rollout_router.settings import CostAffinitySettings
+    from rollout_router.policy.cost_affinity import CostAffinityOptions, CostAffinityPolicy
 
-    shipped = CostAffinitySettings()
+    shipped = CostAffinityOptions()
     margin = inspect.signature(CostAffinityPolicy).parameters["margin"].default
     return {"margin": margin, "relative": shipped.relative, "min_turn_seconds": shipped.min_turn_seconds}
 

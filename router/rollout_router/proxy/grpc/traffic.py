@@ -6,10 +6,10 @@ import contextlib
 import logging
 import time
 
-from ...context import RouterContext
 from ...health import TIMEOUT
 from ...policy import NoReplicaError
 from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short
+from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP

@@ -14,8 +14,8 @@ import logging
 import os
 from pathlib import Path
 
-from ...context import RouterContext
 from .. import admin, fleet_routes, workers
+from ..context import RouterContext
 from ..listener import Limits
 from .listener import HttpListener
 from .server import ClientConnection, HttpRequest

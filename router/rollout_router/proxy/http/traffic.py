@@ -4,10 +4,10 @@ from __future__ import annotations
 import logging
 import time
 
-from ...context import RouterContext
 from ...policy import NoReplicaError
 from .. import admin, workers
 from ..attempts import AllRefused, OutOfDescriptors, forward
+from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import Limits, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
