@@ -254,7 +254,7 @@ class RouterSettings(PolicySettings):
     """Everything ``rollout-router serve`` reads from ``--config``."""
 
     backends: list[Backend] = Field(default_factory=list,
-                                    description="Static replicas (a URL, or {url, grpc}), used when discovery is unset.")
+                                    description="Static replicas (a URL, or {url, grpc}; grpc://HOST:PORT or {grpc} for one that serves gRPC only), used when discovery is unset.")
     discovery: DiscoverySettings | None = None
     max_body_bytes: StrictInt = Field(32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     connect_retries: StrictInt = Field(2, ge=0, description="Other replicas tried when one refuses the connection.")
