@@ -32,9 +32,11 @@ def test_the_soft_limit_is_raised_to_the_hard_limit():
 
 
 def test_max_connections_is_cut_to_what_the_limit_allows(caplog):
+    cut = descriptors.connection_cap(10_000, 1024, listeners=2)
+    assert cut == (1024 - descriptors.RESERVE) // 2 and descriptors.connection_cap(100, 1 << 20, listeners=2) == 100
     with caplog.at_level(logging.WARNING, "rollout_router.descriptors"):
-        assert descriptors.connection_cap(10_000, 1024, listeners=2) == (1024 - descriptors.RESERVE) // 2
-        assert descriptors.connection_cap(100, 1 << 20, listeners=2) == 100
+        descriptors.say_cut(10_000, cut, 1024)
+        descriptors.say_cut(100, 100, 1 << 20)  # not cut: nothing said
     assert len(caplog.records) == 1 and "maxConnections 10000 per listener cut to 256" in caplog.text
 
 

@@ -72,7 +72,7 @@ def test_defaults_and_live_config():
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"margin": True}, "margin"), ({"margin": -1}, "margin"), ({"margin": 1.5}, "margin"),
+    ({"margin": True}, "margin"), ({"margin": -1}, "margin"), ({"margin": float("nan")}, "margin"),  # 1.5 is a margin now (verl takes any)
     ({"relative": -0.1}, "relative"), ({"relative": "0.1"}, "relative"), ({"relative": 11}, "relative"),
     ({"relative": True}, "relative"), ({"min_turn_seconds": -1}, "min_turn_seconds"),
     ({"min_turn_seconds": float("inf")}, "min_turn_seconds"), ({"min_turn_seconds": "40"}, "min_turn_seconds"),

@@ -163,9 +163,9 @@ class Runtime:
     async def start(self, host: str, port: int) -> int:
         """Start everything the router owns; listen for HTTP on ``host:port`` (0: any free port). Returns the port."""
         self.apply(self.settings)
-        listeners = 1 + (self.grpc_proxy is not None)
-        limit_connections(descriptors.connection_cap(self.settings.max_connections, descriptors.raise_limit(),
-                                                     listeners))
+        limit = descriptors.raise_limit()
+        cap = descriptors.connection_cap(self.settings.max_connections, limit, 1 + (self.grpc_proxy is not None))
+        limit_connections(cap)
         self.port = await bind(self.http_proxy.start(host, port), "--host", "--port", host, port)
         if self.admin_address is not None:
             self.admin_port = await bind(self.admin.start(*self.admin_address), "--admin-host", "--admin-port",
@@ -176,6 +176,7 @@ class Runtime:
             grpc_host, _, grpc_port = self.grpc_address.rpartition(":")
             self.grpc_port = await bind(self.grpc_proxy.start(grpc_host.strip("[]"), int(grpc_port)), "--host",
                                         "--grpc-port", grpc_host, int(grpc_port))
+        descriptors.say_cut(self.settings.max_connections, cap, limit)  # once bound: a bind error stays one line
         if self.peering.wanted(self.settings):
             self._start_fleet()
         return self.port

@@ -8,7 +8,7 @@ EMFILE and the replica was marked down, so every replica went out of rotation wh
 - ``raise_limit`` lifts the soft limit to the hard limit at start (an unprivileged process may).
 - ``connection_cap`` is what each traffic listener may hold: ``maxConnections``, cut so that all listeners'
   clients together leave ``RESERVE`` descriptors for replica connections, probes, the admin listener, peers
-  and files (the cut is logged once at start).
+  and files; ``say_cut`` logs a cut once, after the listeners are bound (a bind error stays one line).
 - ``local_shortage`` tells an EMFILE/ENFILE apart from a replica's failure: the callers then answer 503 (or
   leave the probe's verdict as it was) and ``report`` counts it, logging once per episode.
 """
@@ -46,13 +46,15 @@ def raise_limit() -> int:
 
 def connection_cap(configured: int, limit: int, listeners: int) -> int:
     """Clients one traffic listener may hold so that ``listeners`` of them leave ``RESERVE`` descriptors."""
-    room = max(1, (limit - RESERVE) // max(1, listeners))
-    if configured > room:
+    return min(configured, max(1, (limit - RESERVE) // max(1, listeners)))
+
+
+def say_cut(configured: int, cap: int, limit: int) -> None:
+    """Log, once, that ``maxConnections`` was cut to ``cap`` (nothing when it was not)."""
+    if cap < configured:
         log.warning("maxConnections %d per listener cut to %d: the file descriptor limit is %d (hard limit; "
                     "raise it, e.g. ulimit -n, to allow more) and %d are kept for replicas, probes and admin",
-                    configured, room, limit, RESERVE)
-        return room
-    return configured
+                    configured, cap, limit, RESERVE)
 
 
 def local_shortage(error: OSError) -> bool:
