@@ -86,9 +86,9 @@ def _overrides(args) -> dict:
 
 def run(args) -> int:
     if args.verl_grid:
-        from .verlreport import run_command
+        from .verlreport import run_and_render
 
-        return run_command(args)
+        return _emit(args, *run_and_render(args))
     if args.grid or args.from_json:
         return run_grid_command(args)
     names = args.preset or STUDY_PRESETS

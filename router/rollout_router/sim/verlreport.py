@@ -8,7 +8,6 @@ nearest each row's, one per fleet. That choice only picks which rows to show: ev
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 from .gridreport import _ch, _coverage_note, fill
@@ -69,9 +68,9 @@ def markdown(grid: dict[str, Any]) -> str:
     return "\n\n".join(f"### {name}\n\n{body}" for name, body in sections(grid).items())
 
 
-def run_command(args) -> int:
-    """``--verl-grid NAME``: run (``--seeds``, ``--cache``, ``--jobs``), then ``--json-out``, ``--markdown``,
-    ``--docs`` (this module's generated sections of docs/simulator.md)."""
+def run_and_render(args) -> tuple[dict[str, Any], str]:
+    """``--verl-grid NAME``: run (``--seeds``, ``--cache``, ``--jobs``), write ``--json-out`` and ``--docs`` (this
+    module's generated sections of docs/simulator.md); the grid and its markdown, for the CLI to emit."""
     from .verlgrid import run_verl_grid
 
     grid = run_verl_grid(args.verl_grid, seeds=args.seeds, seed=args.seed, jobs=max(1, args.jobs),
@@ -85,12 +84,4 @@ def run_command(args) -> int:
             text = fh.read()
         with open(args.docs, "w") as fh:
             fh.write(fill(text, sections(grid)))
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(md + "\n")
-    if args.json:
-        json.dump(grid, sys.stdout)
-        print()
-    else:
-        print(md)
-    return 0
+    return grid, md
