@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -147,10 +148,36 @@ Seconds = Annotated[float, Field(gt=0)]
 HOST_PORT = re.compile(r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}")
 
 
+CONTROL = re.compile(r"[\x00-\x20\x7f]")  # spaces and control bytes: a CR/LF would end up in a request head
+
+
 def _host_port(target: str) -> str:
     if not HOST_PORT.fullmatch(target):
         raise ValueError(f"grpc target {target!r} must be host:port")
+    if not 1 <= int(target.rsplit(":", 1)[1]) <= 65535:
+        raise ValueError(f"grpc target {target!r}: the port must be 1-65535")
     return target
+
+
+def _http_url(url: str) -> str:
+    """A replica's base URL, parsed strictly: http(s), a host, a port 1-65535 if any, no user:password@, no query
+    or fragment, no space or control byte (a worker URL from the API ends up in every request head to it)."""
+    if CONTROL.search(url):
+        raise ValueError(f"backend {url!r} must not contain spaces or control characters")
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise ValueError(f"backend {url!r} must not carry user:password@")
+    if not parts.hostname:
+        raise ValueError(f"backend {url!r} has no host")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or (port is None and parts.netloc.endswith(":")):
+        raise ValueError(f"backend {url!r}: the port must be 1-65535")
+    if parts.query or parts.fragment:
+        raise ValueError(f"backend {url!r} must not have a query or a fragment")
+    return url.rstrip("/")
 
 
 class Backend(Model):
@@ -176,7 +203,7 @@ class Backend(Model):
             return "grpc://" + _host_port(url[len("grpc://"):].rstrip("/"))
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"backend {url!r} must be an http://, https:// or grpc:// URL")
-        return url.rstrip("/")
+        return _http_url(url)
 
     @field_validator("grpc")
     @classmethod
