@@ -190,7 +190,7 @@ class Metrics:
 
 def _status(live: Metrics) -> dict:
     balancer, replicas, settings, fleet = live.balancer, live.replicas, live.settings(), live.fleet()
-    loads = replicas.loads()
+    loads, grpc_loads = replicas.loads(), replicas.loads(grpc=True)  # live views, read once for the document
     now, wall = live.clock(), time.time()
     return {
         **balancer.policy.counters.as_dict(),
@@ -201,11 +201,10 @@ def _status(live: Metrics) -> dict:
         "total_inflight": replicas.total_inflight(),
         "backends_ready": replicas.ready_count(),
         "backends_ready_http": len(loads),
-        "backends_ready_grpc": len(replicas.loads(grpc=True)),
+        "backends_ready_grpc": len(grpc_loads),
         "backends_ejected": replicas.ejected(),
         "repinned": dict(balancer.repinned),
-        "backends": [_backend(r, r.id in loads, r.id in replicas.loads(grpc=True), now, wall)
-                     for r in replicas.replicas()],
+        "backends": [_backend(r, r.id in loads, r.id in grpc_loads, now, wall) for r in replicas.replicas()],
         "config_reloads": dict(live.config_reloads),
         "fleet": fleet.status() if fleet is not None else None,
     }
