@@ -3,6 +3,7 @@ setting of the config file says so at startup (a reload of that field will not a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
@@ -204,14 +205,35 @@ def test_a_bind_refusal_names_the_flag_for_each_errno():
             asyncio.run(usage.bind(refused(code), "--host", "--port", "10.0.0.1", 80))
 
 
-def test_ctrl_c_ends_quietly():
-    """SIGINT in the middle of a demo run: exit 130, no traceback."""
+def _session_members(session: int) -> list[str]:
+    """Live processes (not zombies) of a session: ``/proc/PID/stat`` field 6 is the session id."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone while listing
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, pgrp, session, ...
+        if int(fields[3]) == session and fields[0] != "Z":
+            members.append(text[:text.rindex(")") + 1])
+    return members
+
+
+def test_ctrl_c_ends_quietly_and_leaves_no_replica_running():
+    """SIGINT while the demo starts its replicas: exit 130, no traceback, and no child left behind.
+
+    The demo runs in its own session, so a replica it orphaned would still carry that session id.
+    """
     proc = subprocess.Popen([SCRIPT, "demo", "--replicas", "1", "--prompts", "1", "--samples", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert "simulated vLLM replicas" in proc.stdout.readline()  # started: the replicas are coming up
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
+        left = _session_members(proc.pid)
     finally:
         proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever leaked, so one failure does not leak into later tests
     assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert left == [], left

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -104,19 +106,48 @@ class Starting:
 
 
 def spawn(args: Sequence[str], host: str, log: IO[str] | None = None,
-          preexec: Callable[[], None] | None = None) -> Starting:
+          preexec: Callable[[], None] | None = None, into: list[subprocess.Popen] | None = None) -> Starting:
     """``rollout-router ARGS --host HOST --port 0 --port-file ...``; ARGS may add ``--grpc-port 0``.
 
     A router's admin listener binds a free port too (on loopback, ``Service.admin_url``), unless ARGS place it.
     Output goes to ``log`` when given, else stderr is kept for the error of a server that dies. ``preexec`` runs
-    in the child before it starts (e.g. to lower its resource limits).
+    in the child before it starts (e.g. to lower its resource limits). With ``into`` the process is appended to
+    that list before a Ctrl-C can interrupt: a caller that stops the list on exit never orphans a child.
     """
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-")) / "ports.json"
     admin = ["--admin-port", "0"] if args[0] == "serve" and "--admin-port" not in args else []
-    process = subprocess.Popen(command(*args, *admin, "--host", host, "--port", "0", "--port-file", str(port_file)),
-                               stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT if log else subprocess.PIPE,
-                               stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec)
+    with _interrupts_held() as restore:
+        def child_setup() -> None:
+            if restore:
+                restore()  # the child must not inherit the held SIGINT
+            if preexec:
+                preexec()
+        process = subprocess.Popen(command(*args, *admin, "--host", host, "--port", "0", "--port-file", str(port_file)),
+                                   stdout=log or subprocess.DEVNULL,
+                                   stderr=subprocess.STDOUT if log else subprocess.PIPE,
+                                   stdin=subprocess.DEVNULL, text=True,
+                                   preexec_fn=child_setup if restore or preexec else None)
+        if into is not None:
+            into.append(process)
     return Starting(process, host, port_file)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[Callable[[], object] | None]:
+    """Hold SIGINT (main thread only) while a child starts and is recorded; a held Ctrl-C is raised after.
+
+    Without it a Ctrl-C landing inside ``Popen`` (after the fork) or before the caller records the process
+    leaves a running child nobody stops. Yields the function that restores the previous signal mask (None
+    off the main thread, where Python never raises KeyboardInterrupt).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def wait_healthy(service: Service, health: str, timeout: float = 30.0) -> Service:
@@ -139,15 +170,18 @@ def _stderr(process: subprocess.Popen) -> str:
     return process.stderr.read()[-2000:] if process.stderr else "(output in its log)"
 
 
-def spawn_replica(index: int, fake_args: Sequence[str] = (), grpc: bool = False) -> Starting:
+def spawn_replica(index: int, fake_args: Sequence[str] = (), grpc: bool = False,
+                  into: list[subprocess.Popen] | None = None) -> Starting:
     """A simulated replica on its own loopback address, 127.0.0.(10 + index)."""
-    return spawn(["fake-vllm", *(["--grpc-port", "0"] if grpc else []), *fake_args], f"127.0.0.{10 + index}")
+    return spawn(["fake-vllm", *(["--grpc-port", "0"] if grpc else []), *fake_args], f"127.0.0.{10 + index}",
+                 into=into)
 
 
-def spawn_router(backends: Sequence[str], router_args: Sequence[str] = (), grpc: bool = False) -> Starting:
+def spawn_router(backends: Sequence[str], router_args: Sequence[str] = (), grpc: bool = False,
+                 into: list[subprocess.Popen] | None = None) -> Starting:
     flags = [arg for backend in backends for arg in ("--backend", backend)]
     return spawn(["serve", "--log-level", "warning", *flags, *(["--grpc-port", "0"] if grpc else []), *router_args],
-                 "127.0.0.1")
+                 "127.0.0.1", into=into)
 
 
 @contextlib.contextmanager
@@ -159,12 +193,9 @@ def local_fleet(replicas: int, router_args: Sequence[str] = (), fake_args: Seque
     """
     processes: list[subprocess.Popen] = []  # stopped on exit, even those that never bound
     try:
-        starting = [spawn_replica(index, fake_args, grpc) for index in range(replicas)]
-        processes.extend(s.process for s in starting)
+        starting = [spawn_replica(index, fake_args, grpc, into=processes) for index in range(replicas)]
         fleet = [s.bound() for s in starting]
-        starting_router = spawn_router([s.backend for s in fleet], router_args, grpc)
-        processes.append(starting_router.process)
-        router = starting_router.bound()
+        router = spawn_router([s.backend for s in fleet], router_args, grpc, into=processes).bound()
         for service in fleet:
             wait_healthy(service, "/health")
         yield wait_healthy(router, "/readyz"), fleet

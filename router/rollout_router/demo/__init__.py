@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import statistics
+import subprocess
 from collections.abc import Iterator, Sequence
 
 from tqdm import tqdm
@@ -57,13 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def fleet(replicas: int, arms: Sequence[Sequence[str]], fake_args: Sequence[str]) -> Iterator[
         tuple[list[Service], list[Service]]]:
     """``replicas`` simulated vLLM servers and one router per arm in front of all of them; all stop on exit."""
-    processes = []
+    processes: list[subprocess.Popen] = []  # each recorded as it starts: a Ctrl-C never orphans one
     try:
-        starting = [spawn_replica(i, fake_args) for i in range(replicas)]
-        processes += [s.process for s in starting]
+        starting = [spawn_replica(i, fake_args, into=processes) for i in range(replicas)]
         backends = [s.bound() for s in starting]
-        starting_routers = [spawn_router([b.backend for b in backends], args) for args in arms]
-        processes += [s.process for s in starting_routers]
+        starting_routers = [spawn_router([b.backend for b in backends], args, into=processes) for args in arms]
         routers = [s.bound() for s in starting_routers]
         yield [wait_healthy(b, "/health") for b in backends], [wait_healthy(r, "/readyz") for r in routers]
     finally:
