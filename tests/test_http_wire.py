@@ -282,3 +282,60 @@ async def test_a_refused_upload_still_gets_its_413_while_the_client_keeps_sendin
         writer.close()
     assert code == 413 and "maxBodyBytes=2048" in json.loads(body)["error"]["message"]
     assert headers["connection"] == "close" and not replica.seen
+
+
+BIG = 512 * 1024  # an answer of known length, buffered whole by the router before it is written
+
+
+async def never_reading_client(base: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection whose receive window is tiny, so what the router writes stays in the router's buffer."""
+    host, port = base.removeprefix("http://").split(":")
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window is set then
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, (host, int(port)))
+    return await asyncio.open_connection(sock=client)
+
+
+@pytest.mark.parametrize("path, count", [(b"/v1/models", 200), (b"/healthz", 60000)])
+async def test_a_pipelining_client_that_never_reads_holds_one_answer_beyond_the_high_water_mark(path, count):
+    """Finding 1 of issue 21: pipelined requests and no read must not make the router answer them all.
+
+    Replica answers (``/v1/models``, 512 KiB each) and the router's own (``/healthz``) alike: once the
+    client's write buffer is above the mark, the next request waits, the queue fills, reading pauses. When
+    the client then reads, every answer arrives, in order.
+    """
+    big = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % BIG + b"x" * BIG
+    raw = RawReplica(lambda index, connection: big)
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, runtime):
+            reader, writer = await never_reading_client(base)
+            writer.write(b"GET %s HTTP/1.1\r\nHost: r\r\n\r\n" % path * count)  # not drained: the router may stop
+            proxy = runtime.http_proxy
+            await wait_for(lambda: any(c.write_paused and c.exchange is None and c._read_paused
+                                       for c in proxy.clients), timeout=20)
+            buffered = sum(c.transport.get_write_buffer_size() for c in proxy.clients)
+            assert buffered <= WRITE_HIGH_WATER + BIG + 4096, buffered
+            if path == b"/v1/models":
+                assert raw.requests < 40, raw.requests  # the kernel's buffers hold a few; not 200
+            answers = [await read_response(reader) for _ in range(count)]
+            writer.close()
+    finally:
+        await raw.stop()
+    assert [code for code, _, _ in answers] == [200] * count
+
+
+async def test_a_client_that_reads_nothing_for_the_stall_timeout_is_cut(monkeypatch):
+    """Writes paused without any drain for WRITE_STALL_SECONDS: the connection is cut and counted."""
+    from rollout_router.proxy.http import server
+    monkeypatch.setattr(server, "WRITE_STALL_SECONDS", 0.5)
+    async with running_router(RouterSettings(backends=["http://127.0.0.30:9"], health=NO_PROBES)) as (base, runtime):
+        _, writer = await never_reading_client(base)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n" * 60000)
+        proxy = runtime.http_proxy
+        await wait_for(lambda: any(c.write_paused for c in proxy.clients), timeout=20)
+        await wait_for(lambda: not proxy.clients, timeout=20)  # the sweep cut it
+        writer.close()
+        assert runtime.metrics.registry.get_sample_value("rolloutrouter_client_write_stalls_total",
+                                                     {"listener": "traffic"}) == 1

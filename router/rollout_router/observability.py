@@ -149,6 +149,9 @@ class Metrics:
         self.connections_rejected = Counter("rolloutrouter_connections_rejected",
                                             "Client connections refused (503) at the listener's maxConnections.",
                                             ["listener"], registry=self.registry)
+        self.write_stalls = Counter("rolloutrouter_client_write_stalls",
+                                    "Client connections cut after reading nothing of their answers for 60 s.",
+                                    ["listener"], registry=self.registry)
         self.client_connections = Gauge("rolloutrouter_client_connections", "Client connections open, per listener.",
                                         ["listener"], registry=self.registry)
         self.grpc_calls = Gauge("rolloutrouter_grpc_calls", "gRPC calls in progress on the gRPC listener; bounded by "

@@ -83,6 +83,7 @@ class Listener:
         self._at_limit = False
         metrics = context.metrics
         self._rejected = metrics.connections_rejected.labels(self.name)
+        self.write_stalls = metrics.write_stalls.labels(self.name)
         metrics.client_connections.labels(self.name).set_function(lambda: len(self.clients))
         metrics.buffered_bytes.labels(self.name).set_function(lambda: self.buffered)
 

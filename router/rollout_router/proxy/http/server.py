@@ -9,8 +9,11 @@ full) until its request is answered. While a head is parsed the proxy keeps
 only what it needs: the end-to-end headers as they came, the session key
 from the configured headers, the Content-Type and Content-Encoding.
 Requests are answered one at a time in arrival order (keep-alive and
-pipelining); reading pauses while too many wait. The listener's sweep calls
-``check``: idle connections close, slow heads and bodies get 408.
+pipelining); reading pauses while too many wait, and the next request waits
+while the client's write buffer is above its high-water mark, so a client that
+pipelines and never reads holds at most one answer beyond that mark. The
+listener's sweep calls ``check``: idle connections close, slow heads and bodies
+get 408, a client that reads nothing for ``WRITE_STALL_SECONDS`` is cut.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ MAX_HEAD = 64 * 1024  # request line + headers; more is a 431
 IDLE_SECONDS = 75.0  # a client connection with nothing in flight is closed after this long without a byte
 LINGER_SECONDS = 2.0  # after a last answer, unread request bytes are drained this long before closing
 MAX_QUEUED = 16  # pipelined requests waiting before reading pauses
-WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's stream pauses
+WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's stream and the next request wait
+WRITE_STALL_SECONDS = 60.0  # writes paused this long without the client draining: cut (nginx's send_timeout)
 
 
 class HttpRequest:
@@ -67,6 +71,7 @@ class ClientConnection(asyncio.Protocol):
         self.exchange: Exchange | None = None  # the attempt whose response is being relayed, if any
         self.gone = False
         self.write_paused = False
+        self._write_paused_at = 0.0  # the sweep's clock when writes last paused
         self._parser = httptools.HttpRequestParser(self)
         self._queue: collections.deque[HttpRequest] = collections.deque()
         self._request: HttpRequest | None = None
@@ -103,6 +108,7 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self._write_paused_at = self.listener.now
         if self.exchange is not None:
             self.exchange.pause_upstream()
 
@@ -110,6 +116,7 @@ class ClientConnection(asyncio.Protocol):
         self.write_paused = False
         if self.exchange is not None:
             self.exchange.resume_upstream()
+        self._next()  # a pipelined request held back while the client was not reading
 
     def data_received(self, data: bytes) -> None:
         if self._broken:
@@ -266,7 +273,7 @@ class ClientConnection(asyncio.Protocol):
         self._next()
 
     def _next(self) -> None:
-        if self._busy or not self._queue or self.gone:
+        if self._busy or not self._queue or self.gone or self.write_paused:
             return
         self._busy = True
         asyncio.get_running_loop().create_task(self._answer(self._queue.popleft()))
@@ -317,6 +324,9 @@ class ClientConnection(asyncio.Protocol):
         if self._expired(now):
             if self.transport is not None:
                 self.transport.close()
+        elif self.write_paused and now - self._write_paused_at > WRITE_STALL_SECONDS:
+            self.listener.write_stalls.inc()
+            self.abort()  # what it left unread is lost anyway; the descriptor and buffers come back
         elif not self._broken and not self._read_paused:  # paused: the wait is ours, not the client's
             error = self._late(now, limits)
             if error is not None:
