@@ -61,18 +61,26 @@ async def replica():
 
 
 @pytest.mark.parametrize("case, data, status, words", [
-    ("cl_and_te", b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ("cl_and_te", b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
                   b"3\r\nabc\r\n0\r\n\r\n", 400, "Transfer-Encoding"),
-    ("two_lengths", b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    ("two_lengths", b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
      400, "Content-Length"),
-    ("bad_chunk_size", b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    ("bad_chunk_size", b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
      400, "chunk size"),
-    ("chunk_overrun", b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n",
+    ("chunk_overrun", b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n",
      400, "malformed"),
-    ("gzip_te", b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    ("gzip_te", b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
      400, "only chunked"),
-    ("bad_header", b"POST /v1/chat/completions HTTP/1.1\r\nBad Header: x\r\nContent-Length: 0\r\n\r\n", 400, "malformed"),
+    ("bad_header", b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nBad Header: x\r\nContent-Length: 0\r\n\r\n", 400, "malformed"),
     ("huge_head", b"POST /v1/chat/completions HTTP/1.1\r\nX-Big: " + b"a" * (MAX_HEAD + 10), 431, "head exceeds"),
+    # RFC 9112: Host exactly once in HTTP/1.1 (3.2), only HTTP/1.x here, and an Upgrade the router does not do
+    # must not cost the body (issue 21, finding 8: the replica got Content-Length: 0 and the client a 200)
+    ("no_host", b"GET /v1/models HTTP/1.1\r\n\r\n", 400, "exactly one Host header, not 0"),
+    ("two_hosts", b"GET /v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "exactly one Host header, not 2"),
+    ("http2_line", b"GET /v1/models HTTP/2.0\r\nHost: r\r\n\r\n", 505, "HTTP/2.0 is not supported"),
+    ("upgrade_with_body", b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(CHAT), CHAT),
+     400, "Connection: Upgrade is refused"),
 ])
 async def test_bad_framing_gets_json_error_and_reaches_no_replica(replica, case, data, status, words):
     async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime):
@@ -93,6 +101,20 @@ async def test_pipelined_requests_are_answered_in_order(replica):
     kinds = [json.loads(body)["object"] for _, _, body in answers]
     assert kinds == ["chat.completion", "list", "chat.completion", "list"]
     assert [seen["body"] for seen in replica.seen] == [json.loads(CHAT), {"model": "tiny", "n": 2}]
+
+
+async def test_an_http10_client_gets_no_chunked_framing_and_needs_no_host(replica):
+    """HTTP/1.0 has no chunked coding: a streamed answer is delimited by the close, even on keep-alive."""
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, _):
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = b'{"model":"tiny","stream":true,"messages":[]}'
+        writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nConnection: keep-alive\r\nX-Session-ID: s\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        head, _, rest = (await reader.read(-1)).partition(b"\r\n\r\n")  # to the close
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding" not in head, head
+    assert b"Connection: close" in head and rest.rstrip().endswith(b"data: [DONE]"), rest
 
 
 async def test_head_gets_the_head_only_and_the_connection_goes_on(replica):

@@ -109,16 +109,18 @@ class Exchange:
         no_body = request.head_only or status in (204, 304)
         if length is not None:
             kept.append((b"Content-Length", length))
-        elif not no_body and request.keep_alive and not request.close_after:
+        elif not no_body and request.keep_alive and not request.close_after and not request.http10:
             self.chunked = True  # chunked or read-until-close upstream: re-framed as chunks
             kept.append((b"Transfer-Encoding", b"chunked"))
         self.until_close = length is None and not parser.should_keep_alive()
         if not self.forwarded:
             kept.append((REPLICA_HEADER_BYTES, self.replica.encode()))
         if not self.chunked and length is None and not no_body:
-            request.close_after = True  # an HTTP/1.0 client learns the end of the body from the close
+            request.close_after = True  # the end of the body is the close (always so for an HTTP/1.0 client)
         if request.close_after or not request.keep_alive:
             kept.append((b"Connection", b"close"))
+        elif request.http10:
+            kept.append((b"Connection", b"keep-alive"))  # an HTTP/1.0 client closes unless told
         head = wire.status_line(status, self.reason) + _lines(kept) + b"\r\n"
         if request.head_only:
             self.out.append(head)

@@ -45,7 +45,8 @@ class HttpRequest:
     """One parsed request: what forwarding needs and nothing more."""
 
     __slots__ = ("method", "target", "path", "headers", "keys", "content_type", "content_encoding", "body", "size",
-                 "keep_alive", "head_only", "error", "close_after", "connection", "limit", "expect", "charged")
+                 "keep_alive", "head_only", "error", "close_after", "connection", "limit", "expect", "charged",
+                 "http10", "hosts", "has_body")
 
     def __init__(self, limit: int) -> None:
         self.target = b""
@@ -58,7 +59,8 @@ class HttpRequest:
         self.body: list[bytes] | bytes = []
         self.size, self.limit = 0, limit
         self.error: RouterError | None = None
-        self.close_after = self.expect = False
+        self.close_after = self.expect = self.http10 = self.has_body = False
+        self.hosts = 0  # Host headers seen: an HTTP/1.1 request needs exactly one
         self.method, self.path, self.keep_alive, self.head_only = b"GET", "/", True, False
 
 
@@ -156,15 +158,20 @@ class ClientConnection(asyncio.Protocol):
         if not self._charge(request, len(name) + len(value)):
             return
         lower = name.lower()
-        if lower in HOP_BY_HOP:
-            if lower == b"connection":
+        if lower in HOP_BY_HOP:  # Host among them: the replica gets its own
+            if lower == b"host":
+                request.hosts += 1
+            elif lower == b"connection":
                 request.connection = value if request.connection is None else request.connection + b"," + value
-            elif lower == b"transfer-encoding" and value.strip().lower() != b"chunked":
-                request.error = RouterError(400, f"unsupported Transfer-Encoding {value.decode('latin-1')!r}; "
-                                                 "only chunked is accepted")
+            elif lower == b"transfer-encoding":
+                request.has_body = True
+                if value.strip().lower() != b"chunked":
+                    request.error = RouterError(400, f"unsupported Transfer-Encoding {value.decode('latin-1')!r}; "
+                                                     "only chunked is accepted")
             elif lower == b"expect":
                 request.expect = value.strip().lower() == b"100-continue"
             elif lower == b"content-length":
+                request.has_body = value.strip() != b"0"
                 self._check_length(request, int(value))
             return
         request.headers.append((name, value))
@@ -186,8 +193,7 @@ class ClientConnection(asyncio.Protocol):
         request.head_only = request.method == b"HEAD"
         request.keep_alive = parser.should_keep_alive()
         request.path = request.target.partition(b"?")[0].decode("utf-8", "surrogateescape")
-        if not request.target.startswith(b"/"):
-            request.error = request.error or RouterError(400, "request target must be an absolute path")
+        request.error = request.error or self._head_error(request)
         if request.connection is not None:
             named = connection_tokens(request.connection)
             if named:
@@ -197,6 +203,21 @@ class ClientConnection(asyncio.Protocol):
             self._stop_reading()
         elif request.expect and not self._busy and not self._queue and parser.get_http_version() == "1.1":
             self.write(wire.CONTINUE)  # the body is read here before any replica is chosen
+
+    def _head_error(self, request: HttpRequest) -> RouterError | None:
+        """What RFC 9112 makes a head wrong beyond llhttp's checks: the version, the target form, Host."""
+        version = self._parser.get_http_version()
+        request.http10 = version == "1.0"
+        if version not in ("1.1", "1.0"):
+            return RouterError(505, f"HTTP/{version} is not supported on this port; send HTTP/1.1")
+        if not request.target.startswith(b"/"):
+            return RouterError(400, "request target must be an absolute path")
+        if request.hosts != 1 and not request.http10:
+            return RouterError(400, f"an HTTP/1.1 request needs exactly one Host header, not {request.hosts}")
+        if request.has_body and self._parser.should_upgrade():  # llhttp ends the message before its body
+            return RouterError(400, "a request with a body and Connection: Upgrade is refused: the router does not "
+                                    "switch protocols; send it without Upgrade")
+        return None
 
     def on_body(self, body: bytes) -> None:
         request = self._request
