@@ -63,6 +63,23 @@ async def test_hung_replica_gets_504_after_the_first_byte_timeout_then_is_ejecte
     assert 'rolloutrouter_repinned_total{reason="ejected"} 2.0' in metrics
 
 
+async def test_a_replica_answering_500_to_everything_is_ejected_and_its_sessions_move(good, http):
+    """Issue 21, finding 7: a replica that answers 500 stayed in rotation (17 of 20 requests failed)."""
+    failing = await ScriptedReplica("127.0.0.72", status=500).start()
+    try:
+        settings = RouterSettings(backends=[failing.url, *(r.url for r in good)],
+                                  health=passive(consecutive_5xx=3))
+        async with running_router(settings) as (base, runtime):
+            pin(runtime, "a", failing.url)
+            codes = [(await chat(http, base, "a"))[:2] for _ in range(4)]
+            metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
+    finally:
+        await failing.stop()
+    assert codes[:3] == [(500, failing.url)] * 3  # the replica's own answers, relayed
+    assert codes[3][0] == 200 and codes[3][1] != failing.url  # ejected: the session moved
+    assert f'rolloutrouter_replica_ejections_total{{backend="{failing.url}",reason="http_5xx"}} 1.0' in metrics
+
+
 async def test_garbage_replica_gets_502s_and_is_ejected_instead_of_looking_least_loaded(good, http):
     garbage = await BrokenReplica("127.0.0.71", "garbage").start()
     try:

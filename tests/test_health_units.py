@@ -139,3 +139,21 @@ def test_every_policy_takes_forget(name):
     decision = policy.route(Request("s", LOADS))
     policy.forget("s", decision, 0.0)
     assert policy.sessions() == 0
+
+
+def test_a_streak_of_5xx_answers_ejects_and_any_other_answer_resets_it():
+    """health.consecutive5xx (Envoy's consecutive_5xx): a replica answering 500 to everything goes out."""
+    outliers, fleet, _, ejected = detector(consecutive_5xx=3)
+    replica = fleet.get("r0")
+    for status in (500, 503, 404, 500, 502):  # the 404 is an answer of the replica's: the streak starts over
+        assert not outliers.answered(replica, status)
+    assert outliers.answered(replica, 500)  # the third in a row
+    assert "r0" not in fleet.loads() and ejected == [("r0", "http_5xx")] and replica.server_errors == 0
+
+
+def test_5xx_ejection_off_and_bounded_by_max_ejection_percent():
+    off, fleet, _, ejected = detector(consecutive_5xx=0)
+    assert not any(off.answered(fleet.get("r0"), 500) for _ in range(50)) and not ejected
+    bounded, fleet, _, ejected = detector(replicas=2, consecutive_5xx=1)  # 50%: one of two at most
+    assert bounded.answered(fleet.get("r0"), 500)
+    assert not bounded.answered(fleet.get("r1"), 500) and "r1" in fleet.loads()

@@ -60,6 +60,7 @@ class Replica:
     ejected_until: float = 0.0  # the end of its last ejection (passive health)
     ejections: int = 0  # the ejection multiplier: grows with each ejection, decays while it behaves
     failures: int = 0  # consecutive failures (passive health); a success resets it
+    server_errors: int = 0  # consecutive 5xx answers (passive health); any other answer resets it
     healthy: bool = True  # the last active HTTP probe passed (or none has run yet)
     grpc_healthy: bool = True  # the last active gRPC probe passed (or none has run yet)
     sources: dict[str, str | None] = dataclasses.field(default_factory=dict)  # source -> the gRPC target it named

@@ -224,6 +224,10 @@ class HealthSettings(Model):
     consecutive_failures: StrictInt = Field(
         3, ge=1, description="Failures in a row (no answer within firstByteTimeoutSeconds, unparseable HTTP, "
                              "a connection closed before the answer) that eject a replica.")
+    consecutive_5xx: StrictInt = Field(
+        5, ge=0, alias="consecutive5xx",
+        description="5xx answers in a row that eject a replica (Envoy's consecutive_5xx, default 5); 0 turns it off. "
+                    "A replica that answers 500 to everything is as broken as one that refuses connections.")
     base_ejection_seconds: Seconds = Field(
         30.0, description="First ejection's length; each further ejection adds as much, up to maxEjectionSeconds.")
     max_ejection_seconds: Seconds = Field(300.0, description="Longest ejection.")

@@ -3,9 +3,10 @@
 A failure is an attempt that got no usable answer: no response head within
 ``firstByteTimeoutSeconds`` (``timeout``), bytes that are not HTTP
 (``invalid_response``), or a connection closed before the answer
-(``closed``). Any response head (whatever its status: a 4xx or 5xx is the
-replica answering) is a success and resets the streak. At
-``health.consecutiveFailures`` the replica is ejected for
+(``closed``). Any response head is the replica answering and resets that
+streak; 5xx heads keep a streak of their own (Envoy's ``consecutive_5xx``),
+which any other answer resets. At ``health.consecutiveFailures`` failures, or
+``health.consecutive5xx`` 5xx answers, the replica is ejected for
 ``baseEjectionSeconds`` times its ejection multiplier, capped at
 ``maxEjectionSeconds``; the multiplier grows by one per ejection and shrinks
 by one per ``baseEjectionSeconds`` the replica spends back in rotation, as in
@@ -24,7 +25,7 @@ from ..settings import HealthSettings
 
 log = logging.getLogger(__name__)
 
-TIMEOUT, INVALID_RESPONSE, CLOSED = "timeout", "invalid_response", "closed"
+TIMEOUT, INVALID_RESPONSE, CLOSED, SERVER_ERRORS = "timeout", "invalid_response", "closed", "http_5xx"
 
 
 class OutlierDetector:
@@ -34,32 +35,52 @@ class OutlierDetector:
                  on_ejection: Callable[[str, str], None], clock: Callable[[], float] = time.monotonic):
         self._replicas, self._settings, self._on_ejection, self._clock = replicas, settings, on_ejection, clock
 
-    @staticmethod
-    def success(replica: Replica) -> None:
-        """The replica answered: its streak starts over."""
+    def answered(self, replica: Replica, status: int) -> bool:
+        """The replica answered with ``status``: the failure streak ends; a 5xx extends the 5xx streak.
+
+        Returns True when that streak ejected the replica.
+        """
         replica.failures = 0
+        if status < 500:
+            replica.server_errors = 0
+            return False
+        if replica.ejected_until > self._clock():
+            return False
+        replica.server_errors += 1
+        limit = self._settings().consecutive_5xx
+        if not limit or replica.server_errors < limit:
+            return False
+        if self._eject(replica, limit, f"{SERVER_ERRORS} (last {status})"):
+            replica.server_errors = 0
+            self._on_ejection(replica.id, SERVER_ERRORS)
+            return True
+        return False
 
     def failure(self, replica: Replica, reason: str) -> bool:
         """Count one failure; returns True when it ejected the replica."""
-        now = self._clock()
-        if replica.ejected_until > now:  # requests sent before the ejection still report in
+        if replica.ejected_until > self._clock():  # requests sent before the ejection still report in
             return False
         replica.failures += 1
-        settings = self._settings()
-        if replica.failures < settings.consecutive_failures:
+        limit = self._settings().consecutive_failures
+        if replica.failures < limit or not self._eject(replica, limit, reason):
             return False
+        replica.failures = 0
+        self._on_ejection(replica.id, reason)
+        return True
+
+    def _eject(self, replica: Replica, streak: int, reason: str) -> bool:
+        """Eject ``replica`` after a streak of ``streak``, unless ``maxEjectionPercent`` are out already."""
+        now, settings = self._clock(), self._settings()
         if not self._room(settings):
-            if replica.failures == settings.consecutive_failures:
+            if replica.failures == streak or replica.server_errors == streak:
                 log.warning("replica %s failed %d times in a row (%s) but is not ejected: maxEjectionPercent=%d "
-                            "of the replicas are out already", replica.id, replica.failures, reason,
+                            "of the replicas are out already", replica.id, streak, reason,
                             settings.max_ejection_percent)
             return False
         seconds = self._duration(replica, now, settings)
-        replica.failures = 0
         self._replicas.eject(replica, seconds)
-        self._on_ejection(replica.id, reason)
         log.warning("replica %s ejected for %.0f s after %d failures in a row (last: %s)", replica.id, seconds,
-                    settings.consecutive_failures, reason)
+                    streak, reason)
         return True
 
     def _room(self, settings: HealthSettings) -> bool:

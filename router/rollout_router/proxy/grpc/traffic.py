@@ -24,6 +24,9 @@ from .upstream import Upstreams
 log = logging.getLogger(__name__)
 
 REPLICA_METADATA = "x-rolloutrouter-replica"
+# gRPC statuses that say the server failed, as the HTTP 5xx they map to (UNKNOWN, INTERNAL, DATA_LOSS 500,
+# UNAVAILABLE 503), for health.consecutive5xx; DEADLINE_EXCEEDED is left out: the client's deadline ran out
+SERVER_ERROR_CODES = {2: 500, 13: 500, 14: 503, 15: 500}
 
 
 def unary_request_methods() -> frozenset[bytes]:
@@ -171,7 +174,7 @@ class GrpcProxy(Listener):
         if call.failure is not None:
             self.context.outliers.failure(replica, call.failure)
         elif call.answered:
-            self.context.outliers.success(replica)
+            self.context.outliers.answered(replica, SERVER_ERROR_CODES.get(call.code, 200))
         return call.accepted()
 
     def _session_key(self, metadata: list[h2.Header]) -> str | None:

@@ -315,11 +315,11 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
 
 
 def _report(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> None:
-    """Passive health: a response head is a success, a failure before it counts towards ejection."""
+    """Passive health: a failure before a response head, or a 5xx head, counts towards ejection."""
     if exchange.failure is not None:
         proxy.context.outliers.failure(lease.replica, exchange.failure)
     elif exchange.status:
-        proxy.context.outliers.success(lease.replica)
+        proxy.context.outliers.answered(lease.replica, exchange.status)
 
 
 def _accepted(exchange: Exchange) -> bool:
