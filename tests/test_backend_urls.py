@@ -39,3 +39,12 @@ async def test_the_worker_api_refuses_an_injected_header(http):
             body = await answer.json()
             assert answer.status == 400 and body["error"]["param"] == "url", body
         assert runtime.replicas.replicas() == []
+
+
+def test_a_bad_worker_network_names_the_key_as_written():
+    from rollout_router.settings import RouterSettings, SettingsError, parse_settings
+    with pytest.raises(SettingsError) as caught:
+        parse_settings({"workerApi": {"allowedNetworks": ["10.0.0.0/8", "10.0.0.0/33"]}}, RouterSettings)
+    assert "workerApi.allowedNetworks" in str(caught.value) and "'10.0.0.0/33' is not a network" in str(caught.value)
+    assert parse_settings({"workerApi": {"allowedNetworks": ["10.1.2.3/8"]}},
+                          RouterSettings).worker_api.allowed_networks == ["10.0.0.0/8"]

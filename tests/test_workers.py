@@ -11,8 +11,8 @@ import pytest
 
 from rollout_router.app import Runtime
 from rollout_router.proxy.http.admin_listener import TokenFile
-from rollout_router.settings import RouterSettings
-from tests.support import ScriptedReplica, running_router, wait_for
+from rollout_router.settings import HealthSettings, RouterSettings
+from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -46,6 +46,7 @@ async def test_legacy_routes_add_route_to_list_and_remove(replicas, http):
         assert await call(http, "POST", f"{admin}/add_worker?url={worker}") == \
             (200, f"Worker {worker} added successfully; probed now, it takes traffic while {worker}/health answers 200")
         assert await call(http, "GET", f"{admin}/list_workers") == (200, {"urls": [worker]})
+        await wait_for(lambda: worker in runtime.replicas.loads())  # its first probe passed
         assert await served_by(http, base) == worker
         status, body = await call(http, "POST", f"{admin}/add_worker?url={worker}")
         assert (status, body["error"]["message"]) == (400, f"Worker {worker} already exists")
@@ -78,6 +79,7 @@ async def test_rest_routes_register_by_json_and_remove_by_id_or_url(replicas, ht
         status, body = await call(http, "POST", f"{admin}/workers", json={"url": worker, "worker_type": "regular"})
         assert status == 202 and body["worker_id"] == ident and body["status"] == "accepted" and body["success"]
         assert (await call(http, "POST", f"{admin}/workers", json={"url": worker + "/"}))[0] == 202  # idempotent
+        await wait_for(lambda: worker in runtime.replicas.loads())  # its first probe passed
         status, listing = await call(http, "GET", f"{admin}/workers")
         assert status == 200 and listing["total"] == 1 and listing["stats"]["regular_count"] == 1
         [entry] = listing["workers"]
@@ -136,9 +138,11 @@ async def test_removal_answers_at_once_and_drains_requests_in_flight(replicas, h
     async with running_router(RouterSettings()) as (base, runtime):
         admin = runtime.admin_url  # the worker API is served on the admin listener
         await call(http, "POST", f"{admin}/add_worker?url={held.url}")
+        await wait_for(lambda: held.url in runtime.replicas.loads())  # its first probe passed
         in_flight = asyncio.ensure_future(served_by(http, base, "pinned"))
         await wait_for(lambda: held.active == 1)
         await call(http, "POST", f"{admin}/add_worker?url={other.url}")
+        await wait_for(lambda: other.url in runtime.replicas.loads())
         status, body = await call(http, "DELETE", f"{admin}/workers/{quote(held.url, safe='')}")
         assert status == 202 and "1 requests in flight drain" in body["message"]
         assert runtime.replicas.total_inflight() == 1  # still counted while it drains
@@ -148,12 +152,34 @@ async def test_removal_answers_at_once_and_drains_requests_in_flight(replicas, h
         await wait_for(lambda: runtime.replicas.total_inflight() == 0)
 
 
+async def test_a_new_worker_takes_no_traffic_before_its_first_probe_passes(replicas, http):
+    """Issue 21, finding 7: a worker was routable before any probe (SGLang's router polls /health first).
+
+    One whose /health says 503 (an engine still loading) is listed, unhealthy, and gets no request; once its
+    probe passes it takes traffic.
+    """
+    loading = replicas[1]
+    loading.healthy = False
+    async with running_router(RouterSettings(backends=[replicas[0].url])) as (base, runtime):
+        admin = runtime.admin_url
+        await call(http, "POST", f"{admin}/workers", json={"url": loading.url})
+        entry = f"{admin}/workers/{quote(loading.url, safe='')}"
+        assert (await call(http, "GET", entry))[1]["is_healthy"] is False  # before any probe
+        await wait_for(lambda: loading.probes > 0)
+        assert {await served_by(http, base, f"s{n}") for n in range(16)} == {replicas[0].url}
+        assert not loading.seen
+        loading.healthy = True
+        runtime.prober.wake()
+        await wait_for(lambda: loading.url in runtime.replicas.loads())
+        assert loading.url in {await served_by(http, base, f"t{n}") for n in range(16)}
+
+
 async def test_an_api_worker_is_health_checked_like_any_replica(replicas, http):
-    """A registered worker that refuses connections is marked down and reported unhealthy."""
+    """Probes off, a registered worker is routable at once; refusing connections, it is marked down and unhealthy."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{probe.getsockname()[1]}"  # bound, never listening: connections are refused
-        async with running_router(RouterSettings(backends=[replicas[0].url])) as (base, runtime):
+        async with running_router(RouterSettings(backends=[replicas[0].url], health=NO_PROBES)) as (base, runtime):
             admin = runtime.admin_url  # the worker API is served on the admin listener
             await call(http, "POST", f"{admin}/workers", json={"url": dead})
             entry = f"{admin}/workers/{quote(dead, safe='')}"
@@ -210,3 +236,45 @@ def test_a_token_file_that_turns_empty_keeps_the_last_token(token_file: Path):
     token = TokenFile(token_file)
     token_file.write_text("")
     assert token.allows(b"Bearer first-token") and not token.allows(b"Bearer ")
+
+
+@pytest.mark.parametrize(("url", "allowed", "says"), [
+    ("http://169.254.169.254:80", [], "link-local"),  # the metadata service of AWS, GCP, Azure
+    ("http://[fe80::1]:8000", [], "link-local"),
+    ("http://[::ffff:169.254.169.254]:80", [], "link-local"),  # IPv4-mapped: the same address
+    ("http://metadata.google.internal:80", [], "cloud metadata service"),
+    ("http://[fd00:ec2::254]:80", [], "cloud metadata service"),
+    ("http://0.0.0.0:8000", [], "unspecified"),
+    ("http://127.0.0.20:8000", ["10.0.0.0/8"], "not in workerApi.allowedNetworks"),
+    ("http://vllm-0:8000", ["10.0.0.0/8"], "is a name"),
+])
+async def test_worker_addresses_outside_the_policy_are_refused_without_a_connection(http, url, allowed, says):
+    """Issue 21, finding 7: link-local and metadata addresses were accepted. Nothing is connected to: the
+    refusal is decided from the URL alone (addresses.refusal), so these addresses are never contacted."""
+    settings = RouterSettings(worker_api={"allowed_networks": allowed})
+    async with running_router(settings) as (base, runtime):
+        for route, kw in (("/add_worker?url=" + quote(url, safe=""), {}), ("/workers", {"json": {"url": url}})):
+            status, body = await call(http, "POST", runtime.admin_url + route, **kw)
+            assert status == 400 and body["error"]["param"] == "url" and says in body["error"]["message"], body
+        assert len(runtime.replicas) == 0
+
+
+async def test_an_allowed_network_lets_its_workers_in(replicas, http):
+    settings = RouterSettings(worker_api={"allowed_networks": ["127.0.0.0/24", "169.254.0.0/16"]})
+    async with running_router(settings) as (base, runtime):
+        assert (await call(http, "POST", f"{runtime.admin_url}/workers", json={"url": replicas[0].url}))[0] == 202
+        assert runtime.replicas.get(replicas[0].url) is not None
+
+
+async def test_a_routers_own_traffic_port_registered_as_a_worker_never_takes_traffic(replicas, http):
+    """Issue 21, finding 7: registering the router's own port sent each request round ~6,700 hops. The probe
+    sees the router's relay header on the answer and keeps it out of rotation, even on a probe path the router
+    forwards (on /health its traffic port answers 404, a failed probe too)."""
+    health = HealthSettings(probe_path="/v1/models")
+    async with running_router(RouterSettings(backends=[replicas[0].url], health=health)) as (base, runtime):
+        await call(http, "POST", f"{runtime.admin_url}/workers", json={"url": base})
+        registry = runtime.metrics.registry
+        await wait_for(lambda: registry.get_sample_value("rolloutrouter_health_probe_failures_total",
+                                                         {"backend": base, "reason": "router"}), timeout=20)
+        assert base not in runtime.replicas.loads()
+        assert {await served_by(http, base, f"s{n}") for n in range(8)} == {replicas[0].url}

@@ -164,7 +164,7 @@ class Metrics:
                                  "by the last failure: timeout, invalid_response, closed.",
                                  ["backend", "reason"], registry=self.registry)
         self.probe_failures = Counter("rolloutrouter_health_probe_failures", "Failed health probes, by why: "
-                                      "timeout, connection_failed, bad_status, invalid_response, closed.",
+                                      "timeout, connection_failed, bad_status, invalid_response, closed, router.",
                                       ["backend", "reason"], registry=self.registry)
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status

@@ -118,7 +118,8 @@ class ReplicaSet:
         """
         replica = self._live.get(replica_id) or self._draining.pop(replica_id, None)
         if replica is None:
-            replica = Replica(replica_id, healthy=healthy, external=self._external.get(replica_id, 0))
+            replica = Replica(replica_id, healthy=healthy, grpc_healthy=healthy,
+                              external=self._external.get(replica_id, 0))
         replica.sources[source] = grpc_target
         replica.grpc_target = _grpc_target(replica)
         self._live[replica_id] = replica

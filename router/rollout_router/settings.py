@@ -26,12 +26,14 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from . import addresses
 from .policy import LiveConfig, PolicyOptions, registry
 from .policy.cost_affinity import CostAffinityOptions
 
 __all__ = [
     "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
-    "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
+    "RouterSettings", "SessionSettings", "SettingsError", "WorkerApiSettings", "describe", "load_settings",
+    "parse_settings",
 ]
 
 
@@ -217,6 +219,19 @@ class Backend(Model):
         return self
 
 
+class WorkerApiSettings(Model):
+    """Who may be registered through the worker API (``POST /workers``, ``/add_worker``): docs/security.md."""
+
+    allowed_networks: list[str] = Field(
+        default_factory=list, description="CIDRs a worker's address must be in (IP literals only, then); empty: any "
+                                          "address but link-local, unspecified, multicast and cloud metadata ones.")
+
+    @field_validator("allowed_networks")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        return [str(network) for network in addresses.networks(values)]
+
+
 class HealthSettings(Model):
     """Passive health (outlier ejection, as Envoy's) and the active probes of each replica: its HTTP health path,
     and its gRPC health call when it has a gRPC address."""
@@ -310,6 +325,7 @@ class RouterSettings(PolicySettings):
     min_body_bytes_per_second: StrictInt = Field(1024, ge=0, description="Slowest request body accepted, averaged "
                                                  "after its first 10 s (0: any rate), else 408.")
     health: HealthSettings = Field(default_factory=HealthSettings)
+    worker_api: WorkerApiSettings = Field(default_factory=WorkerApiSettings)
     fleet: FleetSettings | None = Field(None, description="Other routers sharing the sessions (docs/fleet.md); "
                                         "null: this router decides alone.")
 

@@ -2,7 +2,8 @@
 
 A probe is one ``GET`` on a fresh connection; it passes on a 200 response head
 and fails on anything else: refused or reset connection, no head within
-``probeTimeoutSeconds``, another status, bytes that are not HTTP. A failed
+``probeTimeoutSeconds``, another status, bytes that are not HTTP, an answer a
+rollout-router relayed (a router's own traffic port registered as a worker). A failed
 probe takes the replica out of rotation until a probe passes (a probe never
 ends an ejection early: a replica whose engine hangs can still answer
 ``/health``). A replica with a gRPC address is also probed over gRPC
@@ -41,12 +42,21 @@ Failure = tuple[str, str]  # (reason for metrics, detail for the log)
 LOCAL = "local"  # a probe the router could not make (no descriptor left): no verdict on the replica
 
 
+ROUTER_HEADER = b"x-rolloutrouter-replica"  # on every answer a rollout-router relays (proxy.http.routes)
+
+
 class _Head:
-    """httptools callbacks: the status of the final (not 1xx) response head, once it is complete."""
+    """httptools callbacks: the status of the final (not 1xx) response head, once it is complete, and whether a
+    rollout-router relayed it."""
 
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
+        self.relayed = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == ROUTER_HEADER:
+            self.relayed = True
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -93,6 +103,8 @@ async def _verdict(reader: asyncio.StreamReader) -> Failure | None:
             return "invalid_response", f"answered something that is not HTTP ({error})"
         if not head.status and seen > MAX_HEAD:
             return "invalid_response", f"response head exceeds {MAX_HEAD} bytes"
+    if head.relayed:  # a router's traffic port (this one's, by a mistake, would send its requests round in a loop)
+        return "router", "answered through a rollout-router (X-RolloutRouter-Replica): a router is not a replica"
     return None if head.status == 200 else ("bad_status", f"answered {head.status}")
 
 

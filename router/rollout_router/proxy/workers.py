@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from .. import addresses
 from ..replicas import API, Replica, grpc_only
 from ..settings import Backend, SettingsError, parse_settings
 from .admin import GET, AdminAnswer, Route
@@ -52,14 +53,20 @@ def _error(code: int, message: str, param: str | None = None) -> AdminAnswer:
     return _json(error_body(code, message, param), code)
 
 
-def _valid_url(url: object) -> str | AdminAnswer:
-    """The worker URL normalised as a static backend's is (no trailing slash), or a 400 naming the problem."""
+def _valid_url(context: RouterContext, url: object, registering: bool = True) -> str | AdminAnswer:
+    """The worker URL normalised as a static backend's is (no trailing slash), or a 400 naming the problem
+    (``addresses.refusal``: link-local and metadata addresses, the allowlist)."""
     if not isinstance(url, str) or not url:
         return _error(400, "the worker URL is required: ?url=http://HOST:PORT, or {\"url\": ...} in a JSON body", "url")
     try:
-        return parse_settings({"url": url}, Backend).url
+        parsed = parse_settings({"url": url}, Backend).url
     except SettingsError as error:
         return _error(400, f"invalid worker URL: {error}", "url")
+    if not registering:  # a worker registered before the allowlist changed can still be removed
+        return parsed
+    host = urlsplit(parsed).hostname or ""
+    refused = addresses.refusal(host, addresses.networks(context.settings.worker_api.allowed_networks))
+    return parsed if refused is None else _error(400, f"worker {parsed} is refused: {refused}", "url")
 
 
 def _entry(context: RouterContext, replica: Replica) -> dict:
@@ -72,11 +79,16 @@ def _entry(context: RouterContext, replica: Replica) -> dict:
 
 
 def _add(context: RouterContext, url: str) -> bool:
-    """Register ``url`` as an API worker; False if the API had registered it already."""
+    """Register ``url`` as an API worker; False if the API had registered it already.
+
+    A new worker takes no traffic until its first probe passes (as SGLang's router polls ``/health`` before
+    adding one): an engine still loading its weights must not get the requests. The probe runs at once.
+    """
     replica = context.replicas.get(url)
     if replica is not None and API in replica.sources:
         return False
-    context.replicas.add(url, None, API)
+    context.replicas.add(url, None, API, healthy=context.settings.health.probe_interval_seconds is None)
+    context.prober.wake()
     return True
 
 
@@ -103,19 +115,18 @@ def _query_url(query: str, body: bytes) -> object:
 
 def add_worker(context: RouterContext, path: str, query: str, body: bytes) -> AdminAnswer:
     """``POST /add_worker?url=U``: 200 text, 400 if it is registered already (as both routers answer)."""
-    url = _valid_url(_query_url(query, body))
+    url = _valid_url(context, _query_url(query, body))
     if isinstance(url, AdminAnswer):
         return url
     if not _add(context, url):
         return _error(400, f"Worker {url} already exists", "url")
-    context.prober.wake()  # a URL nothing answers on is out of rotation (and logged) at once, not a round later
     return _text(f"Worker {url} added successfully; probed now, it takes traffic while "
                  f"{url}{context.settings.health.probe_path} answers 200")
 
 
 def remove_worker(context: RouterContext, path: str, query: str, body: bytes) -> AdminAnswer:
     """``POST /remove_worker?url=U``: 200 text, 400 for a worker this router does not have (SGLang's answer)."""
-    url = _valid_url(_query_url(query, body))
+    url = _valid_url(context, _query_url(query, body), registering=False)
     if isinstance(url, AdminAnswer):
         return url
     replica = context.replicas.get(url)
@@ -141,7 +152,7 @@ def create_worker(context: RouterContext, path: str, query: str, body: bytes) ->
     if worker_type != "regular":
         return _error(400, f"worker_type {worker_type!r} is not supported: this router has no prefill/decode "
                            "disaggregation, only regular workers", "worker_type")
-    url = _valid_url(document.get("url"))
+    url = _valid_url(context, document.get("url"))
     if isinstance(url, AdminAnswer):
         return url
     added = _add(context, url)

@@ -174,7 +174,7 @@ class GrpcProxy(Listener):
         if call.failure is not None:
             self.context.outliers.failure(replica, call.failure)
         elif call.answered:
-            self.context.outliers.answered(replica, SERVER_ERROR_CODES.get(call.code, 200))
+            self.context.outliers.answered(replica, SERVER_ERROR_CODES.get(call.code or 0, 200))
         return call.accepted()
 
     def _session_key(self, metadata: list[h2.Header]) -> str | None:

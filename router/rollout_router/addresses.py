@@ -1,0 +1,68 @@
+"""Which addresses the worker API may register: link-local and cloud metadata refused, an optional allowlist.
+
+Anyone holding the admin token can register a worker, and the router then
+connects to it and relays its answers to clients: a worker at a cloud
+metadata address (``169.254.169.254``) would hand the instance's credentials
+to whoever asks the traffic port. So, without an allowlist, link-local,
+unspecified and multicast addresses and the metadata services' names and
+addresses are refused; with ``workerApi.allowedNetworks`` only IP literals
+inside those networks are taken (a name is refused: what it resolves to can
+change after the check). Pure: no name is ever resolved here.
+"""
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# The metadata services' names and the addresses outside link-local they answer on (the link-local ones,
+# 169.254.169.254 of AWS, GCP, Azure, OpenStack and 169.254.170.2 of ECS, are refused as link-local)
+METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "instance-data", "instance-data.ec2.internal"})
+METADATA_ADDRESSES = frozenset({ipaddress.ip_address("fd00:ec2::254"),  # AWS IMDS over IPv6
+                                ipaddress.ip_address("100.100.100.200")})  # Alibaba Cloud
+
+
+def networks(values: Sequence[str]) -> list[Network]:
+    """Parse CIDRs (``10.0.0.0/8``, ``fd00::/8``; a bare address is its /32 or /128); ValueError names a bad one."""
+    parsed = []
+    for value in values:
+        try:
+            parsed.append(ipaddress.ip_network(value, strict=False))
+        except ValueError:
+            raise ValueError(f"{value!r} is not a network (CIDR such as 10.0.0.0/8)") from None
+    return parsed
+
+
+def refusal(host: str, allowed: Sequence[Network]) -> str | None:
+    """Why a worker on ``host`` (a URL's host, IPv6 in brackets or not) may not be registered; None if it may."""
+    address = _literal(host)
+    if allowed:
+        if address is None:
+            return (f"{host} is a name: with workerApi.allowedNetworks set, register workers by IP address "
+                    "(a name could resolve elsewhere after the check)")
+        if not any(address in network for network in allowed if network.version == address.version):
+            return f"{address} is not in workerApi.allowedNetworks"
+        return None
+    if address is None:
+        name = host.rstrip(".").lower()
+        return f"{host} is a cloud metadata service" if name in METADATA_NAMES else None
+    if address in METADATA_ADDRESSES:
+        return f"{address} is a cloud metadata service"
+    for kind in ("link_local", "unspecified", "multicast"):
+        if getattr(address, f"is_{kind}"):
+            return (f"{address} is a {kind.replace('_', '-')} address; list its network in "
+                    "workerApi.allowedNetworks to allow it")
+    return None
+
+
+def _literal(host: str) -> Address | None:
+    """``host`` as an IP address (an IPv4-mapped IPv6 one as its IPv4 address), or None for a name."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]").partition("%")[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
