@@ -116,38 +116,38 @@ def spawn(args: Sequence[str], host: str, log: IO[str] | None = None,
     """
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-")) / "ports.json"
     admin = ["--admin-port", "0"] if args[0] == "serve" and "--admin-port" not in args else []
-    with _interrupts_held() as restore:
-        def child_setup() -> None:
-            if restore:
-                restore()  # the child must not inherit the held SIGINT
-            if preexec:
-                preexec()
+    with _interrupts_held():
         process = subprocess.Popen(command(*args, *admin, "--host", host, "--port", "0", "--port-file", str(port_file)),
                                    stdout=log or subprocess.DEVNULL,
                                    stderr=subprocess.STDOUT if log else subprocess.PIPE,
-                                   stdin=subprocess.DEVNULL, text=True,
-                                   preexec_fn=child_setup if restore or preexec else None)
+                                   stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec)
         if into is not None:
             into.append(process)
     return Starting(process, host, port_file)
 
 
 @contextlib.contextmanager
-def _interrupts_held() -> Iterator[Callable[[], object] | None]:
-    """Hold SIGINT (main thread only) while a child starts and is recorded; a held Ctrl-C is raised after.
+def _interrupts_held() -> Iterator[None]:
+    """Defer Ctrl-C (main thread only) while a child starts and is recorded; a deferred one is raised after.
 
     Without it a Ctrl-C landing inside ``Popen`` (after the fork) or before the caller records the process
-    leaves a running child nobody stops. Yields the function that restores the previous signal mask (None
-    off the main thread, where Python never raises KeyboardInterrupt).
+    leaves a running child nobody stops. A handler, not a signal mask: a mask would be inherited by the child,
+    and unblocking it there needs ``preexec_fn``, whose plain ``fork`` runs gRPC's fork handlers in the child
+    (seen aborting it: "epoll_wait error: Bad file descriptor").
     """
     if threading.current_thread() is not threading.main_thread():
-        yield None
+        yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
-        yield lambda: signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, None)  # Python's default handler: KeyboardInterrupt, now
+        elif caught and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 def wait_healthy(service: Service, health: str, timeout: float = 30.0) -> Service:
