@@ -119,7 +119,10 @@ class RlState:
 
     def new_weights(self, version: str | None, updates: int | None = None) -> None:
         """A weight update succeeded (here, or on a peer: its count ``updates``): the pins follow the setting."""
-        self.updates = self.updates + 1 if updates is None else updates
+        if updates is None:  # made here: a new epoch, so the peers adopt the versions
+            self.updates, self.epoch = self.updates + 1, self._next()
+        else:
+            self.updates = updates
         if version is not None:
             self.weight_version = version
         self.pins_cleared += self.on_new_weights()
