@@ -228,3 +228,42 @@ async def test_engine_route_fans_any_engine_call_out(http):
         assert status == 200 and body["path"] == "/update_weight_version"
         assert [w["answer"] for w in body["workers"]] == [{"success": True, "new_version": "v9"}] * 2
         assert {app[ENGINE].weight_version for _, app in replicas} == {"v9"}
+
+
+async def test_abort_is_repeated_for_a_request_the_engine_had_not_admitted_yet(http):
+    """vLLM aborts only admitted requests: the first round misses one still being read; the next round ends it."""
+    aborts: list[int] = []
+    admitted = asyncio.Event()
+
+    async def chat_held(request: web.Request) -> web.Response:
+        await admitted.wait()
+        return web.json_response({"choices": [{"index": 0, "finish_reason": "abort",
+                                               "message": {"role": "assistant", "content": ""}}]})
+
+    async def abort(request: web.Request) -> web.Response:
+        aborts.append(len(aborts))
+        if len(aborts) == 1:
+            return web.json_response({"status": "aborted", "aborted": 0})  # not admitted yet
+        admitted.set()
+        return web.json_response({"status": "aborted", "aborted": 1})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat_held)
+    app.router.add_post("/abort_requests", abort)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.54", 0).start()
+    try:
+        settings = parse_settings({"backends": [f"http://127.0.0.54:{runner.addresses[0][1]}"]})
+        async with running_router(settings) as (base, runtime):
+            held = asyncio.create_task(ask(http, base, "x"))
+            await wait_for(lambda: runtime.replicas.total_inflight() == 1)
+            status, body = await call(http, "POST", f"{runtime.admin_url}/v1/rl/pause", {"mode": "abort"})
+            assert (status, body["inflight"], [w["aborted"] for w in body["workers"]]) == (200, 0, [1])
+            assert len(aborts) == 2
+            assert (await held)[1]["choices"][0]["finish_reason"] == "abort"
+    finally:
+        await runner.cleanup()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .node import Fleet
     from .rlstate import RlState
 
+ABORT_ROUND_SECONDS = 1.0  # how long one abort round waits for the drain before aborting again
 Step = Callable[[PeerClient, str], Awaitable[dict[str, Any]]]  # (client, replica URL) -> what to report
 
 
@@ -108,6 +109,30 @@ def engine_call(path: str, body: Any) -> Step:
     async def step(client: PeerClient, url: str) -> dict[str, Any]:
         return {"answer": await client.call("POST", f"{url}/{path}", body)}
     return step
+
+
+async def abort_until_drained(replicas: ReplicaSet, client: PeerClient, timeout: float) -> tuple[FanOut, bool]:
+    """Abort on every replica until nothing is in flight here: (the last round, with each replica's ``aborted``
+    summed over the rounds; whether it drained within ``timeout``).
+
+    vLLM aborts only the requests it has admitted: one the router sent while the engine was still reading
+    or tokenizing it escapes a round (measured on the real-vLLM tier), so a round is repeated after
+    ``ABORT_ROUND_SECONDS`` while requests are still in flight.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    totals: dict[str, int] = {}
+    while True:
+        fanned = await fan_out(replicas, client, abort)
+        for worker in fanned.workers:
+            totals[worker["url"]] = totals.get(worker["url"], 0) + (worker.get("aborted") or 0)
+        done = await drained(replicas, max(0.0, min(ABORT_ROUND_SECONDS, deadline - loop.time())))
+        if done or fanned.failed or loop.time() >= deadline:
+            break
+    for worker in fanned.workers:
+        if "aborted" in worker:
+            worker["aborted"] = totals[worker["url"]]
+    return fanned, done
 
 
 async def drained(replicas: ReplicaSet, timeout: float) -> bool:

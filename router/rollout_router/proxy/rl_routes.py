@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from ..fleet import rlfanout
+from ..fleet.client import PeerClient
 from .admin import GET, AdminAnswer, AdminRequest, Deferred, Route, error
 from .context import RouterContext
 from .workers import worker_id
@@ -51,6 +52,13 @@ def _body(request: AdminRequest) -> dict[str, Any] | AdminAnswer:
     if not isinstance(document, dict):
         return error(400, "request body must be a JSON object")
     return document
+
+
+def _engines(context: RouterContext, timeout: float | None = None) -> PeerClient:
+    """The client of the engine calls, timed by the call's ``timeout`` or ``rl.engineTimeoutSeconds`` (live)."""
+    client = context.rl.engines
+    client.timeout = timeout or context.settings.rl.engine_timeout_seconds
+    return client
 
 
 def _timeout(context: RouterContext, document: dict[str, Any]) -> float | AdminAnswer:
@@ -85,7 +93,7 @@ async def _pause(context: RouterContext, mode: str, timeout: float) -> tuple[Adm
     document: dict[str, Any] = {"status": "paused", "mode": mode, "epoch": list(epoch)}
     failures = []
     if mode == "abort":
-        fanned = await rlfanout.fan_out(context.replicas, rl.engines, rlfanout.abort)
+        fanned, _ = await rlfanout.abort_until_drained(context.replicas, _engines(context), timeout)
         document["workers"] = fanned.workers
         failures += [f"{w['url']}: {w['error']}" for w in fanned.failed]
     document["peers"] = await rlfanout.tell_peers(context.fleet, rl, timeout)
@@ -160,7 +168,8 @@ async def _update(context: RouterContext, path: str | None, version: str | None,
         if not held:
             rl.record("update", "failed", weight_version=version, why="the pause before it did not hold")
             return answer
-    fanned = await rlfanout.fan_out(context.replicas, rl.engines, rlfanout.update_weights(path, version, reset))
+    fanned = await rlfanout.fan_out(context.replicas, _engines(context, timeout),
+                                    rlfanout.update_weights(path, version, reset))
     for worker in fanned.workers:
         if worker["status"] == "ok" and isinstance(worker.get("weight_version"), str):
             rl.versions[worker["url"]] = worker["weight_version"]
@@ -189,7 +198,7 @@ def engine(context: RouterContext, request: AdminRequest) -> AdminAnswer:
         return error(400, f"request body is not valid JSON ({exc})")
 
     async def work() -> AdminAnswer:
-        fanned = await rlfanout.fan_out(context.replicas, context.rl.engines, rlfanout.engine_call(path, body))
+        fanned = await rlfanout.fan_out(context.replicas, _engines(context), rlfanout.engine_call(path, body))
         return _json(fanned.document(path=f"/{path}"), 200 if not fanned.failed else 502)
     return _later(work)
 
@@ -214,8 +223,10 @@ def peer_state(context: RouterContext, request: AdminRequest) -> AdminAnswer:
 
     async def work() -> AdminAnswer:
         rl.adopt(document)
-        drained = not rl.paused or await rlfanout.drained(context.replicas,
-                                                          context.settings.rl.engine_timeout_seconds)
+        timeout = context.settings.rl.engine_timeout_seconds
+        if rl.paused and rl.mode == "abort":  # what escaped the first router's aborts through this one
+            await rlfanout.abort_until_drained(context.replicas, _engines(context), timeout)
+        drained = not rl.paused or await rlfanout.drained(context.replicas, timeout)
         return _json({"epoch": list(rl.epoch), "paused": rl.paused, "drained": drained})
     return _later(work)
 
