@@ -1,7 +1,7 @@
 """The RL step on REAL vLLM (CPU build): pause with requests in flight, weights replaced, resume.
 
 Two vLLM OpenAI servers with ``VLLM_SERVER_DEV_MODE=1`` (the pinned vLLM serves its RL and cache
-routes only then) on 127.0.0.24-25, behind ``rollout-router serve``. The "next step" checkpoint is
+routes only then) on 127.0.0.26-27, behind ``rollout-router serve``. The "next step" checkpoint is
 the tiny model with other random weights (``build_tiny_model.py --reweight``): after the update the
 same greedy prompt gets another answer, and vLLM's own prefix-cache counters show the reset (the
 prompt that hit before the update misses after it). Opt-in: ``ROLLOUT_ROUTER_REAL_VLLM=1``.
@@ -30,7 +30,7 @@ if not enabled():
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(600)]
 
-HOSTS = ("127.0.0.24", "127.0.0.25")
+HOSTS = ("127.0.0.26", "127.0.0.27")  # 127.0.0.24 is test_differential.py's
 BUILDER = Path(__file__).with_name("build_tiny_model.py")
 
 
