@@ -267,3 +267,10 @@ async def test_abort_is_repeated_for_a_request_the_engine_had_not_admitted_yet(h
             assert (await held)[1]["choices"][0]["finish_reason"] == "abort"
     finally:
         await runner.cleanup()
+
+
+async def test_the_traffic_port_names_the_admin_listener_for_rl_routes(http):
+    async with fleet_of(1) as (base, runtime, _):
+        status, body = await call(http, "POST", f"{base}/v1/rl/pause")
+        assert status == 404 and "admin listener" in body["error"]["message"]
+        assert not runtime.rl.paused

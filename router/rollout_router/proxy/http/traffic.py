@@ -6,7 +6,7 @@ import time
 
 from ...fleet.rlstate import Paused
 from ...policy import NoReplicaError
-from .. import admin, workers
+from .. import admin, rl_routes, workers
 from ..attempts import AllRefused, OutOfDescriptors, forward
 from ..context import RouterContext
 from ..errors import RouterError
@@ -119,7 +119,7 @@ class HttpProxy(HttpListener):
         answer = admin.admin_answer(self.context, request.method.decode(), path, probes_only=True)
         if answer is None:
             where = (" (admin routes are served on the admin listener, --admin-port)"
-                     if admin.find(path, routes=(*admin.ROUTES, *workers.ROUTES)) else "")
+                     if admin.find(path, routes=(*admin.ROUTES, *workers.ROUTES, *rl_routes.ROUTES)) else "")
             raise RouterError(404, f"path {path} is not an OpenAI-compatible endpoint this router forwards{where}")
         write_admin(self, client, request, answer)
 
