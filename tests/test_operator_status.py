@@ -274,3 +274,16 @@ async def test_the_poller_sends_the_resources_admin_token():
                 assert refused.value.status == 401
     finally:
         await runner.cleanup()
+
+
+def test_the_rl_state_is_the_newest_pods_and_pins_cleared_are_summed():
+    older = b'{"rl": {"epoch": [3, "http://a"], "paused": true, "weightVersion": "v1", "pinsCleared": 2, ' \
+            b'"last": {"pause": {"at": 0, "outcome": "ok"}}}}'
+    newer = b'{"rl": {"epoch": [5, "http://b"], "paused": false, "weightVersion": "v2", "pinsCleared": 3, ' \
+            b'"last": {"pause": {"at": 0, "outcome": "ok"}, "update": {"at": 1767225600, "outcome": "ok"}}}}'
+    reports = {"r0": parse_report(older), "r1": parse_report(newer), "r2": parse_report(b'{"rl": null}')}
+    assert summarize(obs(reports=reports), {}, 1)["rl"] == {
+        "weightVersion": "v2", "paused": False, "lastPause": "ok", "lastUpdate": "ok",
+        "lastUpdateAt": "2026-01-01T00:00:00Z", "pinsCleared": 5}
+    assert summarize(obs(), {}, 1)["rl"] == {"weightVersion": None, "paused": False, "lastPause": None,
+                                             "lastUpdate": None, "lastUpdateAt": None, "pinsCleared": 0}

@@ -218,3 +218,10 @@ def test_cost_affinity_without_a_margin_is_an_invalid_spec():
     with pytest.raises(InvalidSpec, match="affinityBreakMargin: policy cost_affinity needs a number"):
         render(resource({"policy": "cost_affinity"}))
     assert render(resource({"policy": "cost_affinity", "affinityBreakMargin": 2}))
+
+
+def test_the_rl_settings_reach_the_routers_config():
+    spec = {"selector": {"matchLabels": {"app": "vllm"}}, "rl": {"maxQueuedRequests": 8, "onWeightUpdate": "clear"}}
+    settings = parse_settings(yaml.safe_load(by_kind(render(resource(spec)))["ConfigMap"]["data"]["config.yaml"]))
+    assert (settings.rl.max_queued_requests, settings.rl.on_weight_update) == (8, "clear")
+    assert settings.rl.max_pause_seconds == 300.0

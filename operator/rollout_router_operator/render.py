@@ -148,7 +148,7 @@ def check_image(spec: RolloutRouterSpec, allowed_images: Sequence[str]) -> None:
 
 def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
     """What the router reads from --config: the policy knobs plus pod discovery."""
-    fields = ("policy", "affinity_break_margin", "full_determinism", "cost_affinity", "session")
+    fields = ("policy", "affinity_break_margin", "full_determinism", "cost_affinity", "session", "rl")
     policy = {field: getattr(spec, field) for field in fields}
     discovery = DiscoverySettings(namespace=namespace, selector=spec.selector, port=spec.backend_port,
                                   grpc_port=spec.grpc_port)

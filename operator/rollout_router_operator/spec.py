@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
-from rollout_router.settings import LabelSelector, Model, PolicySettings
+from rollout_router.settings import LabelSelector, Model, PolicySettings, RlSettings
 
 GROUP, VERSION, KIND, PLURAL = "rolloutrouter.dev", "v1alpha1", "RolloutRouter", "rolloutrouters"
 
@@ -243,6 +243,8 @@ class RolloutRouterSpec(PolicySettings):
     router: RouterDeploymentSpec = Field(default_factory=RouterDeploymentSpec)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     service_monitor: ServiceMonitorSpec = Field(default_factory=ServiceMonitorSpec)
+    rl: RlSettings = Field(default_factory=RlSettings, description="The RL step's pause queue and weight "
+                           "updates (POST /v1/rl/* on the routers' admin port, docs/rl.md).")
 
     @model_validator(mode="after")
     def _selector(self) -> RolloutRouterSpec:
@@ -290,6 +292,17 @@ class Fleet(Model):
                          "for which every peer pod was asked.")
 
 
+class Rl(Model):
+    """The RL step as the router pods report it (/status "rl"): the pod with the newest state speaks for all."""
+
+    weight_version: str | None = Field(None, description="The version the last successful weight update set.")
+    paused: bool = Field(False, description="Whether dispatch is paused (POST /v1/rl/pause).")
+    last_pause: str | None = Field(None, description="The last pause's outcome (ok, partial, timeout).")
+    last_update: str | None = Field(None, description="The last weight update's outcome (ok, failed).")
+    last_update_at: str | None = Field(None, description="When the last weight update ended (RFC 3339).")
+    pins_cleared: int = Field(0, description="Pins cleared at weight updates (rl.onWeightUpdate: clear), summed.")
+
+
 class RolloutRouterStatus(Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -298,3 +311,4 @@ class RolloutRouterStatus(Model):
     affinity: Affinity = Field(default_factory=Affinity, description="Counters summed over all router pods.")
     fleet: Fleet = Field(default_factory=Fleet, description="Session-ownership counters summed over all router pods "
                          "(0 without spec.router.sessionOwnership).")
+    rl: Rl = Field(default_factory=Rl, description="The RL step: weight version, pause, last update and outcomes.")

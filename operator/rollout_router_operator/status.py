@@ -24,7 +24,7 @@ from rollout_router.kube.selectors import labels_query, to_query
 from rollout_router.listening import address
 from rollout_router.settings import LabelSelector
 
-from . import kube
+from . import kube, rlstatus
 from .render import ROUTER_ADMIN_PORT, InvalidSpec, child_name, parse_spec, router_labels, token_for
 from .spec import Affinity, Condition, Counts, Fleet, RolloutRouterStatus
 
@@ -92,7 +92,7 @@ def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
     fleet = Fleet(**{name: sum(int((r.get("fleet") or {}).get(key, 0)) for r in obs.reports.values())
                      for name, key in FLEET_COUNTERS.items()})
     status = RolloutRouterStatus(observed_generation=generation, backends=backends, routers=routers, affinity=affinity,
-                                 fleet=fleet)
+                                 fleet=fleet, rl=rlstatus.summarize([r.get("rl") or {} for r in obs.reports.values()]))
     document = status.dump()
     document["conditions"] = conditions(previous.get("conditions", []), [
         ("Ready", *ready), ("Progressing", *progressing), ("Degraded", *degraded)], generation, obs.read_at)
@@ -140,7 +140,8 @@ def parse_report(raw: bytes) -> dict:
     if not isinstance(fleet, dict):
         raise BadStatus("/status fleet is not a JSON object")
     return {**{key: _count(report, key, "") for key in COUNTERS.values()},
-            "fleet": {key: _count(fleet, key, "fleet.") for key in FLEET_COUNTERS.values()}}
+            "fleet": {key: _count(fleet, key, "fleet.") for key in FLEET_COUNTERS.values()},
+            **({"rl": rlstatus.parse(report["rl"])} if report.get("rl") else {})}
 
 
 def status_url(pod: dict) -> str:

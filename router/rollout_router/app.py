@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from . import descriptors
 from .balancer import Balancer
+from .fleet.rlstate import RlCollector, RlState
 from .health import OutlierDetector, Prober
 from .listening import address
 from .observability import Metrics
@@ -73,6 +74,10 @@ class Runtime:
         self.outliers = OutlierDetector(self.replicas, health, self.metrics.ejected, self.clock)
         self.prober = Prober(self.replicas, health, self.metrics.probe_failed)
         self.fleet: Fleet | None = None  # session ownership among several routers (fleet/), when on
+        self.rl = RlState(lambda: self.settings.rl)  # the RL step's pause and weight versions (/v1/rl/*)
+        self.rl.on_new_weights = self._on_new_weights
+        self.metrics.registry.register(RlCollector(self.rl))
+        self.metrics.rl = self.rl
         self.peering = peering or Peering()
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
@@ -105,6 +110,12 @@ class Runtime:
         elif settings.discovery != previous.discovery or self._discovery is None:
             self._stop_discovery()
             self._start_discovery(settings.discovery)
+
+    def _on_new_weights(self) -> int:
+        """rl.onWeightUpdate at a weight update: clear every pin (how many), or keep them (0)."""
+        if self.settings.rl.on_weight_update != "clear":
+            return 0
+        return sum(self.balancer.release_session(key) for key, _, _ in self.balancer.pins())
 
     def reload(self) -> bool:
         """Re-read the config file; a bad file is logged and the running settings stay."""
@@ -187,6 +198,7 @@ class Runtime:
         if self.admin_address is None or self.admin_port is None:
             raise RuntimeError("session ownership (--peer, fleet.peers, --peer-selector) needs the admin listener")
         self_id = self.peering.advertise or advertised(self.admin_address[0], self.admin_port)
+        self.rl.origin = self_id
         host = urlsplit(self_id).hostname or "127.0.0.1"
         token = self.admin.token
         self.fleet = Fleet(self.replicas, self.balancer, self.clock, self.settings.fleet or FleetSettings(),
@@ -194,7 +206,8 @@ class Runtime:
                            f"http://{address(host, self.port or 0)}",
                            address(host, self.grpc_port) if self.grpc_port is not None else None,
                            lambda: token.current() if token is not None else None,
-                           self.peering.peers, self.peering.selector, self.peering.namespace, self.peering.ownership)
+                           self.peering.peers, self.peering.selector, self.peering.namespace, self.peering.ownership,
+                           self.rl)
         self.fleet.start()
 
     def has_peers(self) -> bool:
@@ -228,6 +241,7 @@ class Runtime:
                     await task
         await self.http_proxy.close()
         await self.admin.close()
+        await self.rl.engines.close()
 
 
 @dataclasses.dataclass(frozen=True)

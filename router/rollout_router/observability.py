@@ -22,6 +22,7 @@ from .replicas import grpc_only
 if TYPE_CHECKING:
     from .balancer import Balancer
     from .fleet.node import Fleet
+    from .fleet.rlstate import RlState
     from .replicas import Replica, ReplicaSet
     from .settings import RouterSettings
 
@@ -168,6 +169,7 @@ class Metrics:
                                       ["backend", "reason"], registry=self.registry)
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
+        self.rl: RlState | None = None  # the RL step's state (app.py sets it): /status's "rl"
         self._children: dict[tuple[str, int | str], tuple[Callable[[], None], Callable[[float], None]]] = {}
 
     def ejected(self, backend: str, reason: str) -> None:
@@ -210,6 +212,7 @@ def _status(live: Metrics) -> dict:
         "backends": [_backend(r, r.id in loads, r.id in grpc_loads, now, wall) for r in replicas.replicas()],
         "config_reloads": dict(live.config_reloads),
         "fleet": fleet.status() if fleet is not None else None,
+        "rl": live.rl.status() if live.rl is not None else None,
     }
 
 

@@ -97,6 +97,7 @@ class ReplicaSet:
         self._http, self._grpc = LoadIndex(), LoadIndex()  # the replicas routable now, by load
         self._down: dict[str, float] = {}  # replicas marked down -> until when
         self._external: dict[str, int] = {}  # replica id -> load outside this router, also for ids not (yet) here
+        self.epoch = 0  # moves when a replica joins, leaves or is ejected (the RL fan-out's membership fence)
 
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._live
@@ -117,6 +118,8 @@ class ReplicaSet:
         one keeps its health.
         """
         replica = self._live.get(replica_id) or self._draining.pop(replica_id, None)
+        if replica_id not in self._live:
+            self.epoch += 1
         if replica is None:
             replica = Replica(replica_id, healthy=healthy, grpc_healthy=healthy,
                               external=self._external.get(replica_id, 0))
@@ -139,6 +142,7 @@ class ReplicaSet:
             self._index(replica)
             return
         del self._live[replica_id]
+        self.epoch += 1
         self._unindex(replica_id)
         self._down.pop(replica_id, None)
         if replica.inflight > 0:
@@ -201,6 +205,7 @@ class ReplicaSet:
         """Passive health: take a failing replica out of rotation for ``seconds``."""
         replica.ejected_until = self._clock() + seconds
         if self._live.get(replica.id) is replica:
+            self.epoch += 1
             self._take_out(replica, replica.ejected_until)
 
     def set_healthy(self, replica_id: str, healthy: bool, grpc: bool = False) -> bool:

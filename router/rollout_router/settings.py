@@ -32,8 +32,8 @@ from .policy.cost_affinity import CostAffinityOptions
 
 __all__ = [
     "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
-    "RouterSettings", "SessionSettings", "SettingsError", "WorkerApiSettings", "describe", "load_settings",
-    "parse_settings",
+    "RlSettings", "RouterSettings", "SessionSettings", "SettingsError", "WorkerApiSettings", "describe",
+    "load_settings", "parse_settings",
 ]
 
 
@@ -296,6 +296,23 @@ class FleetSettings(Model):
         return [url.rstrip("/") for url in peers]
 
 
+class RlSettings(Model):
+    """The RL step's fleet operations (docs/rl.md): the pause queue and what a weight update does to pins."""
+
+    max_queued_requests: StrictInt = Field(
+        1024, ge=0, description="Requests held while dispatch is paused (POST /v1/rl/pause); one more gets 503 "
+                                "with Retry-After. 0: every request arriving while paused gets 503.")
+    max_pause_seconds: Seconds = Field(
+        300.0, description="Longest a request waits in the pause queue; then it gets 503 with Retry-After.")
+    on_weight_update: Literal["keep", "clear"] = Field(
+        "keep", description="What a successful POST /v1/rl/update_weights does to the session pins: keep them "
+                            "(a session's next turn re-prefills where its earlier turns ran) or clear them (its "
+                            "next turn is placed anew on the least-loaded replica).")
+    engine_timeout_seconds: Seconds = Field(
+        600.0, description="Longest wait for one replica's answer to an engine call of the fan-out (pause, "
+                           "abort, weight reload, cache reset, resume).")
+
+
 class RouterSettings(PolicySettings):
     """Everything ``rollout-router serve`` reads from ``--config``."""
 
@@ -328,6 +345,8 @@ class RouterSettings(PolicySettings):
     worker_api: WorkerApiSettings = Field(default_factory=WorkerApiSettings)
     fleet: FleetSettings | None = Field(None, description="Other routers sharing the sessions (docs/fleet.md); "
                                         "null: this router decides alone.")
+    rl: RlSettings = Field(default_factory=RlSettings, description="The RL step's pause queue and weight updates "
+                           "(POST /v1/rl/*, docs/rl.md).")
 
     @field_validator("backends", mode="before")
     @classmethod

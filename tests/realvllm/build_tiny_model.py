@@ -67,9 +67,27 @@ def build(target: Path) -> None:
     staging.rename(target)
 
 
+def reweight(source: Path, target: Path, seed: int) -> None:
+    """The same model (architecture, tokenizer) with other random weights: the RL tier's "next step" checkpoint."""
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    LlamaForCausalLM(AutoConfig.from_pretrained(source)).save_pretrained(staging)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[1] == "--reweight":  # --reweight SOURCE_DIR TARGET_DIR SEED
+        reweight(Path(argv[2]).resolve(), Path(argv[3]).resolve(), int(argv[4]))
+        print(f"realvllm setup: reweighted copy of {argv[2]} in {argv[3]}")
+        return 0
     if len(argv) != 2:
-        print(f"usage: {argv[0]} MODEL_DIR", file=sys.stderr)
+        print(f"usage: {argv[0]} MODEL_DIR  |  {argv[0]} --reweight SOURCE_DIR TARGET_DIR SEED", file=sys.stderr)
         return 2
     target = Path(argv[1]).resolve()
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():

@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from . import rl_api
 from .config import FakeVllmConfig
 from .engine import Engine, Stream
 from .metrics import Metrics
@@ -50,6 +51,7 @@ def create_app(config: FakeVllmConfig | None = None) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/tokenize", tokenize_route)
+    rl_api.add_routes(app, ENGINE)
     return app
 
 
@@ -112,6 +114,7 @@ async def _generate(request: web.Request, kind: Kind, body: ChatCompletionReques
                     prompt: list[int]) -> web.StreamResponse:
     engine = request.app[ENGINE]
     _check_model(engine.config, body.model)
+    await rl_api.unpaused(request.app)
     check_length(engine.config, len(prompt), body.output_limit)
     try:
         stream = engine.submit(prompt, body.output_limit)
@@ -129,7 +132,7 @@ async def _generate(request: web.Request, kind: Kind, body: ChatCompletionReques
 
 async def _complete(kind: Kind, head: dict[str, Any], stream: Stream) -> web.Response:
     request = stream.request
-    seed = request.num_prompt_tokens
+    seed = stream.seed
     count = 0
     async for _ in stream:
         count += 1
@@ -146,7 +149,7 @@ async def _stream(request: web.Request, kind: Kind, head: dict[str, Any], stream
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
     engine_request = stream.request
-    seed, last = engine_request.num_prompt_tokens, engine_request.max_tokens - 1
+    seed, last = stream.seed, engine_request.max_tokens - 1
     count = 0
     try:
         async for _ in stream:
@@ -157,6 +160,8 @@ async def _stream(request: web.Request, kind: Kind, head: dict[str, Any], stream
             frames.append(_chunk(kind, head, [kind.delta(output_piece(seed, count), finish)]))
             count += 1
             await response.write("".join(frames).encode())
+        if stream.finish_reason == "abort":  # vLLM's last chunk of an aborted request says so
+            await response.write(_chunk(kind, head, [kind.delta("", "abort")]).encode())
         if include_usage:
             total = usage(engine_request.num_prompt_tokens, count, engine_request.num_cached_tokens or 0)
             await response.write(_chunk(kind, head, [], total).encode())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import zlib
 
 from .config import FakeVllmConfig
 from .metrics import Metrics
@@ -26,8 +27,9 @@ class Stream:
     """One request's sampled tokens, as the engine produces them; ends when it finishes."""
 
     request: Request
-    finish_reason: str  # "length" when the client set max_tokens, else "stop" (an EOS)
+    finish_reason: str  # "length" when the client set max_tokens, else "stop" (an EOS); "abort" once aborted
     arrival: float
+    seed: int = 0  # what the output text is drawn from: the prompt length, shifted by the loaded weights
     queue: asyncio.Queue[int | None] = dataclasses.field(default_factory=asyncio.Queue)
 
     def __aiter__(self) -> Stream:
@@ -49,6 +51,8 @@ class Engine:
         self._streams: dict[Request, Stream] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        self.weights = ""  # the path weights were last reloaded from ("": the ones it started with)
+        self.weight_version = "default"  # vLLM's weight_version before any update
         metrics.bind(
             running=lambda: len(self.scheduler.running),
             waiting=lambda: len(self.scheduler.waiting),
@@ -62,7 +66,8 @@ class Engine:
             max_tokens=self.config.default_max_tokens if max_tokens is None else max_tokens,
         )
         self.scheduler.add(request)
-        stream = Stream(request, "stop" if max_tokens is None else "length", asyncio.get_running_loop().time())
+        stream = Stream(request, "stop" if max_tokens is None else "length", asyncio.get_running_loop().time(),
+                        len(prompt) + (zlib.crc32(self.weights.encode()) % 997 if self.weights else 0))
         self._streams[request] = stream
         self._wake.set()
         return stream
@@ -77,6 +82,21 @@ class Engine:
             del self._streams[stream.request]
             stream.queue.put_nowait(None)
             self.metrics.request_finished("abort")
+
+    def abort_all(self) -> int:
+        """vLLM's ``/abort_requests`` without ids: every unfinished request ends with finish_reason "abort"."""
+        streams = list(self._streams.values())
+        for stream in streams:
+            stream.finish_reason = "abort"
+            self.abort(stream)
+        return len(streams)
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``/reset_prefix_cache``: forget every cached block; False (nothing reset) while any is held."""
+        if not self.pool.reset():
+            return False
+        self.metrics.prefix_cache_resets.inc()
+        return True
 
     async def run(self) -> None:
         """Forever: plan a step, sleep through its simulated duration, deliver its tokens."""

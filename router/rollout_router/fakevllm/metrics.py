@@ -32,6 +32,8 @@ class Metrics:
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.num_preemptions = self._counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prefix_cache_resets = self._counter(
+            "fakevllm:prefix_cache_resets", "Prefix-cache resets (POST /reset_prefix_cache) that succeeded.")
         self.prompt_tokens = self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed.")

@@ -115,6 +115,15 @@ class BlockPool:
             self._free[block.id] = block
             self._free.move_to_end(block.id, last=False)
 
+    def reset(self) -> bool:
+        """Forget every cached hash (vLLM's prefix-cache reset); refused (False) while a request holds blocks."""
+        if self.num_used:
+            return False
+        for block in self.blocks:
+            block.hash = None
+        self._cached.clear()
+        return True
+
     def check(self) -> None:
         """Assert the pool's invariants (for tests)."""
         assert self.num_free + sum(1 for b in self.blocks if b.ref_cnt > 0) == self.num_blocks

@@ -52,9 +52,9 @@ async def leave(fleet: Fleet, busy: Callable[[], int], stop_accepting: Callable[
         async with asyncio.timeout(timeout):
             await announce(fleet, done=False)
             await push(fleet)
-            await _until_idle(busy)
+            await until_idle(busy)
             stop_accepting()
-            await _until_idle(busy)
+            await until_idle(busy)
             left = await push(fleet)
             if left == 0:
                 await announce(fleet, done=True)
@@ -114,6 +114,6 @@ async def _push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]]) 
         fleet.pushed += len(batch)
 
 
-async def _until_idle(busy: Callable[[], int]) -> None:
+async def until_idle(busy: Callable[[], int]) -> None:
     while busy():
         await asyncio.sleep(BUSY_POLL_SECONDS)

@@ -34,6 +34,7 @@ from .ownership import History, owner
 if TYPE_CHECKING:
     from ..balancer import Balancer
     from ..replicas import ReplicaSet
+    from .rlstate import RlState
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,13 @@ class Fleet:
                  settings: FleetSettings, idle_timeout: Callable[[], float | None], self_id: str, http_url: str,
                  grpc_target: str | None, token: Callable[[], bytes | None], cli_peers: Sequence[str] = (),
                  peer_selector: str | None = None, peer_namespace: str | None = None,
-                 ownership: Ownership | None = None):
+                 ownership: Ownership | None = None, rl: RlState | None = None):
         self.replicas, self.balancer, self.clock, self._idle_timeout = replicas, balancer, clock, idle_timeout
         self.self_id = self_id.rstrip("/")
         self.http_url, self.grpc_target = http_url, grpc_target
         self._cli_peers, self._selector, self._namespace = list(cli_peers), peer_selector, peer_namespace
         self._cli_ownership = ownership  # --ownership: wins over fleet.ownership
+        self.rl = rl  # the RL pause state: a peer's newer one (in its loads answer) is adopted
         self.settings = settings
         self.membership = Membership(self.self_id)
         self.history = History(self.self_id, self._window())
@@ -160,6 +162,8 @@ class Fleet:
             member.http, member.grpc = str(info["http"]).rstrip("/"), info.get("grpc")
         answer = await self.client.call("GET", f"{member.id}/fleet/v1/loads")
         loads = {str(replica): int(count) for replica, count in answer["loads"].items()}
+        if self.rl is not None and "rl" in answer:
+            self.rl.adopt(answer["rl"])  # how a router that missed a pause, resume or update learns it
         if self.membership.get(member.id) is not member:
             return  # dropped while we waited
         old = member.loads if member.live else {}

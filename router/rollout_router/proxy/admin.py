@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -24,6 +24,13 @@ class AdminAnswer:
     status: int
     body: bytes
     content_type: str = "application/json"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Deferred(AdminAnswer):
+    """An answer that takes I/O (the RL fan-out): the admin listener awaits ``then`` for the real one."""
+
+    then: Callable[[], Awaitable[AdminAnswer]] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -47,9 +47,13 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
                   grpc: bool = False, prefix: Sequence[int] | str | None = None) -> None:
     """``send`` on a routed replica, retried on others while replicas refuse.
 
+    While dispatch is paused (``/v1/rl/pause``) it waits its turn, or raises ``Paused``.
     Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
     when every attempt was refused, ``OutOfDescriptors`` when the router could not open a connection at all.
     """
+    rl = context.rl
+    if rl.paused:  # the only cost of the RL pause while dispatch runs: this check
+        await rl.wait_turn()
     settings = context.settings  # one snapshot for every attempt of this request
     attempts = settings.connect_retries + 1
     for _ in range(attempts):

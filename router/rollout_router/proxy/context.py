@@ -21,6 +21,7 @@ from ..settings import RouterSettings
 
 if TYPE_CHECKING:
     from ..fleet.node import Fleet
+    from ..fleet.rlstate import RlState
     from ..observability import Metrics
 
 
@@ -48,6 +49,10 @@ class RouterContext(Protocol):
 
     @property
     def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def rl(self) -> RlState:
+        """The RL step's dispatch state: asked whether dispatch is paused, and the replicas' weight versions."""
 
     @property
     def prober(self) -> Prober:

@@ -1,9 +1,9 @@
 """Routes between routers, on the admin listener (token-protected like the other admin routes).
 
 - ``GET /fleet/v1/info``: ``{"id", "http", "grpc", "leaving"}``, where this router's traffic is served.
-- ``GET /fleet/v1/loads``: ``{"id", "loads": {replica: n}, "leaving"}``, this router's own in-flight counts
+- ``GET /fleet/v1/loads``: ``{"id", "loads": {replica: n}, "leaving", "rl"}``, this router's own in-flight counts
   (never the peers' it added: each count is reported by the one router that holds it); ``leaving``: it
-  owns no key any more (``fleet/leaving.py``).
+  owns no key any more (``fleet/leaving.py``); ``rl``: its RL pause state with its epoch (``fleet/rlstate.py``).
 - ``POST /fleet/v1/handoff`` ``{"key": K}``: give up K's pin to its new owner; ``{"key", "replica", "idleSeconds"}``
   (``replica`` null and no ``idleSeconds`` when this router held no pin for K; ``idleSeconds``: since
   the pin's last use, so a router that finds two pins keeps the fresher).
@@ -41,7 +41,8 @@ def loads(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     fleet = context.fleet
     if fleet is None:
         return _off()
-    return _json({"id": fleet.self_id, "loads": context.replicas.own_loads(), "leaving": fleet.leaving})
+    return _json({"id": fleet.self_id, "loads": context.replicas.own_loads(), "leaving": fleet.leaving,
+                  "rl": context.rl.shared()})
 
 
 def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:

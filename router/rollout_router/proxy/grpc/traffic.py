@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 
+from ...fleet.rlstate import Paused
 from ...health import TIMEOUT
 from ...policy import NoReplicaError
 from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short
@@ -155,6 +156,9 @@ class GrpcProxy(Listener):
         except OutOfDescriptors as error:
             self.refused("out_of_descriptors")
             call.answer(h2.UNAVAILABLE, str(error))
+        except Paused as paused:
+            self.refused(paused.reason)
+            call.answer(h2.UNAVAILABLE, f"{paused.message} (in {paused.retry_after} s)")
 
     async def _attempt(self, call: Call, lease) -> bool:
         """One attempt on the leased replica; whether it accepted the call. Raises ``Refused`` to retry elsewhere."""

@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from .. import admin, fleet_routes, workers
+from .. import admin, fleet_routes, rl_routes, workers
 from ..context import RouterContext
 from ..listener import Limits
 from .listener import HttpListener
@@ -22,8 +22,8 @@ from .server import ClientConnection, HttpRequest
 from .traffic import write_admin
 
 # What the admin listener serves: the router's own routes, the worker API of SGLang's router / vllm-router,
-# and the routes between the routers of a fleet.
-ROUTES = (*admin.ROUTES, *workers.ROUTES, *fleet_routes.ROUTES)
+# the routes between the routers of a fleet, and the RL step's fleet operations (/v1/rl/*).
+ROUTES = (*admin.ROUTES, *workers.ROUTES, *fleet_routes.ROUTES, *rl_routes.ROUTES)
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,14 @@ class AdminListener(HttpListener):
         return LIMITS
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
-        write_admin(self, client, request, *self.answer(request))
+        answer, extra = self.answer(request)
+        if isinstance(answer, admin.Deferred) and answer.then is not None:
+            try:
+                answer = await answer.then()
+            except Exception:
+                log.exception("unexpected error on %s %s", request.method.decode(), request.path)
+                answer = admin.error(500, "internal router error; see the router's log")
+        write_admin(self, client, request, answer, extra)
 
     def answer(self, request: HttpRequest) -> tuple[admin.AdminAnswer, tuple[tuple[bytes, bytes], ...]]:
         """The answer and its extra headers; never raises for a client's input."""

@@ -25,7 +25,7 @@ from ...replicas import Lease
 from ..attempts import Refused, refused_or_short
 from ..errors import error_body
 from . import wire
-from .routes import HOP_BY_HOP, REPLICA_HEADER
+from .routes import HOP_BY_HOP, REPLICA_HEADER, WEIGHT_VERSION_HEADER
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
@@ -115,6 +115,9 @@ class Exchange:
         self.until_close = length is None and not parser.should_keep_alive()
         if not self.forwarded:
             kept.append((REPLICA_HEADER_BYTES, self.replica.encode()))
+            version = self.proxy.context.rl.versions.get(self.replica)
+            if version is not None:  # a trainer drops samples of stale weights by it
+                kept.append((WEIGHT_VERSION_HEADER_BYTES, version.encode()))
         if not self.chunked and length is None and not no_body:
             request.close_after = True  # the end of the body is the close (always so for an HTTP/1.0 client)
         if request.close_after or not request.keep_alive:
@@ -265,6 +268,7 @@ class Exchange:
 
 
 REPLICA_HEADER_BYTES = REPLICA_HEADER.encode()
+WEIGHT_VERSION_HEADER_BYTES = WEIGHT_VERSION_HEADER.encode()
 
 
 def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:

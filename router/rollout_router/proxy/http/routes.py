@@ -27,6 +27,7 @@ FORWARDED_PREFIXES = ("/v1/responses/", "/v1/models/")
 UNKEYED_PATHS = frozenset({"/v1/models", "/tokenize", "/detokenize", "/version"})
 
 REPLICA_HEADER = "X-RolloutRouter-Replica"
+WEIGHT_VERSION_HEADER = "X-Weight-Version"  # the weight_version the answering replica last reported (/v1/rl)
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus the framing headers the proxy sets itself, lower-cased bytes
 # as the parser hands them over.

@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 import time
 
+from ...fleet.rlstate import Paused
 from ...policy import NoReplicaError
-from .. import admin, workers
+from .. import admin, rl_routes, workers
 from ..attempts import AllRefused, OutOfDescriptors, forward
 from ..context import RouterContext
 from ..errors import RouterError
@@ -96,6 +97,8 @@ class HttpProxy(HttpListener):
             self._refuse(client, request, RouterError(503, str(error)), "all_refused")
         except OutOfDescriptors as error:
             self._refuse(client, request, RouterError(503, str(error)), "out_of_descriptors")
+        except Paused as paused:
+            self._refuse(client, request, RouterError(503, paused.message), paused.reason, paused.retry_after)
 
     def _session_key(self, request: HttpRequest) -> str | None:
         session = self.context.settings.session
@@ -116,19 +119,22 @@ class HttpProxy(HttpListener):
         answer = admin.admin_answer(self.context, request.method.decode(), path, probes_only=True)
         if answer is None:
             where = (" (admin routes are served on the admin listener, --admin-port)"
-                     if admin.find(path, routes=(*admin.ROUTES, *workers.ROUTES)) else "")
+                     if admin.find(path, routes=(*admin.ROUTES, *workers.ROUTES, *rl_routes.ROUTES)) else "")
             raise RouterError(404, f"path {path} is not an OpenAI-compatible endpoint this router forwards{where}")
         write_admin(self, client, request, answer)
 
     def _refuse(self, client: ClientConnection, request: HttpRequest, error: RouterError,
-                reason: str | None = None) -> None:
+                reason: str | None = None, retry_after: int | None = None) -> None:
         """The router's own error answer."""
         self.context.metrics.errors.labels(reason or error.reason).inc()
-        client.write(self.error_bytes(error.status, error.message, request, param=error.param))
+        client.write(self.error_bytes(error.status, error.message, request, param=error.param,
+                                      retry_after=retry_after))
 
     def error_bytes(self, status: int, message: str, request: HttpRequest, replica: str | None = None,
-                    param: str | None = None) -> bytes:
-        extra = ((REPLICA_HEADER.encode(), replica.encode()),) if replica is not None else ()
+                    param: str | None = None, retry_after: int | None = None) -> bytes:
+        extra: tuple[tuple[bytes, bytes], ...] = ((REPLICA_HEADER.encode(), replica.encode()),) if replica else ()
+        if retry_after is not None:
+            extra += ((b"Retry-After", b"%d" % retry_after),)
         return wire.error_answer(status, message, param, close=request.close_after or not request.keep_alive,
                                  extra=extra, head_only=request.head_only)
 

@@ -1,0 +1,241 @@
+"""The RL step's fleet operations, on the admin listener behind its token (docs/rl.md has the shapes).
+
+- ``POST /v1/rl/pause`` ``{"mode": "wait"|"abort", "timeout": s}`` (or ``?mode=``): stop dispatching; answers
+  once the requests in flight finished (``abort``: after the replicas' own ``/abort_requests``).
+- ``POST /v1/rl/resume``: dispatch again, the queued requests first.
+- ``POST /v1/rl/update_weights`` ``{"model_path", "weight_version", "reset_prefix_cache", "abort_all_requests"}``:
+  in a paused section (unless already paused), each replica reloads its weights from disk, takes the version
+  and resets its prefix cache; 200 when all succeeded, 502 naming each failure (dispatch stays paused then).
+- ``POST /v1/rl/engine/{path}``: any engine route, the same JSON body to every replica (SGLang's gateway).
+- ``GET /v1/rl/workers``: each replica with its ``weight_version``.
+- ``POST /fleet/v1/rl``: a peer router's new state (``fleet/rlstate.py``); answers once drained when paused.
+
+Every fan-out answers per replica, fenced by the membership epoch (``fleet/rlfanout.py``). With other
+routers in the fleet, the router that takes the call tells them the new state before it answers.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from ..fleet import rlfanout
+from ..fleet.client import PeerClient
+from .admin import GET, AdminAnswer, AdminRequest, Deferred, Route, error
+from .context import RouterContext
+from .workers import worker_id
+
+MODES = ("wait", "abort")
+ENGINE_PATH = re.compile(r"^[A-Za-z0-9_]+$")
+UPDATE_FIELDS = {"model_path", "weights_path", "weight_version", "reset_prefix_cache", "abort_all_requests",
+                 "timeout", "load_format", "flush_cache"}
+
+
+def _json(document: dict, code: int = 200) -> AdminAnswer:
+    return AdminAnswer(code, json.dumps(document).encode())
+
+
+def _later(work: Callable[[], Awaitable[AdminAnswer]]) -> Deferred:
+    return Deferred(202, b"", then=work)
+
+
+def _body(request: AdminRequest) -> dict[str, Any] | AdminAnswer:
+    """The JSON object body (empty: {}), or a 400 naming the problem."""
+    if not request.body.strip():
+        return {}
+    try:
+        document = json.loads(request.body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return error(400, f"request body is not valid JSON ({exc})")
+    if not isinstance(document, dict):
+        return error(400, "request body must be a JSON object")
+    return document
+
+
+def _engines(context: RouterContext, timeout: float | None = None) -> PeerClient:
+    """The client of the engine calls, timed by the call's ``timeout`` or ``rl.engineTimeoutSeconds`` (live)."""
+    client = context.rl.engines
+    client.timeout = timeout or context.settings.rl.engine_timeout_seconds
+    return client
+
+
+def _timeout(context: RouterContext, document: dict[str, Any]) -> float | AdminAnswer:
+    value = document.get("timeout", context.settings.rl.engine_timeout_seconds)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return error(400, f"timeout must be a number of seconds > 0, not {value!r}", "timeout")
+    return float(value)
+
+
+def pause(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    document = _body(request)
+    if isinstance(document, AdminAnswer):
+        return document
+    mode = document.get("mode", parse_qs(request.query).get("mode", ["wait"])[0])
+    if mode not in MODES:
+        return error(400, f"mode must be wait (in-flight requests finish) or abort (the replicas abort them), "
+                          f"not {mode!r}", "mode")
+    timeout = _timeout(context, document)
+    if isinstance(timeout, AdminAnswer):
+        return timeout
+
+    async def work() -> AdminAnswer:
+        answer, _ = await _pause(context, mode, timeout)
+        return answer
+    return _later(work)
+
+
+async def _pause(context: RouterContext, mode: str, timeout: float) -> tuple[AdminAnswer, bool]:
+    """Pause this router and its peers; abort on the replicas; wait for the drain. (answer, whether all held)."""
+    rl = context.rl
+    epoch = rl.pause(mode)
+    document: dict[str, Any] = {"status": "paused", "mode": mode, "epoch": list(epoch)}
+    failures = []
+    if mode == "abort":
+        fanned, _ = await rlfanout.abort_until_drained(context.replicas, _engines(context), timeout)
+        document["workers"] = fanned.workers
+        failures += [f"{w['url']}: {w['error']}" for w in fanned.failed]
+    document["peers"] = await rlfanout.tell_peers(context.fleet, rl, timeout)
+    failures += [f"router {peer}: {why}" for peer, why in document["peers"].items() if why != "ok"]
+    drained = await rlfanout.drained(context.replicas, timeout)
+    document["inflight"] = context.replicas.total_inflight()
+    if not drained:
+        rl.record("pause", "timeout", mode=mode)
+        return error(504, f"dispatch is paused, but {document['inflight']} requests are still in flight after "
+                          f"{timeout:g} s"), False
+    if failures:
+        rl.record("pause", "partial", mode=mode, failures=failures)
+        return _json({**document, "error": {"message": "dispatch is paused, but not everywhere: " +
+                                            "; ".join(failures), "code": 502}}, 502), False
+    return _json(document), True
+
+
+def resume(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    document = _body(request)
+    if isinstance(document, AdminAnswer):
+        return document
+
+    async def work() -> AdminAnswer:
+        rl = context.rl
+        waiting = rl.queued
+        epoch = rl.resume()
+        peers = await rlfanout.tell_peers(context.fleet, rl, context.settings.rl.engine_timeout_seconds)
+        return _json({"status": "resumed", "epoch": list(epoch), "released": waiting, "peers": peers})
+    return _later(work)
+
+
+def update_weights(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    document = _body(request)
+    if isinstance(document, AdminAnswer):
+        return document
+    unknown = sorted(set(document) - UPDATE_FIELDS)
+    if unknown:
+        return error(400, f"unknown field {unknown[0]!r}; update_weights takes {', '.join(sorted(UPDATE_FIELDS))}",
+                     unknown[0])
+    path = document.get("model_path", document.get("weights_path"))
+    version = document.get("weight_version")
+    for name, value in (("model_path", path), ("weight_version", version)):
+        if value is not None and (not isinstance(value, str) or not value):
+            return error(400, f"{name} must be a non-empty string", name)
+    if path is None and version is None:
+        return error(400, "update_weights needs model_path (a checkpoint directory every replica can read) "
+                          "and/or weight_version", "model_path")
+    flags = {name: document.get(name, default) for name, default in
+             (("reset_prefix_cache", document.get("flush_cache", True)), ("abort_all_requests", False))}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            return error(400, f"{name} must be true or false", name)
+    timeout = _timeout(context, document)
+    if isinstance(timeout, AdminAnswer):
+        return timeout
+    if context.rl.lock.locked():
+        return error(409, "another update_weights is in progress on this router; wait for its answer")
+
+    async def work() -> AdminAnswer:
+        async with context.rl.lock:
+            return await _update(context, path, version, flags["reset_prefix_cache"],
+                                 "abort" if flags["abort_all_requests"] else "wait", timeout)
+    return _later(work)
+
+
+async def _update(context: RouterContext, path: str | None, version: str | None, reset: bool, mode: str,
+                  timeout: float) -> AdminAnswer:
+    rl = context.rl
+    paused_here = not rl.paused
+    if paused_here:
+        answer, held = await _pause(context, mode, timeout)
+        if not held:
+            rl.record("update", "failed", weight_version=version, why="the pause before it did not hold")
+            return answer
+    fanned = await rlfanout.fan_out(context.replicas, _engines(context, timeout),
+                                    rlfanout.update_weights(path, version, reset))
+    for worker in fanned.workers:
+        if worker["status"] == "ok" and isinstance(worker.get("weight_version"), str):
+            rl.versions[worker["url"]] = worker["weight_version"]
+    failed = fanned.failed
+    if failed:
+        rl.record("update", "failed", weight_version=version, failed=[w["url"] for w in failed])
+        message = "; ".join(f"{w['url']}: {w['status']}: {w.get('error')}" for w in failed)
+        return _json(fanned.document(weight_version=version, paused=True, error={
+            "message": f"the weight update failed on {len(failed)} of {len(fanned.workers)} replicas ({message}); "
+                       "dispatch stays paused: retry update_weights, or POST /v1/rl/resume", "code": 502}), 502)
+    rl.new_weights(version)
+    rl.record("update", "ok", weight_version=version, pins_cleared=rl.pins_cleared)
+    if paused_here:
+        rl.resume()
+    peers = await rlfanout.tell_peers(context.fleet, rl, timeout)
+    return _json(fanned.document(weight_version=version, paused=rl.paused, peers=peers))
+
+
+def engine(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    path = request.params["path"]
+    if not ENGINE_PATH.match(path):
+        return error(400, f"engine path {path!r} must be one route name (letters, digits, _)", "path")
+    try:
+        body = json.loads(request.body) if request.body.strip() else {}
+    except (UnicodeDecodeError, ValueError) as exc:
+        return error(400, f"request body is not valid JSON ({exc})")
+
+    async def work() -> AdminAnswer:
+        fanned = await rlfanout.fan_out(context.replicas, _engines(context), rlfanout.engine_call(path, body))
+        return _json(fanned.document(path=f"/{path}"), 200 if not fanned.failed else 502)
+    return _later(work)
+
+
+def workers(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    rl, replicas = context.rl, context.replicas
+    routable = set(replicas.loads()) | set(replicas.loads(grpc=True))
+    entries = [{"worker_id": worker_id(r.id), "url": r.id, "weight_version": rl.versions.get(r.id),
+                "is_healthy": r.id in routable, "load": r.inflight} for r in replicas.replicas()]
+    return _json({"workers": entries, "total": len(entries), "paused": rl.paused, "mode": rl.mode,
+                  "weight_version": rl.weight_version, "epoch": replicas.epoch})
+
+
+def peer_state(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    """A peer's new state; when it pauses, answered once this router's own requests drained."""
+    document = _body(request)
+    if isinstance(document, AdminAnswer):
+        return document
+    rl = context.rl
+    if not isinstance(document.get("epoch"), list) or not isinstance(document.get("paused"), bool):
+        return error(400, "the state needs \"epoch\": [n, router] and \"paused\": true or false", "epoch")
+
+    async def work() -> AdminAnswer:
+        rl.adopt(document)
+        timeout = context.settings.rl.engine_timeout_seconds
+        if rl.paused and rl.mode == "abort":  # what escaped the first router's aborts through this one
+            await rlfanout.abort_until_drained(context.replicas, _engines(context), timeout)
+        drained = not rl.paused or await rlfanout.drained(context.replicas, timeout)
+        return _json({"epoch": list(rl.epoch), "paused": rl.paused, "drained": drained})
+    return _later(work)
+
+
+ROUTES = [
+    Route("/v1/rl/pause", ("POST",), pause),
+    Route("/v1/rl/resume", ("POST",), resume),
+    Route("/v1/rl/update_weights", ("POST",), update_weights),
+    Route("/v1/rl/engine/{path}", ("POST",), engine),
+    Route("/v1/rl/workers", GET, workers),
+    Route("/fleet/v1/rl", ("POST",), peer_state),
+]
