@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
-from rollout_router.settings import LabelSelector, Model, PolicySettings
+from rollout_router.settings import LabelSelector, MetricsSettings, Model, PolicySettings
 
 GROUP, VERSION, KIND, PLURAL = "rolloutrouter.dev", "v1alpha1", "RolloutRouter", "rolloutrouters"
 
@@ -243,6 +243,8 @@ class RolloutRouterSpec(PolicySettings):
     router: RouterDeploymentSpec = Field(default_factory=RouterDeploymentSpec)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     service_monitor: ServiceMonitorSpec = Field(default_factory=ServiceMonitorSpec)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description=(
+        "What the routers measure beyond their counters (docs/observability.md, \"Is the margin paying?\")."))
 
     @model_validator(mode="after")
     def _selector(self) -> RolloutRouterSpec:
@@ -276,6 +278,12 @@ class Affinity(Model):
     read_at: str | None = Field(None, description="When the routers' /status was read (RFC 3339).")
     routers_read: int = Field(0, description="Router pods whose /status answered.")
     unreachable: list[str] = Field(default_factory=list, description="Router pods whose /status did not answer.")
+    repin_prefill_tokens: int = Field(0, description="Prompt tokens the new replicas reported prefilling for "
+                                      "moved turns (broken or re-pinned), summed over the router pods.")
+    repin_prefill_turns: int = Field(0, description="Moved turns whose answer reported that prefill.")
+    ttfb_moved_vs_kept: str | None = Field(None, description="Mean time to first byte of moved turns / of kept "
+                                           "turns over the pods' lifetime, e.g. 0.412s/0.108s; null before both "
+                                           "were seen.")
 
 
 class Fleet(Model):

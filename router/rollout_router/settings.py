@@ -30,7 +30,7 @@ from .policy import LiveConfig, PolicyOptions, registry
 from .policy.cost_affinity import CostAffinityOptions
 
 __all__ = [
-    "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
+    "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "MetricsSettings", "PolicySettings",
     "RouterSettings", "SessionSettings", "SettingsError", "describe", "load_settings", "parse_settings",
 ]
 
@@ -277,6 +277,18 @@ class FleetSettings(Model):
         return [url.rstrip("/") for url in peers]
 
 
+class MetricsSettings(Model):
+    """What the router measures beyond its counters (docs/observability.md, "Is the margin paying?")."""
+
+    kept_prefill_sample_rate: float = Field(
+        0.1, ge=0, le=1, allow_inf_nan=False,
+        description="Share of kept turns whose answer's usage is read for rolloutrouter_kept_prefill_tokens_total "
+                    "(every moved turn is read); 0 reads none.")
+    max_backend_labels: StrictInt = Field(
+        64, ge=1, description="Distinct replicas given their own backend label on the metrics; the rest are "
+                              "counted under backend=\"other\".")
+
+
 class RouterSettings(PolicySettings):
     """Everything ``rollout-router serve`` reads from ``--config``."""
 
@@ -308,6 +320,7 @@ class RouterSettings(PolicySettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     fleet: FleetSettings | None = Field(None, description="Other routers sharing the sessions (docs/fleet.md); "
                                         "null: this router decides alone.")
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -1,0 +1,184 @@
+"""Is the margin paying? The cost of each moved turn (the prefill its new replica reports), the time to
+first byte by outcome, the gap and pin age at each break: a router in front of fake-vllm replicas, breaks
+forced by load from outside this router (``ReplicaSet.set_external``, as the fleet load view sets it)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from grpc import aio
+from prometheus_client.parser import text_string_to_metric_families
+from smg_grpc_proto.generated import vllm_engine_pb2 as pb
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
+
+from rollout_router.fakevllm import FakeVllmConfig, create_app, start_grpc
+from rollout_router.fakevllm.tokens import tokenize
+from rollout_router.settings import RouterSettings
+from tests.support import NO_PROBES, running_router
+
+SYSTEM = "You are a careful solver. Think step by step and check every answer twice before you reply. " * 4
+
+
+@contextlib.asynccontextmanager
+async def fake_replicas(count: int, grpc: bool = False) -> AsyncIterator[list[dict]]:
+    """``count`` fake-vllm replicas on loopback (HTTP, and gRPC when asked): their backend entries."""
+    runners, servers, entries = [], [], []
+    try:
+        for index in range(count):
+            host = f"127.0.0.{60 + index}"
+            app = create_app(FakeVllmConfig(speed=20.0))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, host, 0).start()
+            runners.append(runner)
+            entry = {"url": f"http://{host}:{runner.addresses[0][1]}"}
+            if grpc:
+                server, port = await start_grpc(app, host, 0)
+                servers.append(server)
+                entry["grpc"] = f"{host}:{port}"
+            entries.append(entry)
+        yield entries
+    finally:
+        for server in servers:
+            await server.stop(0.5)
+        for runner in runners:
+            await runner.cleanup()
+
+
+def settings(backends: list[dict], sample: float = 1.0) -> RouterSettings:
+    return RouterSettings(backends=backends, affinity_break_margin=2, health=NO_PROBES,
+                          metrics={"keptPrefillSampleRate": sample})
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of a scrape by (name, sorted labels)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def scrape(http: aiohttp.ClientSession, runtime) -> dict[tuple[str, tuple], float]:
+    async with http.get(f"{runtime.admin_url}/metrics") as response:
+        return samples(await response.text())
+
+
+async def status(http: aiohttp.ClientSession, runtime) -> dict:
+    async with http.get(f"{runtime.admin_url}/status") as response:
+        return await response.json()
+
+
+def prefilled(usage: dict) -> int:
+    """What the replica's own usage says it prefilled."""
+    return usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+
+
+async def chat(http: aiohttp.ClientSession, base: str, session: str, content: str,
+               stream: bool = False, usage: bool = True) -> tuple[str, dict | None]:
+    """One turn; (the replica that served it, the usage its answer reported)."""
+    body: dict = {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM},
+                                                {"role": "user", "content": content}], "max_tokens": 4}
+    if stream:
+        body |= {"stream": True, **({"stream_options": {"include_usage": True}} if usage else {})}
+    async with http.post(f"{base}/v1/chat/completions", json=body, headers={"X-Session-ID": session}) as response:
+        assert response.status == 200, await response.text()
+        replica = response.headers["x-rolloutrouter-replica"]
+        if not stream:
+            return replica, (await response.json())["usage"]
+        import json
+        events = [json.loads(line[6:]) for line in (await response.text()).splitlines()
+                  if line.startswith("data: {")]
+        return replica, next((e["usage"] for e in reversed(events) if e.get("usage")), None)
+
+
+async def test_moved_turns_count_the_prefill_their_replica_reported():
+    async with fake_replicas(2) as backends, running_router(settings(backends)) as (base, runtime), \
+            aiohttp.ClientSession() as http:
+        expected_moved, expected_kept = 0, 0
+        for index, stream in enumerate((False, True, False)):
+            session = f"s{index}"
+            pinned, _ = await chat(http, base, session, "turn one", stream)
+            _, kept = await chat(http, base, session, "turn one and two", stream)
+            expected_kept += prefilled(kept)
+            runtime.replicas.set_external(pinned, 5)  # load beyond the margin on the pinned replica: a break
+            moved_to, moved = await chat(http, base, session, "turn one, two and three", stream)
+            runtime.replicas.set_external(pinned, 0)
+            assert moved_to != pinned
+            assert moved["prompt_tokens_details"]["cached_tokens"] < moved["prompt_tokens"]
+            expected_moved += prefilled(moved)
+        metrics = await scrape(http, runtime)
+        assert metrics[("rolloutrouter_repin_prefill_tokens_total", (("reason", "margin"),))] == expected_moved
+        assert metrics[("rolloutrouter_repin_prefill_turns_total", (("reason", "margin"),))] == 3
+        assert metrics[("rolloutrouter_kept_prefill_tokens_total", ())] == expected_kept
+        assert metrics[("rolloutrouter_kept_prefill_turns_total", ())] == 3
+        assert metrics[("rolloutrouter_break_gap_count", ())] == 3
+        assert metrics[("rolloutrouter_break_gap_sum", ())] == 15  # 5 in flight elsewhere against 0
+        assert metrics[("rolloutrouter_break_pin_age_seconds_count", ())] == 3
+        for outcome, turns in (("new", 3), ("kept", 3), ("broken", 3)):
+            assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", outcome),))] == turns
+            assert metrics[("rolloutrouter_time_to_first_byte_seconds_sum", (("outcome", outcome),))] > 0
+        margin = (await status(http, runtime))["margin"]
+        assert margin["repin_prefill_tokens"] == expected_moved and margin["repin_prefill_turns"] == 3
+        assert margin["kept_prefill_tokens"] == expected_kept and margin["breaks"] == 3
+        assert margin["break_gap_mean"] == 5
+        assert margin["ttfb"]["moved"]["turns"] == 3 and margin["ttfb"]["kept"]["turns"] == 3
+        assert margin["ttfb"]["moved"]["mean"] > 0
+
+
+async def test_a_repinned_turn_is_counted_by_why_its_replica_was_out():
+    async with fake_replicas(2) as backends, running_router(settings(backends)) as (base, runtime), \
+            aiohttp.ClientSession() as http:
+        pinned, _ = await chat(http, base, "r", "first")
+        runtime.replicas.mark_down(pinned, 60)
+        moved_to, usage = await chat(http, base, "r", "first and second")
+        assert moved_to != pinned
+        metrics = await scrape(http, runtime)
+        assert metrics[("rolloutrouter_repin_prefill_tokens_total", (("reason", "down"),))] == prefilled(usage)
+        assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", "repinned"),))] == 1
+
+
+async def test_an_answer_without_usage_is_counted_as_unmeasured_not_as_zero():
+    async with fake_replicas(2) as backends, running_router(settings(backends)) as (base, runtime), \
+            aiohttp.ClientSession() as http:
+        pinned, _ = await chat(http, base, "u", "first", stream=True, usage=False)
+        runtime.replicas.set_external(pinned, 5)
+        await chat(http, base, "u", "first and second", stream=True, usage=False)
+        metrics = await scrape(http, runtime)
+        assert metrics[("rolloutrouter_prefill_unmeasured_total", (("outcome", "broken"),))] == 1
+        assert ("rolloutrouter_repin_prefill_tokens_total", (("reason", "margin"),)) not in metrics
+
+
+async def test_kept_turns_are_read_at_the_sampled_rate():
+    async with fake_replicas(1) as backends, running_router(settings(backends, sample=0.25)) as (base, runtime), \
+            aiohttp.ClientSession() as http:
+        for turn in range(9):  # one new turn, then eight kept
+            await chat(http, base, "k", f"turn {turn}")
+        metrics = await scrape(http, runtime)
+        assert metrics[("rolloutrouter_kept_prefill_turns_total", ())] == 2
+        assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", "kept"),))] == 8
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_moved_grpc_generate_counts_the_prefill_vllm_reported(streaming):
+    async with fake_replicas(2, grpc=True) as backends, \
+            running_router(settings(backends), grpc=True) as (_, runtime), \
+            aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel, aiohttp.ClientSession() as http:
+        stub = pb_grpc.VllmEngineStub(channel)
+
+        async def generate(prompt: str) -> tuple[str, pb.GenerateResponse]:
+            request = pb.GenerateRequest(request_id=prompt, tokenized=pb.TokenizedInput(
+                original_text=prompt, input_ids=tokenize(SYSTEM + prompt)), stream=streaming,
+                sampling_params=pb.SamplingParams(max_tokens=4))
+            call = stub.Generate(request, metadata=(("x-session-id", "g"),))
+            answers = [answer async for answer in call]
+            return dict(await call.initial_metadata())["x-rolloutrouter-replica"], answers[-1]
+
+        pinned, _ = await generate("first")
+        runtime.replicas.set_external(pinned, 5)
+        moved_to, last = await generate("first and second")
+        assert moved_to != pinned and last.complete.prompt_tokens > last.complete.cached_tokens
+        metrics = await scrape(http, runtime)
+        assert metrics[("rolloutrouter_repin_prefill_tokens_total", (("reason", "margin"),))] == \
+            last.complete.prompt_tokens - last.complete.cached_tokens
+        assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", "broken"),))] == 1
