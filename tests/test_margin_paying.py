@@ -4,10 +4,11 @@ forced by load from outside this router (``ReplicaSet.set_external``, as the fle
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import aiohttp
-import pytest
 from aiohttp import web
 from grpc import aio
 from prometheus_client.parser import text_string_to_metric_families
@@ -86,44 +87,73 @@ async def chat(http: aiohttp.ClientSession, base: str, session: str, content: st
         replica = response.headers["x-rolloutrouter-replica"]
         if not stream:
             return replica, (await response.json())["usage"]
-        import json
         events = [json.loads(line[6:]) for line in (await response.text()).splitlines()
                   if line.startswith("data: {")]
         return replica, next((e["usage"] for e in reversed(events) if e.get("usage")), None)
 
 
+@dataclasses.dataclass
+class Expected:
+    """What the replicas' own usage said the forced workload prefilled."""
+
+    moved: int = 0
+    kept: int = 0
+    breaks: int = 0
+
+
+Ask = Callable[[str, int, bool], Awaitable[tuple[str, dict | None]]]
+
+
+async def forced_breaks(runtime, ask: Ask, streams: Sequence[bool] = (False, True, False)) -> Expected:
+    """One session per entry of ``streams``: a new turn, a kept turn, then a turn forced off its replica by
+    load from outside this router beyond the margin. ``ask(session, turn, stream)`` sends turn ``turn``
+    (each a longer prompt than the last) and returns the replica that served it and the usage it reported."""
+    expected = Expected()
+    for index, stream in enumerate(streams):
+        session = f"s{index}"
+        pinned, _ = await ask(session, 0, stream)
+        _, kept = await ask(session, 1, stream)
+        assert kept is not None
+        expected.kept += prefilled(kept)
+        runtime.replicas.set_external(pinned, 5)  # load beyond the margin on the pinned replica: a break
+        moved_to, moved = await ask(session, 2, stream)
+        runtime.replicas.set_external(pinned, 0)
+        assert moved_to != pinned and moved is not None
+        expected.moved += prefilled(moved)
+        expected.breaks += 1
+    return expected
+
+
+def check_counted(metrics: dict, status: dict, expected: Expected) -> None:
+    """The router's counters and /status say what the replicas' usage said."""
+    margin = status["margin"]
+    assert metrics[("rolloutrouter_repin_prefill_tokens_total", (("reason", "margin"),))] == expected.moved
+    assert metrics[("rolloutrouter_repin_prefill_turns_total", (("reason", "margin"),))] == expected.breaks
+    assert metrics[("rolloutrouter_kept_prefill_tokens_total", ())] == expected.kept
+    assert metrics[("rolloutrouter_break_gap_count", ())] == expected.breaks
+    assert metrics[("rolloutrouter_break_pin_age_seconds_count", ())] == expected.breaks
+    for outcome in ("new", "kept", "broken"):
+        assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", outcome),))] == expected.breaks
+        assert metrics[("rolloutrouter_time_to_first_byte_seconds_sum", (("outcome", outcome),))] > 0
+    assert margin["repin_prefill_tokens"] == expected.moved and margin["kept_prefill_tokens"] == expected.kept
+    assert margin["breaks"] == expected.breaks and margin["ttfb"]["moved"]["turns"] == expected.breaks
+
+
 async def test_moved_turns_count_the_prefill_their_replica_reported():
     async with fake_replicas(2) as backends, running_router(settings(backends)) as (base, runtime), \
             aiohttp.ClientSession() as http:
-        expected_moved, expected_kept = 0, 0
-        for index, stream in enumerate((False, True, False)):
-            session = f"s{index}"
-            pinned, _ = await chat(http, base, session, "turn one", stream)
-            _, kept = await chat(http, base, session, "turn one and two", stream)
-            expected_kept += prefilled(kept)
-            runtime.replicas.set_external(pinned, 5)  # load beyond the margin on the pinned replica: a break
-            moved_to, moved = await chat(http, base, session, "turn one, two and three", stream)
-            runtime.replicas.set_external(pinned, 0)
-            assert moved_to != pinned
-            assert moved["prompt_tokens_details"]["cached_tokens"] < moved["prompt_tokens"]
-            expected_moved += prefilled(moved)
+        texts = ("turn one", "turn one and two", "turn one, two and three")
+
+        async def ask(session: str, turn: int, stream: bool) -> tuple[str, dict | None]:
+            return await chat(http, base, session, texts[turn], stream)
+
+        expected = await forced_breaks(runtime, ask)
         metrics = await scrape(http, runtime)
-        assert metrics[("rolloutrouter_repin_prefill_tokens_total", (("reason", "margin"),))] == expected_moved
-        assert metrics[("rolloutrouter_repin_prefill_turns_total", (("reason", "margin"),))] == 3
-        assert metrics[("rolloutrouter_kept_prefill_tokens_total", ())] == expected_kept
+        check_counted(metrics, await status(http, runtime), expected)
+        assert expected.moved > expected.kept > 0  # a moved turn prefills what its old replica had cached
         assert metrics[("rolloutrouter_kept_prefill_turns_total", ())] == 3
-        assert metrics[("rolloutrouter_break_gap_count", ())] == 3
         assert metrics[("rolloutrouter_break_gap_sum", ())] == 15  # 5 in flight elsewhere against 0
-        assert metrics[("rolloutrouter_break_pin_age_seconds_count", ())] == 3
-        for outcome, turns in (("new", 3), ("kept", 3), ("broken", 3)):
-            assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", outcome),))] == turns
-            assert metrics[("rolloutrouter_time_to_first_byte_seconds_sum", (("outcome", outcome),))] > 0
-        margin = (await status(http, runtime))["margin"]
-        assert margin["repin_prefill_tokens"] == expected_moved and margin["repin_prefill_turns"] == 3
-        assert margin["kept_prefill_tokens"] == expected_kept and margin["breaks"] == 3
-        assert margin["break_gap_mean"] == 5
-        assert margin["ttfb"]["moved"]["turns"] == 3 and margin["ttfb"]["kept"]["turns"] == 3
-        assert margin["ttfb"]["moved"]["mean"] > 0
+        assert (await status(http, runtime))["margin"]["break_gap_mean"] == 5
 
 
 async def test_a_repinned_turn_is_counted_by_why_its_replica_was_out():
@@ -159,26 +189,25 @@ async def test_kept_turns_are_read_at_the_sampled_rate():
         assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", "kept"),))] == 8
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-async def test_a_moved_grpc_generate_counts_the_prefill_vllm_reported(streaming):
+def generate_asker(channel, prompts: Sequence[list[int]]) -> Ask:
+    """``ask`` for vLLM's gRPC ``Generate``: turn ``t`` sends ``prompts[t]``; usage as the HTTP answers carry it."""
+    stub = pb_grpc.VllmEngineStub(channel)
+
+    async def ask(session: str, turn: int, stream: bool) -> tuple[str, dict | None]:
+        request = pb.GenerateRequest(request_id=f"{session}-{turn}", tokenized=pb.TokenizedInput(
+            input_ids=prompts[turn]), stream=stream, sampling_params=pb.SamplingParams(max_tokens=4))
+        call = stub.Generate(request, metadata=(("x-session-id", session),))
+        last = [answer async for answer in call][-1].complete
+        usage = {"prompt_tokens": last.prompt_tokens, "prompt_tokens_details": {"cached_tokens": last.cached_tokens}}
+        return dict(await call.initial_metadata())["x-rolloutrouter-replica"], usage
+    return ask
+
+
+async def test_moved_grpc_generate_calls_count_the_prefill_vllm_reported():
     async with fake_replicas(2, grpc=True) as backends, \
             running_router(settings(backends), grpc=True) as (_, runtime), \
             aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel, aiohttp.ClientSession() as http:
-        stub = pb_grpc.VllmEngineStub(channel)
-
-        async def generate(prompt: str) -> tuple[str, pb.GenerateResponse]:
-            request = pb.GenerateRequest(request_id=prompt, tokenized=pb.TokenizedInput(
-                original_text=prompt, input_ids=tokenize(SYSTEM + prompt)), stream=streaming,
-                sampling_params=pb.SamplingParams(max_tokens=4))
-            call = stub.Generate(request, metadata=(("x-session-id", "g"),))
-            answers = [answer async for answer in call]
-            return dict(await call.initial_metadata())["x-rolloutrouter-replica"], answers[-1]
-
-        pinned, _ = await generate("first")
-        runtime.replicas.set_external(pinned, 5)
-        moved_to, last = await generate("first and second")
-        assert moved_to != pinned and last.complete.prompt_tokens > last.complete.cached_tokens
-        metrics = await scrape(http, runtime)
-        assert metrics[("rolloutrouter_repin_prefill_tokens_total", (("reason", "margin"),))] == \
-            last.complete.prompt_tokens - last.complete.cached_tokens
-        assert metrics[("rolloutrouter_time_to_first_byte_seconds_count", (("outcome", "broken"),))] == 1
+        prompts = [tokenize(SYSTEM + " turn" * (8 * turn + 1)) for turn in range(3)]
+        expected = await forced_breaks(runtime, generate_asker(channel, prompts), streams=(False, True))
+        check_counted(await scrape(http, runtime), await status(http, runtime), expected)
+        assert expected.moved > expected.kept > 0
