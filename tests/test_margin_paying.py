@@ -3,6 +3,7 @@ first byte by outcome, the gap and pin age at each break: a router in front of f
 forced by load from outside this router (``ReplicaSet.set_external``, as the fleet load view sets it)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -20,6 +21,7 @@ from rollout_router.fakevllm.tokens import tokenize
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, running_router
 
+PREFILL_SECONDS = 0.3
 SYSTEM = "You are a careful solver. Think step by step and check every answer twice before you reply. " * 4
 
 
@@ -211,3 +213,30 @@ async def test_moved_grpc_generate_calls_count_the_prefill_vllm_reported():
         expected = await forced_breaks(runtime, generate_asker(channel, prompts), streams=(False, True))
         check_counted(await scrape(http, runtime), await status(http, runtime), expected)
         assert expected.moved > expected.kept > 0
+
+
+async def test_a_streams_time_to_first_byte_waits_for_its_first_event_not_its_head():
+    """vLLM sends a stream's head before the prefill: the head alone says nothing about when tokens came."""
+    async def slow_first_event(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)  # the head, at once
+        await asyncio.sleep(PREFILL_SECONDS)  # the replica prefills
+        await response.write(b'data: {"choices": []}\n\ndata: [DONE]\n\n')
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", slow_first_event)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.65", 0).start()
+    try:
+        backends = [{"url": f"http://127.0.0.65:{runner.addresses[0][1]}"}]
+        async with running_router(settings(backends)) as (base, runtime), aiohttp.ClientSession() as http:
+            async with http.post(f"{base}/v1/chat/completions", json={"stream": True},
+                                 headers={"X-Session-ID": "slow"}) as response:
+                assert response.status == 200
+                await response.read()
+            metrics = await scrape(http, runtime)
+            assert metrics[("rolloutrouter_time_to_first_byte_seconds_sum", (("outcome", "new"),))] >= PREFILL_SECONDS
+    finally:
+        await runner.cleanup()

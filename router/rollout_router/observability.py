@@ -269,8 +269,9 @@ class MarginMeter:
     for Prometheus, and as lifetime sums for /status (and through it the resource's status)."""
 
     def __init__(self, registry: CollectorRegistry):
-        self.ttfb = Histogram("rolloutrouter_time_to_first_byte_seconds", "Time from dispatch to the replica's "
-                              "first response byte, by routing outcome (kept, broken, new, repinned, unkeyed).",
+        self.ttfb = Histogram("rolloutrouter_time_to_first_byte_seconds", "Time from dispatch to the first byte of "
+                              "the replica's response body (a stream's first event; gRPC: the first message), by "
+                              "routing outcome (kept, broken, new, repinned, unkeyed).",
                               ["outcome"], buckets=LATENCY_BUCKETS, registry=registry)
         self.gap = Histogram("rolloutrouter_break_gap", "Load gap (pinned replica's in-flight minus the lowest) "
                              "the margin saw at each break.", buckets=GAP_BUCKETS, registry=registry)

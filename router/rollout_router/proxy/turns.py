@@ -1,11 +1,14 @@
 """What one routed turn cost and how fast it began, for "is the margin paying?" (docs/observability.md).
 
 A ``Turn`` is made per request by ``attempts.forward`` from the routing decision. The listener's attempt
-stamps its first response byte and, when the turn is measured (every moved turn, a sampled share of kept
-ones), hands the tail of the replica's answer to ``Turn.answer``: the prompt tokens the replica had to
-prefill are ``usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens`` of the JSON body or of
-the last SSE chunk that carries usage (vLLM's gRPC ``Generate`` reports the same counts, ``grpc/usage.py``).
-Only the tail is kept (``TAIL_BYTES``): the usage block is the last thing a vLLM answer says.
+stamps the first byte of the response body (gRPC: the first response message): for a stream that is its
+first event, the first tokens, where the head alone would say nothing (vLLM sends a stream's head before
+the prefill); for a JSON answer it is the answer, which comes when generation ends. When the turn is
+measured (every moved turn, a sampled share of kept ones), the attempt also hands the tail of the answer
+to ``Turn.answer``: the prompt tokens the replica had to prefill are ``usage.prompt_tokens -
+usage.prompt_tokens_details.cached_tokens`` of the JSON body or of the last SSE chunk that carries usage
+(vLLM's gRPC ``Generate`` reports the same counts, ``grpc/usage.py``). Only the tail is kept
+(``TAIL_BYTES``): the usage block is the last thing a vLLM answer says.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ class Turn:
     def __init__(self, outcome: str, reason: str | None, measure: bool):
         self.outcome, self.reason, self.measure = outcome, reason, measure
         self.started = 0.0
-        self.first_byte: float | None = None  # seconds from the attempt's dispatch to the replica's first byte
+        self.first_byte: float | None = None  # seconds from the attempt's dispatch to the first body byte
         self.prefill: int | None = None  # prompt tokens prefilled, when the answer said (None: not measured)
 
     def begin(self, now: float) -> None:
@@ -36,7 +39,7 @@ class Turn:
         self.started, self.first_byte, self.prefill = now, None, None
 
     def first(self, now: float) -> None:
-        """The replica's first response byte."""
+        """The first byte of the response body (gRPC: the first message)."""
         if self.first_byte is None:
             self.first_byte = now - self.started
 

@@ -67,13 +67,16 @@ class Call:
         self.heard = self.swept = 0  # frames from the replica, and how many the sweep had seen
         self.silent = 0.0  # seconds the sweep found no new frame from the replica
         self.backlog = 0  # response bytes relayed but not yet handed to the client's connection
-        self.turn: Turn | None = None  # the attempt's turn: stamped with the first byte (turns.py)
+        self.turn: Turn | None = None  # the attempt's turn: stamped with the first response message (turns.py)
         self.last: LastMessage | None = None  # the newest response message, when the turn is measured
         stream.owner = self
 
     # the client's side
     def on_data(self, stream: Stream, data: bytes, end: bool) -> None:
         if stream is self.ustream:
+            turn = self.turn
+            if turn is not None and turn.first_byte is None:
+                turn.first(time.monotonic())  # the first response message (a stream's first tokens)
             self.first = self.relayed = True
             self.heard += 1
             self.backlog += len(data)
@@ -135,8 +138,6 @@ class Call:
         out = [h for h in headers if h[0] not in _HOP]
         if not self.answered:
             self.answered = True
-            if self.turn is not None:
-                self.turn.first(time.monotonic())
             self._unretain()
             if not self.forwarded:
                 out.append((REPLICA, self.name.encode()))

@@ -57,7 +57,7 @@ class Exchange:
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
-        self.turn = turn  # stamped with the first byte; its answer's tail is read when it is measured
+        self.turn = turn  # stamped with the first body byte; its answer's tail is read when it is measured
         self.usage_tail: bytes | None = b"" if turn is not None and turn.measure else None
         self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
         self.conn, self.reused = conn, reused
@@ -81,8 +81,6 @@ class Exchange:
 
     # bytes from the replica
     def feed(self, data: bytes) -> None:
-        if not self.seen and self.turn is not None:
-            self.turn.first(time.monotonic())
         self.seen += 1
         try:
             self.conn.parser.feed_data(data)
@@ -142,6 +140,9 @@ class Exchange:
                 self.pause_upstream()
 
     def on_body(self, body: bytes) -> None:
+        turn = self.turn
+        if turn is not None and turn.first_byte is None:
+            turn.first(time.monotonic())  # the first body byte: a stream's first event, not its early head
         if self.state == BUFFERING:
             self.buffer.append(body)
             return
