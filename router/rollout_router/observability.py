@@ -173,17 +173,18 @@ class Metrics:
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
         self._children: dict[tuple[str, int | str], tuple[Callable[[], None], Callable[[float], None]]] = {}
-        self._labels: dict[str, str] = {}  # replica id -> its backend label (itself, or OTHER past the cap)
+        self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
         self.margin = MarginMeter(self.registry)
-        balancer.on_break = self.margin.broke
+        balancer.on_break = self.margin.broke  # the balancer sees each break's loads; the meter counts them
 
     def backend_label(self, backend: str) -> str:
         """``backend`` as a label value: the first ``maxBackendLabels`` replicas seen keep their URL, the rest
         share ``other``, so a churning fleet cannot grow the series without bound."""
         label = self._labels.get(backend)
         if label is None:
-            cap = self.settings().metrics.max_backend_labels
-            label = self._labels[backend] = backend if len(self._labels) < cap else OTHER
+            if len(self._labels) >= self.settings().metrics.max_backend_labels:
+                return OTHER  # not remembered either: a churning fleet grows no table here
+            label = self._labels[backend] = backend
         return label
 
     def per_backend(self, value: Callable[[Replica], int], grpc: bool = False) -> dict[str, int]:
@@ -213,12 +214,12 @@ class Metrics:
         self.margin.turn(turn)
 
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
-        """Count one finished request; the labelled children are looked up once per (backend, code)."""
-        children = self._children.get((backend, code))
+        """Count one finished request; the labelled children are looked up once per (backend label, code)."""
+        label = self.backend_label(backend)
+        children = self._children.get((label, code))
         if children is None:
-            label = self.backend_label(backend)
-            children = self._children[(backend, code)] = (self.requests.labels(label, str(code)).inc,
-                                                          self.duration.labels(label).observe)
+            children = self._children[(label, code)] = (self.requests.labels(label, str(code)).inc,
+                                                        self.duration.labels(label).observe)
         children[0]()
         children[1](seconds)
 

@@ -5,10 +5,11 @@ refused before a byte was exchanged, mark it down for a while and try another.
 A listener supplies only ``send``: one attempt on the leased replica, which
 returns whether the replica accepted the request and raises ``Refused`` when
 retrying elsewhere is safe; it stamps the attempt's ``Turn`` (turns.py: first
-byte, prefill), which is counted once the replica accepted the request. The lease is released exactly once whatever ends
-the attempt. An attempt the replica did not accept (refused, an error status,
-no answer) hands its decision back to the policy (``Policy.forget``), so a
-rejected request leaves the session's pin as it was.
+byte, prefill), counted once the replica accepted the request. The lease is
+released exactly once whatever ends the attempt. An attempt the replica did
+not accept (refused, an error status, no answer) hands its decision back to
+the policy (``Policy.forget``), so a rejected request leaves the session's pin
+as it was.
 """
 from __future__ import annotations
 
