@@ -60,7 +60,8 @@ def test_crd_shape():
     assert [c["name"] for c in columns if not c.get("priority")] == ["Margin", "Backends", "Kept", "Broken", "Ready", "Age"]
     assert {c["name"]: c["jsonPath"] for c in columns if c.get("priority") == 1} == {  # kubectl get rr -o wide
         "Forwarded": ".status.fleet.forwarded", "Handoffs": ".status.fleet.handoffs",
-        "Unreachable": ".status.fleet.ownerUnreachable"}
+        "Unreachable": ".status.fleet.ownerUnreachable", "Repin-Prefill": ".status.affinity.repinPrefillTokens",
+        "TTFB-Moved/Kept": ".status.affinity.ttfbMovedVsKept"}
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["required"] == ["selector"]
     assert spec["properties"]["backendPort"] == {"x-kubernetes-int-or-string": True, "default": 8000, "nullable": True,

@@ -99,6 +99,37 @@ def test_covers_what_a_vllm_fleet_operator_needs():
     assert len(per_replica) == 8  # in-flight, requests, errors, latency, and the four vLLM panels
 
 
+def in_row(word: str) -> set[str]:
+    """Titles of the panels under the row whose title has ``word``, down to the next row."""
+    rows = sorted((p["gridPos"]["y"], p["title"]) for p in RAW["panels"] if p["type"] == "row")
+    top = next(y for y, title in rows if word in title.lower())
+    bottom = min((y for y, _ in rows if y > top), default=float("inf"))
+    return {p["title"] for p in RAW["panels"] if p["type"] != "row" and top < p["gridPos"]["y"] < bottom}
+
+
+def test_the_margin_row_sets_the_cost_of_moves_against_their_benefit():
+    """Issue 25's row: re-prefilled tokens per minute beside TTFB of moved vs kept turns, breaks, gap at break."""
+    need = {
+        "Re-prefilled tokens per minute": ["sum by (reason) (rate(rolloutrouter_repin_prefill_tokens_total",
+                                           "rolloutrouter_kept_prefill_tokens_total",
+                                           "rolloutrouter_kept_prefill_turns_total",
+                                           "rolloutrouter_repin_prefill_turns_total"],
+        "Time to first byte: moved vs kept": ['rolloutrouter_time_to_first_byte_seconds_bucket{', 'outcome=~"broken|repinned"',
+                                              'outcome="kept"'],
+        "Breaks per minute": ["rolloutrouter_affinity_broken_total"],
+        "Gap at break": ["rolloutrouter_break_gap_bucket", "rolloutrouter_affinity_break_margin"],
+        "Pin age at break": ["rolloutrouter_break_pin_age_seconds_bucket"],
+    }
+    by_title = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in PANELS}
+    for title, fragments in need.items():
+        for fragment in fragments:
+            assert fragment in by_title[title], (title, fragment)
+    assert in_row("margin paying") == set(need)
+    (cost,) = [p for p in PANELS if p["title"] == "Re-prefilled tokens per minute"]
+    (ttfb,) = [p for p in PANELS if p["title"] == "Time to first byte: moved vs kept"]
+    assert cost["gridPos"]["y"] == ttfb["gridPos"]["y"] and cost["gridPos"]["x"] + cost["gridPos"]["w"] == ttfb["gridPos"]["x"]
+
+
 def test_the_fleet_row_plots_every_session_ownership_metric():
     """Issue 11's counters, peer-load age and membership, in the fleet row and nowhere else."""
     need = {
@@ -113,9 +144,7 @@ def test_the_fleet_row_plots_every_session_ownership_metric():
     for title, fragments in need.items():
         for fragment in fragments:
             assert fragment in by_title[title], (title, fragment)
-    (row,) = [p for p in RAW["panels"] if p["type"] == "row" and "fleet" in p["title"].lower()]
-    in_row = {p["title"] for p in RAW["panels"] if p["type"] != "row" and p["gridPos"]["y"] > row["gridPos"]["y"]}
-    assert in_row == set(need)
+    assert in_row("fleet") == set(need)
     reading = {title for title, _, expr in TARGETS if promfleet.reads_fleet_metrics(expr)}
     assert reading == set(need)
     plotted = {name for name in promfleet.FLEET_METRICS if any(name in expr for _, _, expr in TARGETS)}

@@ -7,6 +7,7 @@ alone, in any order; each step waits for its condition with a bounded loop.
 """
 from __future__ import annotations
 
+import re
 import time
 import urllib.error
 import urllib.request
@@ -171,6 +172,11 @@ async def test_changing_the_margin_changes_behaviour_without_losing_pins(stack: 
         assert await _skewed_request(stack, session, "s1") == "broken"  # margin 0: the skew moves the session
     wait_for(lambda: stack.rr()["status"]["affinity"]["broken"] == stack.status()["affinity_broken"],
              "the broken count in the resource status")
+    margin = stack.status()["margin"]
+    assert margin["repin_prefill_turns"] == 1 and margin["repin_prefill_tokens"] > 0  # the broken turn's prefill
+    wait_for(lambda: stack.rr()["status"]["affinity"].get("repinPrefillTokens") == margin["repin_prefill_tokens"],
+             "the re-prefilled tokens in the resource status")
+    assert re.fullmatch(r"\d+\.\d{3}s/\d+\.\d{3}s", stack.rr()["status"]["affinity"]["ttfbMovedVsKept"])
     deployment = stack.cluster.apps.read_namespaced_deployment(f"{stack.name}-router", stack.cluster.namespace)
     assert deployment.metadata.generation == 1
 

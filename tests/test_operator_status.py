@@ -1,6 +1,8 @@
 """The status document: counters summed, conditions per Kubernetes conventions."""
 from __future__ import annotations
 
+import json
+
 import aiohttp
 import pytest
 
@@ -30,7 +32,8 @@ def by_type(status: dict) -> dict:
 def test_counters_are_summed_over_router_pods():
     status = summarize(obs(), {}, 3)
     assert status["affinity"] == {"kept": 12, "broken": 1, "newSessions": 5, "readAt": "2026-01-01T00:00:10Z",
-                                  "routersRead": 2, "unreachable": []}
+                                  "routersRead": 2, "unreachable": [], "repinPrefillTokens": 0,
+                                  "repinPrefillTurns": 0, "ttfbMovedVsKept": None}
     assert status["backends"] == {"ready": 3, "total": 4, "summary": "3/4"}
     assert status["routers"]["summary"] == "2/2" and status["observedGeneration"] == 3
     conds = by_type(status)
@@ -179,11 +182,13 @@ def test_a_status_that_is_not_a_routers_is_refused(body, problem):
 
 
 NO_FLEET = {"forwarded": 0, "handoffs": 0, "ownerUnreachable": 0, "replaced": 0, "lookups": 0}
+NO_MARGIN = {"repin_prefill_tokens": 0, "repin_prefill_turns": 0,
+             "ttfb": {"moved": {"turns": 0, "seconds": 0.0}, "kept": {"turns": 0, "seconds": 0.0}}}
 
 
 def test_a_routers_status_gives_its_counters():
     assert parse_report(b'{"affinity_kept": 3, "affinity_broken": 1, "sessions": 9, "backends": []}') == \
-        {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0, "fleet": NO_FLEET}
+        {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0, "fleet": NO_FLEET, "margin": NO_MARGIN}
     assert parse_report(b'{"affinity_kept": 3, "fleet": null}')["fleet"] == NO_FLEET  # a router without ownership
     owned = b'{"fleet": {"self": "http://10.0.0.1:8081", "members": ["a", "b"], "forwarded": 4, "handoffs": 2, ' \
             b'"ownerUnreachable": 1, "replaced": 3, "lookups": 6, "loadView": "exchange", "peerLoadAgeSeconds": {"b": 0.1}}}'
@@ -287,3 +292,33 @@ def test_the_rl_state_is_the_newest_pods_and_pins_cleared_are_summed():
         "lastUpdateAt": "2026-01-01T00:00:00Z", "pinsCleared": 5}
     assert summarize(obs(), {}, 1)["rl"] == {"weightVersion": None, "paused": False, "lastPause": None,
                                              "lastUpdate": None, "lastUpdateAt": None, "pinsCleared": 0}
+
+
+def margin_of(tokens: int, turns: int, moved: tuple[int, float], kept: tuple[int, float]) -> bytes:
+    """A router's /status "margin" as the router writes it (means included, which the operator ignores)."""
+    ttfb = {name: {"turns": n, "seconds": s, "mean": s / n if n else None} for name, (n, s) in
+            (("moved", moved), ("kept", kept), ("broken", moved), ("new", (0, 0.0)))}
+    return json.dumps({"margin": {"repin_prefill_tokens": tokens, "repin_prefill_turns": turns,
+                                  "kept_prefill_tokens": 7, "kept_prefill_turns": 1, "ttfb": ttfb, "breaks": turns,
+                                  "break_gap_mean": 3.0}}).encode()
+
+
+def test_the_margin_summary_is_summed_over_router_pods_with_ttfb_weighted_by_turns():
+    reports = {"r0": parse_report(margin_of(300, 3, (3, 1.5), (10, 1.0))),
+               "r1": parse_report(margin_of(100, 1, (1, 0.1), (30, 3.0))), "r2": {"affinity_kept": 1}}
+    affinity = summarize(obs(reports=reports), {}, 1)["affinity"]
+    assert affinity["repinPrefillTokens"] == 400 and affinity["repinPrefillTurns"] == 4
+    assert affinity["ttfbMovedVsKept"] == "0.400s/0.100s"
+    only_kept = {"r0": parse_report(margin_of(0, 0, (0, 0.0), (10, 1.0)))}
+    assert summarize(obs(reports=only_kept), {}, 1)["affinity"]["ttfbMovedVsKept"] is None
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (b'{"margin": [1]}', "margin is not a JSON object"),
+    (b'{"margin": {"repin_prefill_tokens": -1}}', "margin.repin_prefill_tokens is not a count"),
+    (b'{"margin": {"ttfb": {"moved": {"turns": 1, "seconds": "1"}}}}', "margin.ttfb.moved is not"),
+    (b'{"margin": {"ttfb": {"kept": {"turns": 1.5, "seconds": 1}}}}', "margin.ttfb.kept.turns is not a count"),
+])
+def test_a_margin_summary_that_is_not_counts_is_refused(body, problem):
+    with pytest.raises(BadStatus, match=problem):
+        parse_report(body)

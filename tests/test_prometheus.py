@@ -97,6 +97,19 @@ def test_dashboard_counters_equal_the_routers_status(run):
         assert int(float(sample["value"][1])) == run.status[field], field
 
 
+def test_the_margin_row_shows_what_the_router_measured(run):
+    """The cost of moves (re-prefilled tokens) Prometheus holds is the router's own sum, and the TTFB panel
+    has both moved and kept turns."""
+    margin = run.status["margin"]
+    assert margin["repin_prefill_turns"] > 0 and margin["kept_prefill_turns"] > 0 and margin["breaks"] > 0
+    selector = f'{{namespace="{promfleet.NAMESPACE}", rolloutrouter="{promfleet.ROLLOUTROUTER}"}}'
+    (sample,) = run.prometheus.query(f"sum(rolloutrouter_repin_prefill_tokens_total{selector})")
+    assert int(float(sample["value"][1])) == margin["repin_prefill_tokens"] > 0
+    (panel,) = [p for p in promfleet.panels(promfleet.load_dashboard()) if p["title"] == "Time to first byte: moved vs kept"]
+    by_legend = {t["legendFormat"]: finite(run.range(t["expr"])) for t in panel["targets"]}
+    assert all(by_legend.values()) and max(by_legend["moved p95"]) > 0 and max(by_legend["kept p95"]) > 0
+
+
 def test_affinity_panel_shows_both_kept_and_broken_moving(run):
     (panel,) = [p for p in promfleet.panels(promfleet.load_dashboard()) if p["title"] == "Affinity kept vs broken"]
     by_legend = {t["legendFormat"]: max(finite(run.range(t["expr"]))) for t in panel["targets"]}

@@ -31,6 +31,7 @@ FULL = {
                "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
                "env": [{"name": "X", "value": "1"}, {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
                "podAnnotations": {"a": "b"}},
+    "metrics": {"keptPrefillSampleRate": 0.5, "maxBackendLabels": 8},
 }
 
 
@@ -98,6 +99,7 @@ def test_configmap_is_what_the_router_reads():
     assert settings.discovery.namespace == "team"
     assert settings.discovery.selector.match_labels == {"app": "vllm"}
     assert settings.discovery.port == "http" and settings.discovery.grpc_port == 50051
+    assert settings.metrics.kept_prefill_sample_rate == 0.5 and settings.metrics.max_backend_labels == 8
 
 
 def test_every_optional_field_lands():
@@ -159,7 +161,8 @@ def test_pdb_only_above_one_replica(replicas, has_pdb):
 
 POLICY_CHANGES = [{"affinityBreakMargin": 0}, {"affinityBreakMargin": 9}, {"fullDeterminism": True},
                   {"session": {"headers": ["X-B"]}}, {"session": {"maxSessions": 5}}, {"policy": "least_loaded"},
-                  {"selector": {"matchLabels": {"app": "other"}}}, {"backendPort": 9000}]
+                  {"selector": {"matchLabels": {"app": "other"}}}, {"backendPort": 9000},
+                  {"metrics": {"keptPrefillSampleRate": 1}}]
 ROLLING_CHANGES = [{"router": {"image": "x/y:2"}}, {"router": {"resources": {"requests": {"cpu": "2"}}}},
                    {"router": {"env": [{"name": "A", "value": "b"}]}}, {"router": {"nodeSelector": {"a": "b"}}},
                    {"router": {"sessionOwnership": False}}]
@@ -192,6 +195,7 @@ def test_runtime_changes_roll_the_deployment(change):
     ({"router": {"tolerations": [{"operator": "Equal", "value": "v"}]}}, "spec.router.tolerations"),
     ({"router": {"service": {"type": "ExternalName"}}}, "spec.router.service.type"),
     ({"unknownField": 1}, "spec.unknownField"),
+    ({"metrics": {"keptPrefillSampleRate": 2}}, "spec.metrics.keptPrefillSampleRate"),
 ])
 def test_invalid_specs_name_their_field(spec, field):
     with pytest.raises(InvalidSpec) as error:

@@ -32,6 +32,10 @@ PRINTER_COLUMNS = [
      "description": "pins handed to a new owner pod"},
     {"name": "Unreachable", "type": "integer", "jsonPath": ".status.fleet.ownerUnreachable", "priority": 1,
      "description": "requests decided locally because their owner pod was unreachable"},
+    {"name": "Repin-Prefill", "type": "integer", "jsonPath": ".status.affinity.repinPrefillTokens", "priority": 1,
+     "description": "prompt tokens prefilled anew by moved turns"},
+    {"name": "TTFB-Moved/Kept", "type": "string", "jsonPath": ".status.affinity.ttfbMovedVsKept", "priority": 1,
+     "description": "mean time to first byte of moved turns / of kept turns"},
 ]
 
 

@@ -152,7 +152,7 @@ def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
     policy = {field: getattr(spec, field) for field in fields}
     discovery = DiscoverySettings(namespace=namespace, selector=spec.selector, port=spec.backend_port,
                                   grpc_port=spec.grpc_port)
-    return RouterSettings(**policy, discovery=discovery)
+    return RouterSettings(**policy, discovery=discovery, metrics=spec.metrics)
 
 
 def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: Sequence[str] = (),

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
-from rollout_router.settings import LabelSelector, Model, PolicySettings, RlSettings
+from rollout_router.settings import LabelSelector, MetricsSettings, Model, PolicySettings, RlSettings
 
 GROUP, VERSION, KIND, PLURAL = "rolloutrouter.dev", "v1alpha1", "RolloutRouter", "rolloutrouters"
 
@@ -245,6 +245,8 @@ class RolloutRouterSpec(PolicySettings):
     service_monitor: ServiceMonitorSpec = Field(default_factory=ServiceMonitorSpec)
     rl: RlSettings = Field(default_factory=RlSettings, description="The RL step's pause queue and weight "
                            "updates (POST /v1/rl/* on the routers' admin port, docs/rl.md).")
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description=(
+        "What the routers measure beyond their counters (docs/observability.md, \"Is the margin paying?\")."))
 
     @model_validator(mode="after")
     def _selector(self) -> RolloutRouterSpec:
@@ -278,6 +280,12 @@ class Affinity(Model):
     read_at: str | None = Field(None, description="When the routers' /status was read (RFC 3339).")
     routers_read: int = Field(0, description="Router pods whose /status answered.")
     unreachable: list[str] = Field(default_factory=list, description="Router pods whose /status did not answer.")
+    repin_prefill_tokens: int = Field(0, description="Prompt tokens the new replicas reported prefilling for "
+                                      "moved turns (broken or re-pinned), summed over the router pods.")
+    repin_prefill_turns: int = Field(0, description="Moved turns whose answer reported that prefill.")
+    ttfb_moved_vs_kept: str | None = Field(None, description="Mean time to first byte of moved turns / of kept "
+                                           "turns over the pods' lifetime, e.g. 0.412s/0.108s; null before both "
+                                           "were seen.")
 
 
 class Fleet(Model):

@@ -36,6 +36,10 @@ COUNTERS = {"kept": "affinity_kept", "broken": "affinity_broken", "new_sessions"
 # status.fleet field -> key of the router's /status "fleet" object (null or absent without session ownership)
 FLEET_COUNTERS = {"forwarded": "forwarded", "handoffs": "handoffs", "owner_unreachable": "ownerUnreachable",
                   "replaced": "replaced", "lookups": "lookups"}
+# The router's /status "margin" (lifetime sums, so several pods add up): prefill of moved turns, and the
+# time to first byte of moved and kept turns as {turns, seconds}.
+MARGIN_COUNTS = ("repin_prefill_tokens", "repin_prefill_turns")
+MARGIN_TTFB = ("moved", "kept")
 
 
 def now() -> str:
@@ -89,6 +93,9 @@ def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
                 if obs.unreachable else ("False", "AsExpected", ""))
     affinity = Affinity(**{name: sum(int(r.get(key, 0)) for r in obs.reports.values()) for name, key in COUNTERS.items()},
                         read_at=obs.read_at, routers_read=len(obs.reports), unreachable=obs.unreachable)
+    affinity.repin_prefill_tokens, affinity.repin_prefill_turns = (
+        sum(r.get("margin", {}).get(key, 0) for r in obs.reports.values()) for key in MARGIN_COUNTS)
+    affinity.ttfb_moved_vs_kept = ttfb_moved_vs_kept(list(obs.reports.values()))
     fleet = Fleet(**{name: sum(int((r.get("fleet") or {}).get(key, 0)) for r in obs.reports.values())
                      for name, key in FLEET_COUNTERS.items()})
     status = RolloutRouterStatus(observed_generation=generation, backends=backends, routers=routers, affinity=affinity,
@@ -97,6 +104,18 @@ def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
     document["conditions"] = conditions(previous.get("conditions", []), [
         ("Ready", *ready), ("Progressing", *progressing), ("Degraded", *degraded)], generation, obs.read_at)
     return document
+
+
+def ttfb_moved_vs_kept(reports: list[dict]) -> str | None:
+    """Mean TTFB of moved turns / of kept turns over every pod, e.g. ``0.412s/0.108s``; None before both."""
+    means = []
+    for which in MARGIN_TTFB:
+        turns = sum(r.get("margin", {}).get("ttfb", {}).get(which, {}).get("turns", 0) for r in reports)
+        seconds = sum(r.get("margin", {}).get("ttfb", {}).get(which, {}).get("seconds", 0.0) for r in reports)
+        if not turns:
+            return None
+        means.append(f"{seconds / turns:.3f}s")
+    return "/".join(means)
 
 
 def invalid(previous: dict, generation: int | None, message: str) -> dict:
@@ -141,7 +160,26 @@ def parse_report(raw: bytes) -> dict:
         raise BadStatus("/status fleet is not a JSON object")
     return {**{key: _count(report, key, "") for key in COUNTERS.values()},
             "fleet": {key: _count(fleet, key, "fleet.") for key in FLEET_COUNTERS.values()},
+            "margin": _margin(report.get("margin") or {}),
             **({"rl": rlstatus.parse(report["rl"])} if report.get("rl") else {})}
+
+
+def _margin(margin: object) -> dict:
+    """The checked "margin" of a /status (all 0 when absent: a router from before it)."""
+    if not isinstance(margin, dict):
+        raise BadStatus("/status margin is not a JSON object")
+    ttfb = margin.get("ttfb") or {}
+    if not isinstance(ttfb, dict):
+        raise BadStatus("/status margin.ttfb is not a JSON object")
+    checked: dict = {key: _count(margin, key, "margin.") for key in MARGIN_COUNTS}
+    checked["ttfb"] = {}
+    for which in MARGIN_TTFB:
+        part = ttfb.get(which) or {}
+        seconds = part.get("seconds", 0.0) if isinstance(part, dict) else None
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 <= seconds < float("inf"):
+            raise BadStatus(f"/status margin.ttfb.{which} is not {{turns, seconds}}")
+        checked["ttfb"][which] = {"turns": _count(part, "turns", f"margin.ttfb.{which}."), "seconds": seconds}
+    return checked
 
 
 def status_url(pod: dict) -> str:

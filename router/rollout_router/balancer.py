@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .policy import Decision, LiveConfig, Outcome, Policy, Request, create
+from .policy.hashing import lowest
 from .replicas import Lease, ReplicaSet
 
 
@@ -22,6 +23,8 @@ class Balancer:
         self._clock = clock
         self.policy: Policy = _build(policy, config)
         self.repinned: collections.Counter[str] = collections.Counter()  # re-pins by why the replica was out
+        # Told of each break: the load gap the margin saw (pinned minus lowest) and the pin's age (metrics).
+        self.on_break: Callable[[float, float | None], None] = lambda gap, age: None
 
     def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None,
                 grpc: bool = False) -> tuple[Decision, Lease]:
@@ -30,10 +33,21 @@ class Balancer:
         ``grpc`` limits the choice to replicas with a gRPC target; the counts
         compared are the same shared in-flight counts either way.
         """
-        decision = self.policy.route(Request(key, self.replicas.loads(grpc), self._clock(), prefix))
+        loads = self.replicas.loads(grpc)
+        decision = self.policy.route(Request(key, loads, self._clock(), prefix))
         if decision.outcome is Outcome.REPINNED and decision.previous is not None:
             self.repinned[self.replicas.why_unroutable(decision.previous, grpc)] += 1
+        elif decision.outcome is Outcome.BROKEN and decision.previous is not None and decision.previous in loads:
+            self.on_break(loads[decision.previous] - lowest(loads), decision.pin_age)  # before this lease counts
         return decision, self.replicas.acquire(decision.replica)
+
+    def why_moved(self, decision: Decision, grpc: bool = False) -> str | None:
+        """Why ``decision`` moved its session: margin (a break), or why the old replica was out (a re-pin)."""
+        if decision.outcome is Outcome.BROKEN:
+            return "margin"
+        if decision.outcome is Outcome.REPINNED and decision.previous is not None:
+            return self.replicas.why_unroutable(decision.previous, grpc)
+        return None
 
     def forget(self, key: str | None, decision: Decision) -> None:
         """The replica did not accept the request ``decision`` routed: undo what it did to the pin."""

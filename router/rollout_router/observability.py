@@ -23,10 +23,16 @@ if TYPE_CHECKING:
     from .balancer import Balancer
     from .fleet.node import Fleet
     from .fleet.rlstate import RlState
+    from .proxy.turns import Turn
     from .replicas import Replica, ReplicaSet
     from .settings import RouterSettings
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+GAP_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)  # in-flight requests (the margin's unit)
+AGE_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+OUTCOMES = ("kept", "broken", "new", "repinned", "unkeyed")
+MOVED = ("broken", "repinned")
+OTHER = "other"  # the backend label of replicas beyond settings.metrics.maxBackendLabels
 
 # Decision counter field -> metric name (without the _total suffix).
 _DECISIONS = {
@@ -59,8 +65,8 @@ class _LiveCollector(Collector):
             yield family
         inflight = GaugeMetricFamily("rolloutrouter_backend_inflight_requests",
                                      "Requests in flight per replica.", labels=["backend"])
-        for replica in live.replicas.replicas():
-            inflight.add_metric([replica.id], replica.inflight)
+        for backend, value in live.per_backend(lambda r: r.inflight).items():
+            inflight.add_metric([backend], value)
         yield inflight
         repinned = CounterMetricFamily("rolloutrouter_repinned", "Sessions re-pinned because their replica was "
                                        "not routable, by why: removed, ejected, unhealthy, down, no_grpc.",
@@ -70,15 +76,16 @@ class _LiveCollector(Collector):
         yield repinned
         healthy = GaugeMetricFamily("rolloutrouter_backend_healthy",
                                     "1 while the replica's last health probe passed (over HTTP; for a gRPC-only "
-                                    "replica over gRPC).", labels=["backend"])
+                                    "replica over gRPC); backend=\"other\" counts the healthy ones beyond "
+                                    "maxBackendLabels.", labels=["backend"])
         grpc_healthy = GaugeMetricFamily("rolloutrouter_backend_grpc_healthy",
                                          "1 while the last gRPC health probe of a replica with a gRPC address passed.",
                                          labels=["backend"])
-        for replica in live.replicas.replicas():
-            http_ok = replica.grpc_healthy if grpc_only(replica.id) else replica.healthy
-            healthy.add_metric([replica.id], 1 if http_ok else 0)
-            if replica.grpc_target is not None:
-                grpc_healthy.add_metric([replica.id], 1 if replica.grpc_healthy else 0)
+        for backend, value in live.per_backend(
+                lambda r: int(r.grpc_healthy if grpc_only(r.id) else r.healthy)).items():
+            healthy.add_metric([backend], value)
+        for backend, value in live.per_backend(lambda r: int(r.grpc_healthy), grpc=True).items():
+            grpc_healthy.add_metric([backend], value)
         yield healthy
         yield grpc_healthy
         exhausted = CounterMetricFamily("rolloutrouter_descriptors_exhausted",
@@ -171,19 +178,53 @@ class Metrics:
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
         self.rl: RlState | None = None  # the RL step's state (app.py sets it): /status's "rl"
         self._children: dict[tuple[str, int | str], tuple[Callable[[], None], Callable[[float], None]]] = {}
+        self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
+        self.margin = MarginMeter(self.registry)
+        balancer.on_break = self.margin.broke  # the balancer sees each break's loads; the meter counts them
+
+    def backend_label(self, backend: str) -> str:
+        """``backend`` as a label value: the first ``maxBackendLabels`` replicas seen keep their URL, the rest
+        share ``other``, so a churning fleet cannot grow the series without bound."""
+        label = self._labels.get(backend)
+        if label is None:
+            if len(self._labels) >= self.settings().metrics.max_backend_labels:
+                return OTHER  # not remembered either: a churning fleet grows no table here
+            label = self._labels[backend] = backend
+        return label
+
+    def per_backend(self, value: Callable[[Replica], int], grpc: bool = False) -> dict[str, int]:
+        """``value`` of each replica (with a gRPC target, when ``grpc``) by backend label; ``other`` sums."""
+        result: dict[str, int] = {}
+        for replica in self.replicas.replicas():
+            if not grpc or replica.grpc_target is not None:
+                label = self.backend_label(replica.id)
+                result[label] = result.get(label, 0) + value(replica)
+        return result
 
     def ejected(self, backend: str, reason: str) -> None:
-        self.ejections.labels(backend, reason).inc()
+        self.ejections.labels(self.backend_label(backend), reason).inc()
 
     def probe_failed(self, backend: str, reason: str) -> None:
-        self.probe_failures.labels(backend, reason).inc()
+        self.probe_failures.labels(self.backend_label(backend), reason).inc()
+
+    def retried(self, backend: str) -> None:
+        self.retries.labels(self.backend_label(backend)).inc()
+
+    def sample_kept(self) -> bool:
+        """Whether this kept turn's answer is read (settings.metrics.keptPrefillSampleRate)."""
+        return self.margin.sample(self.settings().metrics.kept_prefill_sample_rate)
+
+    def turn(self, turn: Turn) -> None:
+        """A turn the replica accepted: its time to first byte and, when measured, its prefill."""
+        self.margin.turn(turn)
 
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
-        """Count one finished request; the labelled children are looked up once per (backend, code)."""
-        children = self._children.get((backend, code))
+        """Count one finished request; the labelled children are looked up once per (backend label, code)."""
+        label = self.backend_label(backend)
+        children = self._children.get((label, code))
         if children is None:
-            children = self._children[(backend, code)] = (self.requests.labels(backend, str(code)).inc,
-                                                          self.duration.labels(backend).observe)
+            children = self._children[(label, code)] = (self.requests.labels(label, str(code)).inc,
+                                                        self.duration.labels(label).observe)
         children[0]()
         children[1](seconds)
 
@@ -213,6 +254,7 @@ def _status(live: Metrics) -> dict:
         "config_reloads": dict(live.config_reloads),
         "fleet": fleet.status() if fleet is not None else None,
         "rl": live.rl.status() if live.rl is not None else None,
+        "margin": live.margin.status(),
     }
 
 
@@ -226,3 +268,91 @@ def _backend(replica: Replica, ready: bool, ready_grpc: bool, now: float, wall: 
             "ready": ready, "ready_grpc": ready_grpc, "healthy": replica.healthy, "grpc_healthy": replica.grpc_healthy,
             "ejected_until": round(wall + replica.ejected_until - now, 3) if ejected else None,
             "consecutive_failures": replica.failures}
+
+
+class MarginMeter:
+    """The cost and benefit of moving sessions ("Is the margin paying?"): prefill by moved and sampled kept
+    turns, time to first byte by outcome, the gap and pin age at each break. Kept as histograms and counters
+    for Prometheus, and as lifetime sums for /status (and through it the resource's status)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.ttfb = Histogram("rolloutrouter_time_to_first_byte_seconds", "Time from dispatch to the first byte of "
+                              "the replica's response body (a stream's first event; gRPC: the first message), by "
+                              "routing outcome (kept, broken, new, repinned, unkeyed).",
+                              ["outcome"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.gap = Histogram("rolloutrouter_break_gap", "Load gap (pinned replica's in-flight minus the lowest) "
+                             "the margin saw at each break.", buckets=GAP_BUCKETS, registry=registry)
+        self.age = Histogram("rolloutrouter_break_pin_age_seconds", "How long a broken pin had been on its replica.",
+                             buckets=AGE_BUCKETS, registry=registry)
+        self.repin_tokens = Counter("rolloutrouter_repin_prefill_tokens", "Prompt tokens the new replica prefilled "
+                                    "(prompt_tokens - cached_tokens of its answer) for moved turns, by why moved: "
+                                    "margin, removed, ejected, unhealthy, down, no_grpc.", ["reason"], registry=registry)
+        self.repin_turns = Counter("rolloutrouter_repin_prefill_turns", "Moved turns whose answer reported "
+                                   "prefill, by why moved.", ["reason"], registry=registry)
+        self.kept_tokens = Counter("rolloutrouter_kept_prefill_tokens", "Prompt tokens prefilled by the sampled "
+                                   "kept turns (settings.metrics.keptPrefillSampleRate).", registry=registry)
+        self.kept_turns = Counter("rolloutrouter_kept_prefill_turns", "Sampled kept turns whose answer reported "
+                                  "prefill.", registry=registry)
+        self.unmeasured = Counter("rolloutrouter_prefill_unmeasured", "Measured turns whose answer had no usage "
+                                  "with prompt_tokens_details.cached_tokens (vLLM needs --enable-prompt-tokens-"
+                                  "details; a stream needs stream_options.include_usage), by outcome.",
+                                  ["outcome"], registry=registry)
+        self._ttfb = {outcome: self.ttfb.labels(outcome).observe for outcome in OUTCOMES}
+        self._credit = 0.0  # kept-turn sampling: every 1/rate-th kept turn, deterministic
+        self.sums: dict[str, list[float]] = {outcome: [0, 0.0] for outcome in OUTCOMES}  # ttfb: [count, seconds]
+        self.prefill: dict[str, list[int]] = {"moved": [0, 0], "kept": [0, 0]}  # [turns, tokens]
+        self.breaks: list[float] = [0, 0.0]  # [count, gap sum]
+
+    def sample(self, rate: float) -> bool:
+        self._credit += rate
+        if self._credit >= 1:
+            self._credit -= 1
+            return True
+        return False
+
+    def broke(self, gap: float, age: float | None) -> None:
+        self.gap.observe(gap)
+        self.breaks[0] += 1
+        self.breaks[1] += gap
+        if age is not None:
+            self.age.observe(age)
+
+    def turn(self, turn: Turn) -> None:
+        if turn.first_byte is not None:
+            self._ttfb[turn.outcome](turn.first_byte)
+            sums = self.sums[turn.outcome]
+            sums[0] += 1
+            sums[1] += turn.first_byte
+        if not turn.measure:
+            return
+        if turn.prefill is None:
+            self.unmeasured.labels(turn.outcome).inc()
+            return
+        kept = turn.outcome == "kept"
+        if kept:
+            self.kept_tokens.inc(turn.prefill)
+            self.kept_turns.inc()
+        else:
+            self.repin_tokens.labels(turn.reason or turn.outcome).inc(turn.prefill)
+            self.repin_turns.labels(turn.reason or turn.outcome).inc()
+        totals = self.prefill["kept" if kept else "moved"]
+        totals[0] += 1
+        totals[1] += turn.prefill
+
+    def status(self) -> dict:
+        """/status "margin": lifetime sums a reader (or the operator, over several routers) can divide."""
+        moved = [sum(self.sums[o][0] for o in MOVED), sum(self.sums[o][1] for o in MOVED)]
+        return {
+            "repin_prefill_tokens": self.prefill["moved"][1], "repin_prefill_turns": self.prefill["moved"][0],
+            "kept_prefill_tokens": self.prefill["kept"][1], "kept_prefill_turns": self.prefill["kept"][0],
+            "ttfb": {"moved": _mean_of(moved),
+                     **{outcome: _mean_of(self.sums[outcome]) for outcome in OUTCOMES}},
+            "breaks": int(self.breaks[0]),
+            "break_gap_mean": round(self.breaks[1] / self.breaks[0], 3) if self.breaks[0] else None,
+        }
+
+
+def _mean_of(sums: list[float]) -> dict:
+    """A TTFB sum as /status shows it: turns, total seconds and mean."""
+    count, seconds = int(sums[0]), sums[1]
+    return {"turns": count, "seconds": round(seconds, 6), "mean": round(seconds / count, 6) if count else None}

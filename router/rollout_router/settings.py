@@ -31,9 +31,9 @@ from .policy import LiveConfig, PolicyOptions, registry
 from .policy.cost_affinity import CostAffinityOptions
 
 __all__ = [
-    "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement", "PolicySettings",
-    "RlSettings", "RouterSettings", "SessionSettings", "SettingsError", "WorkerApiSettings", "describe",
-    "load_settings", "parse_settings",
+    "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement",
+    "MetricsSettings", "PolicySettings", "RlSettings", "RouterSettings", "SessionSettings", "SettingsError",
+    "WorkerApiSettings", "describe", "load_settings", "parse_settings",
 ]
 
 
@@ -313,6 +313,18 @@ class RlSettings(Model):
                            "abort, weight reload, cache reset, resume).")
 
 
+class MetricsSettings(Model):
+    """What the router measures beyond its counters (docs/observability.md, "Is the margin paying?")."""
+
+    kept_prefill_sample_rate: float = Field(
+        0.1, ge=0, le=1, allow_inf_nan=False,
+        description="Share of kept turns whose answer's usage is read for rolloutrouter_kept_prefill_tokens_total "
+                    "(every moved turn is read); 0 reads none.")
+    max_backend_labels: StrictInt = Field(
+        64, ge=1, description="Distinct replicas given their own backend label on the metrics; the rest are "
+                              "counted under backend=\"other\".")
+
+
 class RouterSettings(PolicySettings):
     """Everything ``rollout-router serve`` reads from ``--config``."""
 
@@ -347,6 +359,7 @@ class RouterSettings(PolicySettings):
                                         "null: this router decides alone.")
     rl: RlSettings = Field(default_factory=RlSettings, description="The RL step's pause queue and weight updates "
                            "(POST /v1/rl/*, docs/rl.md).")
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -1,6 +1,9 @@
 """Plot the dashboard's main panels from a real Prometheus run, into docs/img/dashboard.png.
 
     .venv/bin/python tests/tools/dashboard_preview.py [--seconds 36] [--out docs/img/dashboard.png]
+    .venv/bin/python tests/tools/dashboard_preview.py --row margin --out docs/img/dashboard-margin.png
+
+``--row margin`` draws the "Is the margin paying?" row instead (docs/observability.md).
 
 Starts three simulated vLLM replicas (one of them half as fast) behind a router with margin 2,
 a Prometheus scraping all four every second, drives three phases of multi-session traffic
@@ -35,6 +38,9 @@ PANELS = [
     "Request rate per replica", "Latency quantiles per replica", "Running requests",
     "Waiting requests", "KV-cache usage", "Prefix-cache hit rate",
 ]
+ROWS = {"main": (PANELS, (4, 3), (16, 14), "main panels"),
+        "margin": (["Re-prefilled tokens per minute", "Time to first byte: moved vs kept", "Breaks per minute",
+                    "Gap at break", "Pin age at break"], (1, 5), (24, 5), 'row "Is the margin paying?"')}
 
 
 def legend(template: str, metric: dict) -> str:
@@ -42,12 +48,13 @@ def legend(template: str, metric: dict) -> str:
     return text.replace("http://", "")
 
 
-def draw(prometheus: promfleet.Prometheus, start: float, end: float, out: Path, note: str) -> None:
+def draw(prometheus: promfleet.Prometheus, start: float, end: float, out: Path, note: str, row: str = "main") -> None:
     dashboard = promfleet.load_dashboard()
     by_title = {p["title"]: p for p in promfleet.panels(dashboard)}
     values = promfleet.variable_values(rate_interval="5s")
-    fig, axes = plt.subplots(4, 3, figsize=(16, 14), constrained_layout=True)
-    for ax, title in zip(axes.flat, PANELS):
+    titles, shape, size, what = ROWS[row]
+    fig, axes = plt.subplots(*shape, figsize=size, constrained_layout=True)
+    for ax, title in zip(axes.flat, titles):
         panel = by_title[title]
         for target in panel["targets"]:
             if title == "Latency quantiles per replica" and "0.99" in target["expr"]:
@@ -66,7 +73,7 @@ def draw(prometheus: promfleet.Prometheus, start: float, end: float, out: Path, 
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"RolloutRouter dashboard, main panels: each panel's PromQL from a real Prometheus run\n{note}", fontsize=12)
+    fig.suptitle(f"RolloutRouter dashboard, {what}: each panel's PromQL from a real Prometheus run\n{note}", fontsize=12)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
     plt.close(fig)
@@ -77,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=36.0, help="traffic duration, three equal phases")
     parser.add_argument("--margin", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "dashboard.png")
+    parser.add_argument("--row", choices=sorted(ROWS), default="main", help="which panels to draw")
     args = parser.parse_args(argv)
     # Replica 0 runs at half speed, so load skews towards it and the margin has work to do.
     starting = [spawn_replica(0, ["--speed", "0.5"]), spawn_replica(1), spawn_replica(2)]
@@ -98,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             status = promfleet.router_status(str(router.admin_url))
             note = (f"3 fake vLLM replicas (one at half speed), margin {args.margin}, sessions 8 -> 32 -> 8; "
                     f"kept {status['affinity_kept']}, broken {status['affinity_broken']}")
-            draw(prometheus, start, end, args.out, note)
+            if args.row == "margin":
+                margin = status["margin"]
+                note += (f"; moved turns re-prefilled {margin['repin_prefill_tokens']} tokens over "
+                         f"{margin['repin_prefill_turns']} turns")
+            draw(prometheus, start, end, args.out, note, args.row)
     finally:
         for process in reversed(processes):
             stop(process)

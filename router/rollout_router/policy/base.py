@@ -52,6 +52,7 @@ class Decision:
     replica: str
     outcome: Outcome
     previous: str | None = None  # the replica a BROKEN/REPINNED session left
+    pin_age: float | None = None  # BROKEN: how long the session had been on ``previous`` (seconds)
 
 
 @dataclasses.dataclass(slots=True)
@@ -176,6 +177,10 @@ class Policy(abc.ABC):
 
     def last_used(self, key: str, now: float) -> float | None:
         """When ``key``'s pin was last used, if it has one (a pushed pin older than it does not replace it)."""
+        return None
+
+    def pin_age(self, key: str, now: float) -> float | None:
+        """How long ``key`` has been pinned to its replica, if it has a pin (the age of a pin a break ends)."""
         return None
 
     def pins(self, now: float) -> list[tuple[str, str, float]]:

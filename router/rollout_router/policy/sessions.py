@@ -2,6 +2,7 @@
 base of every policy that keeps one."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -12,6 +13,8 @@ from .unkeyed import Unkeyed
 _MOVES = frozenset({Outcome.NEW, Outcome.BROKEN, Outcome.REPINNED})  # decisions that (re)pin a session
 _SLOT_BITS = 20  # up to 2**20 distinct replica ids over the table's life
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
+_USED_BITS = 42  # last use in ms: 139 years of a monotonic clock
+_USED_MASK = (1 << _USED_BITS) - 1
 
 
 class SessionTable:
@@ -23,8 +26,11 @@ class SessionTable:
 
     A pin is one int per key: its last use in whole milliseconds (rounded up,
     so a pin never expires early) above the slot of its replica id, each id
-    stored once. That keeps a million pins within the router's memory budget
-    (benchmarks/session_memory.py): no object per pin beyond the key and one int.
+    stored once, and above both the whole seconds the pin had been on that
+    replica at its last use (its age at a break, ``age``; zero for a fresh pin,
+    so a fresh pin's int is no larger). That keeps a million pins within the
+    router's memory budget (benchmarks/session_memory.py): no object per pin
+    beyond the key and one int.
     """
 
     def __init__(self, counters: Counters, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
@@ -65,23 +71,35 @@ class SessionTable:
 
     def used(self, key: str, now: float) -> float | None:
         """When ``key``'s pin was last used (the policy's clock), or None if unknown or idle past the TTL."""
-        return None if self.get(key, now) is None else (self._pins[key] >> _SLOT_BITS) / 1000
+        return None if self.get(key, now) is None else _used(self._pins[key]) / 1000
+
+    def age(self, key: str, now: float) -> float | None:
+        """How long ``key`` has been pinned to its replica (to the second), or None if it has no live pin."""
+        if self.get(key, now) is None:
+            return None
+        packed = self._pins[key]
+        return max(0.0, now - (_used(packed) // 1000 - (packed >> (_SLOT_BITS + _USED_BITS))))
 
     def held(self, now: float) -> list[tuple[str, str, float]]:
         """Every live pin as (key, replica, last use), least recently used first."""
         replicas = self._replicas
-        return [(key, replicas[packed & _SLOT_MASK], (packed >> _SLOT_BITS) / 1000)
+        return [(key, replicas[packed & _SLOT_MASK], _used(packed) / 1000)
                 for key, packed in self._pins.items() if not self._idle(packed, now)]
 
     def pin(self, key: str, replica: str, now: float) -> None:
-        """Pin (or re-pin) ``key`` and mark it most recently used."""
+        """Pin (or re-pin) ``key`` and mark it most recently used; a pin to the same replica keeps its age."""
         slot = self._slots.get(replica)
         if slot is None:
             slot = self._slots[replica] = len(self._replicas)
             if slot > _SLOT_MASK:
                 raise OverflowError("more than 2**20 distinct replica ids")
             self._replicas.append(replica)
-        self._pins[key] = math.ceil(now * 1000) << _SLOT_BITS | slot
+        used = math.ceil(now * 1000)
+        held = 0
+        old = self._pins.get(key)
+        if old is not None and old & _SLOT_MASK == slot:  # same replica: seconds since it was pinned there
+            held = max(0, used // 1000 - (_used(old) // 1000 - (old >> (_SLOT_BITS + _USED_BITS))))
+        self._pins[key] = ((held << _USED_BITS | used) << _SLOT_BITS) | slot
         self._pins.move_to_end(key)
         if len(self._pins) > self.max_sessions:
             self._evict_over_size()
@@ -120,12 +138,17 @@ class SessionTable:
         return expired
 
     def _idle(self, packed: int, now: float) -> bool:
-        return self.idle_ttl is not None and now - (packed >> _SLOT_BITS) / 1000 > self.idle_ttl
+        return self.idle_ttl is not None and now - _used(packed) / 1000 > self.idle_ttl
 
     def _evict_over_size(self) -> None:
         while len(self._pins) > self.max_sessions:
             self._pins.popitem(last=False)
             self._counters.evicted_lru += 1
+
+
+def _used(packed: int) -> int:
+    """A pin's last use, in ms."""
+    return (packed >> _SLOT_BITS) & _USED_MASK
 
 
 class SessionPolicy(Policy):
@@ -168,6 +191,9 @@ class SessionPolicy(Policy):
     def last_used(self, key: str, now: float) -> float | None:
         return self.table.used(key, now)
 
+    def pin_age(self, key: str, now: float) -> float | None:
+        return self.table.age(key, now)
+
     def pins(self, now: float) -> list[tuple[str, str, float]]:
         return self.table.held(now)
 
@@ -195,7 +221,10 @@ class SessionPolicy(Policy):
         return self._commit(key, decision, now)
 
     def _commit(self, key: str, decision: Decision, now: float) -> Decision:
-        """Pin ``key`` where ``decision`` sends it and count the decision."""
+        """Pin ``key`` where ``decision`` sends it and count the decision (a break notes the age of the pin
+        it ends)."""
+        if decision.outcome is Outcome.BROKEN:
+            decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
         self.table.pin(key, decision.replica, now)
         self.counters.count(decision.outcome)
         return decision

@@ -4,18 +4,22 @@ Route, take a lease, send one attempt, release the lease; if the replica
 refused before a byte was exchanged, mark it down for a while and try another.
 A listener supplies only ``send``: one attempt on the leased replica, which
 returns whether the replica accepted the request and raises ``Refused`` when
-retrying elsewhere is safe. The lease is released exactly once whatever ends
-the attempt. An attempt the replica did not accept (refused, an error status,
-no answer) hands its decision back to the policy (``Policy.forget``), so a
-rejected request leaves the session's pin as it was.
+retrying elsewhere is safe; it stamps the attempt's ``Turn`` (turns.py: first
+byte, prefill), counted once the replica accepted the request. The lease is
+released exactly once whatever ends the attempt. An attempt the replica did
+not accept (refused, an error status, no answer) hands its decision back to
+the policy (``Policy.forget``), so a rejected request leaves the session's pin
+as it was.
 """
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
 from .. import descriptors
+from ..policy import Outcome
 from ..replicas import Lease
 from .context import RouterContext
+from .turns import Turn, turn_for
 
 
 class Refused(Exception):
@@ -43,7 +47,7 @@ class AllRefused(Exception):
         super().__init__(f"replicas refused the connection on all {attempts} attempts")
 
 
-async def forward(context: RouterContext, key: str | None, send: Callable[[Lease], Awaitable[bool]],
+async def forward(context: RouterContext, key: str | None, send: Callable[[Lease, Turn], Awaitable[bool]],
                   grpc: bool = False, prefix: Sequence[int] | str | None = None) -> None:
     """``send`` on a routed replica, retried on others while replicas refuse.
 
@@ -58,19 +62,23 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
     attempts = settings.connect_retries + 1
     for _ in range(attempts):
         decision, lease = context.balancer.acquire(key, prefix, grpc=grpc)
+        turn = turn_for(decision, context.balancer.why_moved(decision, grpc),
+                        decision.outcome is Outcome.KEPT and context.metrics.sample_kept())
         try:
-            accepted = await send(lease)
+            accepted = await send(lease, turn)
         except OutOfDescriptors:
             context.balancer.forget(key, decision)
             raise
         except Refused:
             context.replicas.mark_down(lease.replica_id, settings.down_seconds)
-            context.metrics.retries.labels(lease.replica_id).inc()
+            context.metrics.retried(lease.replica_id)
             context.balancer.forget(key, decision)
             continue
         finally:
             lease.release()
-        if not accepted:
+        if accepted:
+            context.metrics.turn(turn)
+        else:
             context.balancer.forget(key, decision)
         return
     raise AllRefused(attempts)

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from ...health import CLOSED, TIMEOUT
 from . import h2
+from .usage import LastMessage
 
 if TYPE_CHECKING:
+    from ..turns import Turn
     from .conn import Stream
     from .server import ClientConnection
     from .traffic import GrpcProxy
@@ -42,7 +45,7 @@ class Call:
     __slots__ = ("proxy", "client", "stream", "path", "metadata", "single", "chunks", "received", "written", "acked",
                  "held", "retained", "request_ended", "upstream", "ustream", "done", "answered", "first", "code",
                  "finished", "failure", "name", "forwarded", "waiting_since", "started_at", "message_left", "prefix",
-                 "client_gone", "relayed", "heard", "swept", "silent", "backlog")
+                 "client_gone", "relayed", "heard", "swept", "silent", "backlog", "turn", "last")
 
     def __init__(self, proxy: GrpcProxy, client: ClientConnection, stream: Stream, path: bytes,
                  metadata: list[h2.Header], single: bool) -> None:
@@ -64,14 +67,21 @@ class Call:
         self.heard = self.swept = 0  # frames from the replica, and how many the sweep had seen
         self.silent = 0.0  # seconds the sweep found no new frame from the replica
         self.backlog = 0  # response bytes relayed but not yet handed to the client's connection
+        self.turn: Turn | None = None  # the attempt's turn: stamped with the first response message (turns.py)
+        self.last: LastMessage | None = None  # the newest response message, when the turn is measured
         stream.owner = self
 
     # the client's side
     def on_data(self, stream: Stream, data: bytes, end: bool) -> None:
         if stream is self.ustream:
+            turn = self.turn
+            if turn is not None and turn.first_byte is None:
+                turn.first(time.monotonic())  # the first response message (a stream's first tokens)
             self.first = self.relayed = True
             self.heard += 1
             self.backlog += len(data)
+            if self.last is not None:
+                self.last.feed(data)
             self.client.send_data(self.stream, data, False)  # the response ends with its trailers
             if end:
                 self._broken("ended its stream without a gRPC status")

@@ -15,12 +15,14 @@ from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, header_key
+from ..turns import Turn
 from . import h2
 from .call import REFUSED, Call
 from .conn import flush_dirty
 from .owner import to_owner
 from .server import ClientConnection
 from .upstream import Upstreams
+from .usage import LastMessage, generate_path
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class GrpcProxy(Listener):
         self.calls: set[Call] = set()  # calls in progress (bounded by maxGrpcStreams)
         self.active: set[Call] = set()  # calls with an attempt on a replica
         self.unary_methods = unary_request_methods()
+        self.generate = generate_path()  # the calls whose answers report prefill
         self._streams_full = False
         self._key_names = KeyNames()
         context.metrics.grpc_calls.set_function(lambda: len(self.calls))
@@ -142,8 +145,8 @@ class GrpcProxy(Listener):
         if call.finished:
             return
 
-        async def send(lease) -> bool:
-            return await self._attempt(call, lease)
+        async def send(lease, turn) -> bool:
+            return await self._attempt(call, lease, turn)
 
         try:
             await forward(self.context, key, send, grpc=True)
@@ -160,11 +163,13 @@ class GrpcProxy(Listener):
             self.refused(paused.reason)
             call.answer(h2.UNAVAILABLE, f"{paused.message} (in {paused.retry_after} s)")
 
-    async def _attempt(self, call: Call, lease) -> bool:
+    async def _attempt(self, call: Call, lease, turn: Turn) -> bool:
         """One attempt on the leased replica; whether it accepted the call. Raises ``Refused`` to retry elsewhere."""
         replica = lease.replica
         assert replica.grpc_target is not None  # acquire(grpc=True) only leases gRPC replicas
         started = time.monotonic()
+        turn.begin(started)
+        call.turn, call.last = turn, LastMessage() if turn.measure and call.path == self.generate else None
         try:
             outcome = await call.attempt(replica.grpc_target, replica.id, False)
         except TimeoutError:  # before OSError, its base class
@@ -179,6 +184,8 @@ class GrpcProxy(Listener):
             self.context.outliers.failure(replica, call.failure)
         elif call.answered:
             self.context.outliers.answered(replica, SERVER_ERROR_CODES.get(call.code or 0, 200))
+        if call.last is not None and call.code == h2.OK:
+            turn.prefill = call.last.prefill()
         return call.accepted()
 
     def _session_key(self, metadata: list[h2.Header]) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import httptools
@@ -24,6 +25,7 @@ from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
 from ...replicas import Lease
 from ..attempts import Refused, refused_or_short
 from ..errors import error_body
+from ..turns import TAIL_BYTES, Turn
 from . import wire
 from .routes import HOP_BY_HOP, REPLICA_HEADER, WEIGHT_VERSION_HEADER
 from .upstream import ReplicaPool, UpstreamConnection
@@ -49,11 +51,14 @@ class Exchange:
 
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
-                 "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded")
+                 "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
+                 "turn", "usage_tail")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
-                 conn: UpstreamConnection, reused: bool, forwarded: bool = False) -> None:
+                 conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
+        self.turn = turn  # stamped with the first body byte; its answer's tail is read when it is measured
+        self.usage_tail: bytes | None = b"" if turn is not None and turn.measure else None
         self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
         self.conn, self.reused = conn, reused
         self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
@@ -140,10 +145,15 @@ class Exchange:
                 self.pause_upstream()
 
     def on_body(self, body: bytes) -> None:
+        turn = self.turn
+        if turn is not None and turn.first_byte is None:
+            turn.first(time.monotonic())  # the first body byte: a stream's first event, not its early head
         if self.state == BUFFERING:
             self.buffer.append(body)
             return
         self.out.append(wire.chunk(body) if self.chunked else body)
+        if self.usage_tail is not None:
+            self.usage_tail = (self.usage_tail + body)[-TAIL_BYTES:]
         if self.sse and not self.done_seen:
             # The client has the whole answer at `data: [DONE]`: OpenAI clients hang up right there,
             # before the replica's end of body, and that is a success, not a 499.
@@ -157,7 +167,10 @@ class Exchange:
         if self.state == DONE:
             return
         if self.state == BUFFERING:
-            self.out.append(self.head + b"".join(self.buffer))
+            body = b"".join(self.buffer)
+            self.out.append(self.head + body)
+            if self.usage_tail is not None:
+                self.usage_tail = body[-TAIL_BYTES:]
         elif self.chunked:
             self.out.append(wire.LAST_CHUNK)
         self.code = self.status
@@ -234,6 +247,8 @@ class Exchange:
     def finish(self, reusable: bool, result: str | None = None) -> None:
         """Detach from both connections and wake the attempt; the connection goes back to the pool if it can."""
         self.state = DONE
+        if self.usage_tail and self.turn is not None and self.code is not None and self.code < 400:
+            self.turn.answer(self.usage_tail)  # a whole answer (a stream read to [DONE] counts)
         conn = self.conn
         if conn.exchange is self:
             conn.exchange = None
@@ -285,7 +300,7 @@ def request_bytes(request: HttpRequest, pool: ReplicaPool, headers: bytes) -> by
 
 
 async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpRequest, headers: bytes,
-                  lease: Lease) -> tuple[int | None, bool]:
+                  lease: Lease, turn: Turn | None = None) -> tuple[int | None, bool]:
     """One attempt on the leased replica: the code to record (or None) and whether the replica accepted the
     request (its response head said < 400, or the client left first). Raises ``Refused`` (retry elsewhere:
     the connection was refused or timed out, nothing was sent).
@@ -302,7 +317,7 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
         if not reused and client.gone:
             conn.close()
             return CLIENT_CLOSED, True
-        exchange = Exchange(proxy, client, request, replica, conn, reused)
+        exchange = Exchange(proxy, client, request, replica, conn, reused, turn=turn)
         exchange.start(request_bytes(request, pool, headers))
         if await exchange.done == STALE:
             return None

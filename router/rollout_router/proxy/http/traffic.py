@@ -81,9 +81,10 @@ class HttpProxy(HttpListener):
                 lambda owner: to_owner(self, fleet, client, request, headers, owner)):
             return
 
-        async def send(lease) -> bool:
+        async def send(lease, turn) -> bool:
             started = time.monotonic()
-            code, accepted = await attempt(self, client, request, headers, lease)
+            turn.begin(started)
+            code, accepted = await attempt(self, client, request, headers, lease, turn)
             if code is not None:
                 metrics.observe(lease.replica.id, code, time.monotonic() - started)
             return accepted

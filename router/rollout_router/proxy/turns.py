@@ -1,0 +1,80 @@
+"""What one routed turn cost and how fast it began, for "is the margin paying?" (docs/observability.md).
+
+A ``Turn`` is made per request by ``attempts.forward`` from the routing decision. The listener's attempt
+stamps the first byte of the response body (gRPC: the first response message): for a stream that is its
+first event, the first tokens, where the head alone would say nothing (vLLM sends a stream's head before
+the prefill); for a JSON answer it is the answer, which comes when generation ends. When the turn is
+measured (every moved turn, a sampled share of kept ones), the attempt also hands the tail of the answer
+to ``Turn.answer``: the prompt tokens the replica had to prefill are ``usage.prompt_tokens -
+usage.prompt_tokens_details.cached_tokens`` of the JSON body or of the last SSE chunk that carries usage
+(vLLM's gRPC ``Generate`` reports the same counts, ``grpc/usage.py``). Only the tail is kept
+(``TAIL_BYTES``): the usage block is the last thing a vLLM answer says.
+"""
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from ..policy import Decision, Outcome
+
+TAIL_BYTES: Final = 4096  # a vLLM usage block (and the SSE chunk around it) is a few hundred bytes
+_USAGE: Final = b'"usage"'
+_DECODER: Final = json.JSONDecoder()
+MEASURED: Final = frozenset({Outcome.BROKEN, Outcome.REPINNED})
+
+
+class Turn:
+    """One request's routing outcome, its first byte and (when measured) the prefill its replica reported."""
+
+    __slots__ = ("outcome", "reason", "measure", "started", "first_byte", "prefill")
+
+    def __init__(self, outcome: str, reason: str | None, measure: bool):
+        self.outcome, self.reason, self.measure = outcome, reason, measure
+        self.started = 0.0
+        self.first_byte: float | None = None  # seconds from the attempt's dispatch to the first body byte
+        self.prefill: int | None = None  # prompt tokens prefilled, when the answer said (None: not measured)
+
+    def begin(self, now: float) -> None:
+        """An attempt is dispatched (a retry on another replica starts the clock again)."""
+        self.started, self.first_byte, self.prefill = now, None, None
+
+    def first(self, now: float) -> None:
+        """The first byte of the response body (gRPC: the first message)."""
+        if self.first_byte is None:
+            self.first_byte = now - self.started
+
+    def answer(self, tail: bytes) -> None:
+        """The tail of a JSON answer or SSE stream: the prefill of its last usage block, if it has one."""
+        self.prefill = prefill_of(tail)
+
+
+def turn_for(decision: Decision, reason: str | None, sample: bool) -> Turn:
+    """The ``Turn`` of ``decision``: moved turns are always measured, kept ones when ``sample`` says so."""
+    outcome = decision.outcome
+    return Turn(outcome.value, reason, outcome in MEASURED or (sample and outcome is Outcome.KEPT))
+
+
+def prefill_of(tail: bytes) -> int | None:
+    """``prompt_tokens - cached_tokens`` of the last ``"usage"`` object in ``tail``; None when there is none, or
+    it has no ``prompt_tokens_details.cached_tokens`` (vLLM without --enable-prompt-tokens-details)."""
+    at = tail.rfind(_USAGE)
+    if at < 0:
+        return None
+    rest = tail[at + len(_USAGE):].lstrip()
+    if not rest.startswith(b":"):
+        return None
+    try:
+        usage, _ = _DECODER.raw_decode(rest[1:].decode("utf-8", "replace").lstrip())
+    except ValueError:
+        return None
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    return tokens(usage.get("prompt_tokens"), details.get("cached_tokens") if isinstance(details, dict) else None)
+
+
+def tokens(prompt: object, cached: object) -> int | None:
+    """Prompt tokens not served from the prefix cache; None unless both counts are whole numbers."""
+    if type(prompt) is not int or type(cached) is not int or not 0 <= cached <= prompt:
+        return None
+    return prompt - cached
