@@ -44,8 +44,8 @@ class AllRefused(Exception):
 
 
 async def forward(context: RouterContext, key: str | None, send: Callable[[Lease], Awaitable[bool]],
-                  grpc: bool = False, prefix: Sequence[int] | str | None = None) -> None:
-    """``send`` on a routed replica, retried on others while replicas refuse.
+                  grpc: bool = False, prefix: Sequence[int] | str | None = None, group: str | None = None) -> None:
+    """``send`` on a routed replica, retried on others while replicas refuse (``group``: its GRPO group key).
 
     Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
     when every attempt was refused, ``OutOfDescriptors`` when the router could not open a connection at all.
@@ -53,7 +53,7 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
     settings = context.settings  # one snapshot for every attempt of this request
     attempts = settings.connect_retries + 1
     for _ in range(attempts):
-        decision, lease = context.balancer.acquire(key, prefix, grpc=grpc)
+        decision, lease = context.balancer.acquire(key, prefix, grpc=grpc, group=group)
         try:
             accepted = await send(lease)
         except OutOfDescriptors:
