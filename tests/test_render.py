@@ -218,3 +218,12 @@ def test_cost_affinity_without_a_margin_is_an_invalid_spec():
     with pytest.raises(InvalidSpec, match="affinityBreakMargin: policy cost_affinity needs a number"):
         render(resource({"policy": "cost_affinity"}))
     assert render(resource({"policy": "cost_affinity", "affinityBreakMargin": 2}))
+
+
+def test_the_group_key_settings_reach_the_routers_config():
+    spec = resource({"group": {"headers": ["X-Prompt-ID"], "bodyFields": ["request_group_id"], "maxGroups": 64}})
+    settings = parse_settings(yaml.safe_load(by_kind(render(spec))["ConfigMap"]["data"]["config.yaml"]))
+    assert settings.group.headers == ["X-Prompt-ID"] and settings.group.body_fields == ["request_group_id"]
+    assert settings.live_config().max_groups == 64
+    assert parse_settings(yaml.safe_load(by_kind(render(resource()))["ConfigMap"]["data"]["config.yaml"])).group.headers \
+        == ["X-Group-ID"]
