@@ -16,7 +16,17 @@ import pytest
 from rollout_router.localfleet import Service, free_port
 
 from .conftest import ENV, LOG_DIR, TINY_MODEL_DIR, VLLM_PYTHON, enabled
-from .test_real_vllm import NO_EOS, STARTUP_TIMEOUT, client_for, get_json, prompt_words, scrape, start_router, total, wait_until
+from .test_real_vllm import (
+    NO_EOS,
+    STARTUP_TIMEOUT,
+    client_for,
+    get_json,
+    prompt_words,
+    scrape,
+    start_router,
+    total,
+    wait_until,
+)
 from .vllm_process import SERVED_MODEL, VllmServer
 
 if not enabled():  # only reached when this file is named on the command line without the variable
