@@ -191,7 +191,7 @@ def test_idle_trajectories_expire_on_the_clock_it_is_given():
 
 def test_routing_needs_no_payload_from_verl():
     lb = balancer("s0")
-    assert lb.require_acquire_fields() == []
+    assert lb.require_acquire_fields() == ["request_group_id"]  # an id only: never the prompt
     assert lb.require_release_fields() == []
     assert acquire(lb, "r") == "s0"
     assert lb.acquire_server("r2", prompt_ids=[1, 2])[0] == "s0"  # extra fields are accepted
@@ -200,9 +200,9 @@ def test_routing_needs_no_payload_from_verl():
 def test_constructed_the_ways_verl_constructs_it():
     servers = {"s0": object(), "s1": object()}
     from_yaml = AffinityLoadBalancer(servers, {"router_class": "x.Y", "affinity_break_margin": 3,
-                                               "max_cache_size": 50, "idle_timeout_seconds": 600})
+                                               "max_cache_size": 50, "idle_timeout_seconds": 600, "max_groups": 10_000})
     assert from_yaml.settings == {"affinity_break_margin": 3, "full_determinism": False,
-                                  "max_cache_size": 50, "idle_timeout_seconds": 600}
+                                  "max_cache_size": 50, "idle_timeout_seconds": 600, "max_groups": 10_000}
     configured = AffinityLoadBalancer.configured(affinity_break_margin=2, max_cache_size=500)
     from_cls = configured(servers=servers, max_cache_size=10_000)  # what verl passes a subclass
     assert (from_cls.settings["affinity_break_margin"], from_cls.settings["max_cache_size"]) == (2, 500)
@@ -237,3 +237,31 @@ def test_importing_the_adapter_pulls_in_neither_verl_nor_ray():
             "print(sorted(m for m in ('verl', 'ray', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_grpo_siblings_with_a_request_group_id_share_a_server():
+    lb = balancer("s0", "s1", "s2", "s3", affinity_break_margin=4)
+    placed = [lb.acquire_server(f"sample-{i}", request_group_id="uid-7")[0] for i in range(4)]  # all in flight
+    assert len(set(placed)) == 1  # skew 3 <= 4: together
+    spilled = lb.acquire_server("sample-4", request_group_id="uid-7")[0]  # skew 4 <= 4: still together
+    beyond = lb.acquire_server("sample-5", request_group_id="uid-7")[0]  # skew 5 > 4: spills
+    assert spilled == placed[0] and beyond != placed[0]
+    plain = {lb.acquire_server(f"other-{i}")[0] for i in range(3)}  # no group id: least-loaded, spread
+    assert len(plain) > 1
+    status = lb.get_status()
+    assert (status["group_colocated"], status["group_spilled"]) == (4, 1)
+    assert lb.clear_sticky_cache()["cleared_entries"] == 9 and len(lb._policy.groups) == 0
+
+
+def test_a_later_turn_follows_its_own_pin_not_its_group():
+    lb = balancer("s0", "s1", affinity_break_margin=None)
+    first = lb.acquire_server("a", request_group_id=3)[0]  # an int uid is a key too
+    lb.release_server(first)
+    assert lb.acquire_server("a", request_group_id=3)[0] == first
+    assert lb.get_status()["group_colocated"] == 0  # a turn, not a new member
+
+
+@pytest.mark.parametrize("bad", [0, "10", True])
+def test_max_groups_is_checked(bad):
+    with pytest.raises(ValueError, match="max_groups"):
+        balancer("s0", max_groups=bad)

@@ -152,6 +152,22 @@ async def test_load_balancer_cls_breaks_a_pin_beyond_the_margin(servers):
     ray.kill(lb)
 
 
+async def test_verls_client_hands_a_request_group_id_to_the_balancer(servers):
+    """verl's client sends only the fields the balancer declares: ``request_group_id`` reaches it, the prompt not."""
+    manager = await Manager.create_empty(rollout_config(), load_balancer_cls=AffinityLoadBalancer.configured())
+    lb = manager.global_load_balancer
+    await lb.add_servers.remote(servers)
+    client = manager.get_client()
+    placed = [await client._acquire_server(f"sample-{i}", prompt_ids=[1, 2], request_group_id="uid-1")
+              for i in range(4)]  # all four in flight: without the group they would alternate
+    assert len({server_id for server_id, _ in placed}) == 1
+    for server_id, _ in placed:
+        client._release_server(server_id, request_id="x")
+    status = await settled(lb)
+    assert (status["new_sessions"], status["group_colocated"], status["group_spilled"]) == (4, 3, 0)
+    ray.kill(lb)
+
+
 async def test_verls_async_client_waits_on_an_empty_pool_until_servers_are_added(servers, tmp_path):
     manager = await Manager.create_empty(rollout_config(router_config_path=router_yaml(tmp_path)))
     lb = manager.global_load_balancer

@@ -25,15 +25,25 @@ def obs(**changes) -> Observation:
     return Observation(**{**base, **changes})
 
 
+def test_group_counters_are_summed_beside_kept_and_broken():
+    reports = {"r0": {"affinity_kept": 1, "group_colocated": 15, "group_spilled": 1},
+               "r1": {"affinity_kept": 2, "group_colocated": 30, "group_spilled": 2}}
+    affinity = summarize(obs(reports=reports), {}, 1)["affinity"]
+    assert (affinity["kept"], affinity["groupColocated"], affinity["groupSpilled"]) == (3, 45, 3)
+    assert parse_report(b'{"group_colocated": 7, "group_spilled": 2}')["group_colocated"] == 7
+    with pytest.raises(BadStatus, match="group_spilled"):
+        parse_report(b'{"group_spilled": -1}')
+
+
 def by_type(status: dict) -> dict:
     return {c["type"]: c for c in status["conditions"]}
 
 
 def test_counters_are_summed_over_router_pods():
     status = summarize(obs(), {}, 3)
-    assert status["affinity"] == {"kept": 12, "broken": 1, "newSessions": 5, "readAt": "2026-01-01T00:00:10Z",
-                                  "routersRead": 2, "unreachable": [], "repinPrefillTokens": 0,
-                                  "repinPrefillTurns": 0, "ttfbMovedVsKept": None}
+    assert status["affinity"] == {"kept": 12, "broken": 1, "newSessions": 5, "groupColocated": 0, "groupSpilled": 0,
+                                  "readAt": "2026-01-01T00:00:10Z", "routersRead": 2, "unreachable": [],
+                                  "repinPrefillTokens": 0, "repinPrefillTurns": 0, "ttfbMovedVsKept": None}
     assert status["backends"] == {"ready": 3, "total": 4, "summary": "3/4"}
     assert status["routers"]["summary"] == "2/2" and status["observedGeneration"] == 3
     conds = by_type(status)
@@ -188,7 +198,8 @@ NO_MARGIN = {"repin_prefill_tokens": 0, "repin_prefill_turns": 0,
 
 def test_a_routers_status_gives_its_counters():
     assert parse_report(b'{"affinity_kept": 3, "affinity_broken": 1, "sessions": 9, "backends": []}') == \
-        {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0, "fleet": NO_FLEET, "margin": NO_MARGIN}
+        {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0, "group_colocated": 0, "group_spilled": 0,
+         "fleet": NO_FLEET, "margin": NO_MARGIN}
     assert parse_report(b'{"affinity_kept": 3, "fleet": null}')["fleet"] == NO_FLEET  # a router without ownership
     owned = b'{"fleet": {"self": "http://10.0.0.1:8081", "members": ["a", "b"], "forwarded": 4, "handoffs": 2, ' \
             b'"ownerUnreachable": 1, "replaced": 3, "lookups": 6, "loadView": "exchange", "peerLoadAgeSeconds": {"b": 0.1}}}'

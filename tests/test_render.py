@@ -229,3 +229,12 @@ def test_the_rl_settings_reach_the_routers_config():
     settings = parse_settings(yaml.safe_load(by_kind(render(resource(spec)))["ConfigMap"]["data"]["config.yaml"]))
     assert (settings.rl.max_queued_requests, settings.rl.on_weight_update) == (8, "clear")
     assert settings.rl.max_pause_seconds == 300.0
+
+
+def test_the_group_key_settings_reach_the_routers_config():
+    spec = resource({"group": {"headers": ["X-Prompt-ID"], "bodyFields": ["request_group_id"], "maxGroups": 64}})
+    settings = parse_settings(yaml.safe_load(by_kind(render(spec))["ConfigMap"]["data"]["config.yaml"]))
+    assert settings.group.headers == ["X-Prompt-ID"] and settings.group.body_fields == ["request_group_id"]
+    assert settings.live_config().max_groups == 64
+    assert parse_settings(yaml.safe_load(by_kind(render(resource()))["ConfigMap"]["data"]["config.yaml"])).group.headers \
+        == ["X-Group-ID"]

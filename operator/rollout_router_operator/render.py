@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from rollout_router.kube.selectors import labels_query, matches
-from rollout_router.settings import DiscoverySettings, RouterSettings
+from rollout_router.settings import DiscoverySettings, PolicySettings, RouterSettings
 
 from .spec import DEFAULT_IMAGE, GROUP, KIND, VERSION, RolloutRouterSpec
 
@@ -147,9 +147,9 @@ def check_image(spec: RolloutRouterSpec, allowed_images: Sequence[str]) -> None:
 
 
 def router_settings(namespace: str, spec: RolloutRouterSpec) -> RouterSettings:
-    """What the router reads from --config: the policy knobs plus pod discovery."""
-    fields = ("policy", "affinity_break_margin", "full_determinism", "cost_affinity", "session", "rl")
-    policy = {field: getattr(spec, field) for field in fields}
+    """What the router reads from --config: the policy knobs (every field of ``PolicySettings``, so a new one is
+    never dropped on the way), the RL settings, plus pod discovery."""
+    policy = {field: getattr(spec, field) for field in (*PolicySettings.model_fields, "rl")}
     discovery = DiscoverySettings(namespace=namespace, selector=spec.selector, port=spec.backend_port,
                                   grpc_port=spec.grpc_port)
     return RouterSettings(**policy, discovery=discovery, metrics=spec.metrics)

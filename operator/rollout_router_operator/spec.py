@@ -277,6 +277,9 @@ class Affinity(Model):
     kept: int = 0
     broken: int = 0
     new_sessions: int = 0
+    group_colocated: int = Field(0, description="New sessions with a group key placed on their group's replica.")
+    group_spilled: int = Field(0, description="New sessions with a group key placed elsewhere (the group's "
+                               "replica beyond the margin or gone).")
     read_at: str | None = Field(None, description="When the routers' /status was read (RFC 3339).")
     routers_read: int = Field(0, description="Router pods whose /status answered.")
     unreachable: list[str] = Field(default_factory=list, description="Router pods whose /status did not answer.")

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT = 3.0
 MAX_STATUS_BYTES = 1 << 20  # a router's /status is a few KiB; more is not a router
 _reported: set[str] = set()  # uids of stranger pods already logged, so each is logged once
-COUNTERS = {"kept": "affinity_kept", "broken": "affinity_broken", "new_sessions": "new_sessions"}
+COUNTERS = {"kept": "affinity_kept", "broken": "affinity_broken", "new_sessions": "new_sessions",
+            "group_colocated": "group_colocated", "group_spilled": "group_spilled"}
 # status.fleet field -> key of the router's /status "fleet" object (null or absent without session ownership)
 FLEET_COUNTERS = {"forwarded": "forwarded", "handoffs": "handoffs", "owner_unreachable": "ownerUnreachable",
                   "replaced": "replaced", "lookups": "lookups"}

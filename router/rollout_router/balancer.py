@@ -27,14 +27,15 @@ class Balancer:
         self.on_break: Callable[[float, float | None], None] = lambda gap, age: None
 
     def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None,
-                grpc: bool = False) -> tuple[Decision, Lease]:
+                grpc: bool = False, group: str | None = None) -> tuple[Decision, Lease]:
         """Route one request and count it in flight; raises NoReplicaError.
 
         ``grpc`` limits the choice to replicas with a gRPC target; the counts
-        compared are the same shared in-flight counts either way.
+        compared are the same shared in-flight counts either way. ``group`` is
+        the request's GRPO group key (policy/groups.py).
         """
         loads = self.replicas.loads(grpc)
-        decision = self.policy.route(Request(key, loads, self._clock(), prefix))
+        decision = self.policy.route(Request(key, loads, self._clock(), prefix, group))
         if decision.outcome is Outcome.REPINNED and decision.previous is not None:
             self.repinned[self.replicas.why_unroutable(decision.previous, grpc)] += 1
         elif decision.outcome is Outcome.BROKEN and decision.previous is not None and decision.previous in loads:

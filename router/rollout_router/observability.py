@@ -44,6 +44,9 @@ _DECISIONS = {
     "evicted_lru": "Pins evicted because the session table was full.",
     "expired_idle": "Pins dropped after the idle timeout.",
     "released": "Pins released explicitly with DELETE /v1/sessions/{key}.",
+    "group_colocated": "New sessions (or unkeyed requests) with a group key placed on their group's replica.",
+    "group_spilled": "New sessions (or unkeyed requests) with a group key placed elsewhere: the group's replica was "
+                     "beyond the margin or gone.",
 }
 
 

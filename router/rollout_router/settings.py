@@ -67,6 +67,24 @@ class SessionSettings(Model):
         return names
 
 
+class GroupSettings(Model):
+    """Where a request's group key comes from: the GRPO siblings (the n samples of one prompt) that a new session
+    is placed beside (docs/configuration.md, "Group key")."""
+
+    headers: list[str] = Field(default_factory=lambda: ["X-Group-ID"],
+                               description="Request headers (gRPC: metadata) holding the group key, first match wins; "
+                                           "[] with no bodyFields turns group placement off.")
+    body_fields: list[str] = Field(default_factory=list,
+                                   description="JSON body fields tried after the headers, e.g. request_group_id.")
+    max_groups: StrictInt = Field(10_000, ge=1, description="Groups remembered; the least recently used is "
+                                  "forgotten beyond this (a group lives for one RL step).")
+
+    @field_validator("headers", "body_fields")
+    @classmethod
+    def _non_empty_names(cls, names: list[str]) -> list[str]:
+        return SessionSettings._non_empty_names(names)
+
+
 # A name from the policy registry that a router may run; the CRD's enum is the same list.
 PolicyName = Annotated[str, BeforeValidator(registry.selectable),
                        WithJsonSchema({"type": "string", "enum": list(registry.SELECTABLE)})]
@@ -94,6 +112,8 @@ class PolicySettings(Model):
     cost_affinity: CostAffinityOptions = Field(default_factory=CostAffinityOptions,
                                                description="Read only by policy cost_affinity.")
     session: SessionSettings = Field(default_factory=SessionSettings)
+    group: GroupSettings = Field(default_factory=GroupSettings, description="GRPO siblings placed together (read "
+                                 "by the affinity policies); its keys are bounded by session.maxKeyBytes.")
 
     @model_validator(mode="after")
     def _cost_affinity_has_a_margin(self) -> PolicySettings:
@@ -107,7 +127,7 @@ class PolicySettings(Model):
         """What the running policy takes from these settings: the router's knobs and its own options, if any."""
         return LiveConfig(self.affinity_break_margin, self.full_determinism,
                           self.session.max_sessions, self.session.idle_timeout_seconds,
-                          self.own_options())
+                          self.own_options(), self.group.max_groups)
 
     def own_options(self) -> PolicyOptions | None:
         """The running policy's own options: the field named after it, if it has one (``Policy.Options``)."""

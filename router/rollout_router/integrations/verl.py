@@ -7,7 +7,9 @@ when the turn ends (``release_server``); every turn of one trajectory reuses the
 (servers, in-flight counts) and lets RolloutRouter's affinity policy decide: it keeps a pin while
 the pinned server is within ``affinity_break_margin`` in-flight requests of the least-loaded one
 and re-pins otherwise (verl PR #7435's rule), breaks ties by rendezvous hash, and under
-``full_determinism`` places a trajectory by its id and the server set alone.
+``full_determinism`` places a trajectory by its id and the server set alone. A trajectory's first
+turn that carries ``request_group_id`` (the prompt's uid, the name verl PR #6122 gives it) is placed
+beside its GRPO siblings while their server is within the margin (policy/groups.py).
 
 Like verl's class it is a plain class; verl wraps it in ``ray.remote`` and calls its methods as
 actor tasks, one at a time, so it needs no lock. Two ways to select it in verl:
@@ -34,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "full_determinism": False,
     "max_cache_size": 10_000,  # verl's DEFAULT_ROUTING_CACHE_SIZE: pins kept, LRU beyond
     "idle_timeout_seconds": None,  # verl pins never expire by age; set to expire idle trajectories
+    "max_groups": 10_000,  # GRPO groups remembered (request_group_id -> server), LRU beyond
 }
 _YAML_ONLY = {"router_class"}  # verl's own key in the router YAML, not an option of ours
 
@@ -95,6 +98,7 @@ class AffinityLoadBalancer:
             full_determinism=settings["full_determinism"],
             max_sessions=settings["max_cache_size"],
             idle_ttl=settings["idle_timeout_seconds"],
+            max_groups=settings["max_groups"],
         )
         self._clock = clock
         self._servers: dict[str, Any] = dict(servers)
@@ -107,9 +111,13 @@ class AffinityLoadBalancer:
         return type(cls.__name__, (cls,), {"_configured": fixed, "__module__": cls.__module__})
 
     def acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
-        """The server for this turn of trajectory ``request_id``, counted in flight until released."""
+        """The server for this turn of trajectory ``request_id``, counted in flight until released;
+        ``request_group_id`` in ``extra`` (its GRPO group, when verl passes one) places a first turn beside
+        its siblings. (verl's protocol signature, kept: verl's tests compare it.)"""
+        group_id = extra.get("request_group_id")
+        group = None if group_id is None else str(group_id)
         try:
-            decision = self._policy.route(Request(request_id, dict(self._inflight), self._clock()))
+            decision = self._policy.route(Request(request_id, dict(self._inflight), self._clock(), group=group))
         except NoReplicaError:
             raise RuntimeError(NO_SERVERS) from None
         server_id = decision.replica
@@ -126,8 +134,9 @@ class AffinityLoadBalancer:
         return self._policy.release(request_id)
 
     def require_acquire_fields(self) -> list[str]:
-        """Routing needs the request id alone; verl then sends no prompt over the RPC."""
-        return []
+        """Routing needs the request id and, when the agent loop passes one, its group id; verl then sends
+        no prompt over the RPC (only fields named here that the call carries)."""
+        return ["request_group_id"]
 
     def require_release_fields(self) -> list[str]:
         return []

@@ -7,6 +7,10 @@ least-loaded replica. ``margin=None`` keeps every pin (verl's sticky default),
 number, as verl takes it: ``2.5`` keeps a pin at skew 2 and moves it at 3). Under
 ``full_determinism`` the margin is ignored and a new session's replica depends
 only on its key and the replica set, never on load or arrival order.
+
+A request with a group key (GRPO siblings) that starts a session, or has no
+session key, is placed beside its group's members while their replica is
+within the same margin (``groups``).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import math
 from collections.abc import Mapping
 
 from .base import Decision, LiveConfig, Outcome, Request
+from .groups import GroupTable
 from .hashing import least_loaded, lowest, rendezvous
 from .sessions import SessionPolicy
 from .unkeyed import require
@@ -28,11 +33,13 @@ class AffinityPolicy(SessionPolicy):
         full_determinism: bool = False,
         max_sessions: int = 100_000,
         idle_ttl: float | None = 3600.0,
+        max_groups: int = 10_000,
     ):
         super().__init__(max_sessions, idle_ttl)
         self.margin: float | None = None
         self.full_determinism = False
-        self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl))
+        self.groups = GroupTable(self.counters, max_groups)
+        self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl, max_groups=max_groups))
 
     def configure(self, config: LiveConfig) -> None:
         """Change the rule and the table's bounds live; pins and counters are kept."""
@@ -41,16 +48,19 @@ class AffinityPolicy(SessionPolicy):
                                    or not 0 <= margin < math.inf):
             raise ValueError(f"affinity_break_margin must be a number >= 0 or None, got {margin!r}")
         super().configure(config)
+        self.groups.resize(config.max_groups)
         self.margin, self.full_determinism = margin, config.full_determinism
 
     def route(self, request: Request) -> Decision:
         key = request.key
         if key is None:
-            return self._unkeyed.decide(request.loads, self.counters)
+            decision = self._unkeyed.decide(request.loads, self.counters)
+            return decision if request.group is None else Decision(self._beside(request, decision.replica),
+                                                                   Outcome.UNKEYED)
         loads = require(request.loads)
         pinned = self.table.get(key, request.now)
         if pinned is None:
-            decision = Decision(self._place(key, loads), Outcome.NEW)
+            decision = Decision(self._beside(request, self._place(key, loads)), Outcome.NEW)
         elif pinned not in loads:
             decision = Decision(self._place(key, loads), Outcome.REPINNED, previous=pinned)
         elif self._keeps(request, loads, pinned):
@@ -65,6 +75,17 @@ class AffinityPolicy(SessionPolicy):
         if self.margin is None or self.full_determinism:
             return True
         return loads[pinned] - lowest(loads) <= self.margin
+
+    def release_all(self) -> int:
+        """Drop every pin and every group (a phase switch: the next step's prompts are new)."""
+        self.groups.clear()
+        return super().release_all()
+
+    def _beside(self, request: Request, chosen: str) -> str:
+        """Where a request starting a session goes: ``chosen``, or beside its group (``groups``)."""
+        if request.group is None:
+            return chosen
+        return self.groups.place(request.group, request.loads, chosen, self.margin, self.full_determinism)
 
     def _place(self, key: str, loads: Mapping[str, float]) -> str:
         if self.full_determinism:

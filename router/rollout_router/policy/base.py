@@ -38,13 +38,15 @@ class Request:
     ``loads`` maps every routable replica to its load *before* this request is
     added (in-flight requests for the router; the simulator may pass another
     measure). ``prefix`` is optional request content (token ids or text) for
-    cache-aware policies; affinity policies ignore it.
+    cache-aware policies; affinity policies ignore it. ``group`` places a new
+    session beside its siblings (``groups``); only the affinity policies read it.
     """
 
     key: str | None
     loads: Mapping[str, float]
     now: float = 0.0
     prefix: Sequence[int] | str | None = None
+    group: str | None = None  # the GRPO group (the prompt) a new session belongs to: policy/groups.py
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class Counters:
     evicted_lru: int = 0
     expired_idle: int = 0
     released: int = 0
+    group_colocated: int = 0  # new sessions placed on their group's replica (policy/groups.py)
+    group_spilled: int = 0  # new sessions of a group placed elsewhere: its replica beyond the margin or gone
 
     def count(self, outcome: Outcome) -> None:
         field = _OUTCOME_FIELD[outcome]
@@ -116,6 +120,7 @@ class LiveConfig:
     max_sessions: int = 100_000
     idle_ttl: float | None = 3600.0
     options: PolicyOptions | None = None
+    max_groups: int = 10_000
 
     def options_for(self, model: type[OptionsT]) -> OptionsT:
         """``options`` as ``model`` (its defaults when None); options of another policy are an error."""

@@ -48,8 +48,8 @@ class AllRefused(Exception):
 
 
 async def forward(context: RouterContext, key: str | None, send: Callable[[Lease, Turn], Awaitable[bool]],
-                  grpc: bool = False, prefix: Sequence[int] | str | None = None) -> None:
-    """``send`` on a routed replica, retried on others while replicas refuse.
+                  grpc: bool = False, prefix: Sequence[int] | str | None = None, group: str | None = None) -> None:
+    """``send`` on a routed replica, retried on others while replicas refuse (``group``: its GRPO group key).
 
     While dispatch is paused (``/v1/rl/pause``) it waits its turn, or raises ``Paused``.
     Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
@@ -61,7 +61,7 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
     settings = context.settings  # one snapshot for every attempt of this request
     attempts = settings.connect_retries + 1
     for _ in range(attempts):
-        decision, lease = context.balancer.acquire(key, prefix, grpc=grpc)
+        decision, lease = context.balancer.acquire(key, prefix, grpc=grpc, group=group)
         turn = turn_for(decision, context.balancer.why_moved(decision, grpc),
                         decision.outcome is Outcome.KEPT and context.metrics.sample_kept())
         try:

@@ -1,7 +1,9 @@
-"""Finding a request's session key: configured headers first, then JSON body fields (both protocols).
+"""Finding a request's session key and group key: configured headers first, then JSON body fields (both protocols).
 
 HTTP reads headers and, failing them, the body; gRPC reads the same header names
-as metadata. Both look the names up lower-cased, as ``KeyNames`` keeps them.
+as metadata. Both look the names up lower-cased, as ``KeyNames`` keeps them. A
+group key (GRPO siblings, ``settings.group``) is found the same way from its own
+names and bounded by the same ``session.maxKeyBytes``; errors name which key it was.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 import zlib
 from collections.abc import Mapping
 
-from ..settings import SessionSettings
+from ..settings import GroupSettings, SessionSettings
 from .errors import RouterError
 
 
@@ -25,65 +27,77 @@ def session_key(headers: Mapping[str, str], body: bytes, settings: SessionSettin
 class KeyNames:
     """The session-key header names, lower-cased, in precedence order; recomputed when the settings change.
 
-    ``of`` also returns the names as a set with ``also`` (the headers a parser must keep for the listener).
+    ``of`` also returns the names as a set with ``also`` and the group-key names (the headers a parser must
+    keep for the listener); ``groups`` then holds the group-key names, lower-cased, in precedence order.
     """
 
-    __slots__ = ("_also", "_session", "_names", "_kept")
+    __slots__ = ("_also", "_session", "_group", "_names", "_kept", "groups")
 
     def __init__(self, *also: bytes) -> None:
         self._also = also
         self._session: SessionSettings | None = None
+        self._group: GroupSettings | None = None
         self._names: tuple[bytes, ...] = ()
         self._kept: frozenset[bytes] = frozenset()
+        self.groups: tuple[bytes, ...] = ()
 
-    def of(self, session: SessionSettings) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
-        if self._session is not session:
+    def of(self, session: SessionSettings, group: GroupSettings | None = None) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
+        if self._session is not session or self._group is not group:
             names = tuple(name.lower().encode() for name in session.headers)
-            self._session, self._names, self._kept = session, names, frozenset((*names, *self._also))
+            self.groups = tuple(name.lower().encode() for name in group.headers) if group is not None else ()
+            self._session, self._group, self._names = session, group, names
+            self._kept = frozenset((*names, *self.groups, *self._also))
         return self._names, self._kept
 
 
-def header_key(header: str, value: bytes, session: SessionSettings) -> str:
-    """A session key from a header: UTF-8, within ``session.maxKeyBytes`` (400 otherwise, never a 500)."""
+def header_key(header: str, value: bytes, session: SessionSettings, kind: str = "session") -> str:
+    """A ``kind`` key from a header: UTF-8, within ``session.maxKeyBytes`` (400 otherwise, never a 500)."""
     if len(value) > session.max_key_bytes:  # checked on the bytes first: a huge header is never decoded
-        return checked_key(value.decode("latin-1"), header, session)
+        return checked_key(value.decode("latin-1"), header, session, kind)
     try:
         return value.decode("utf-8")
     except UnicodeDecodeError:
-        raise RouterError(400, f"session key header {header} is not valid UTF-8", header,
-                          "session_key_invalid") from None
+        raise RouterError(400, f"{kind} key header {header} is not valid UTF-8", header,
+                          f"{kind}_key_invalid") from None
 
 
-def checked_key(key: str, source: str, settings: SessionSettings) -> str:
-    """``key`` if it fits ``session.maxKeyBytes``: every pin keeps its key, so an unbounded one is memory."""
+def checked_key(key: str, source: str, settings: SessionSettings, kind: str = "session") -> str:
+    """``key`` if it fits ``session.maxKeyBytes``: every pin (and group) keeps its key, so an unbounded one is memory."""
     size = len(key.encode("utf-8", "surrogateescape"))
     if size > settings.max_key_bytes:
-        raise RouterError(400, f"session key in {source} is {size} bytes, longer than "
-                               f"session.maxKeyBytes={settings.max_key_bytes}", source, "session_key_too_long")
+        raise RouterError(400, f"{kind} key in {source} is {size} bytes, longer than "
+                               f"session.maxKeyBytes={settings.max_key_bytes}", source, f"{kind}_key_too_long")
     return key
 
 
-def body_key(body: bytes, content_type: str | None, settings: SessionSettings) -> str | None:
-    """The key from the configured JSON body fields, or None.
+def group_key(body: bytes, content_type: str | None, settings: SessionSettings, group: GroupSettings) -> str | None:
+    """The group key from ``group``'s JSON body fields, or None (its headers are read by the listener)."""
+    return body_key(body, content_type, settings, group.body_fields, "group")
+
+
+def body_key(body: bytes, content_type: str | None, settings: SessionSettings,
+             fields: list[str] | None = None, kind: str = "session") -> str | None:
+    """The key from the configured JSON body fields (``fields``: the session's unless given), or None.
 
     Body fields are read only from JSON bodies (a multipart upload has none; no
     Content-Type counts as JSON); bad JSON is an error only when we must read it.
     """
-    if not settings.body_fields or not body:
+    fields = settings.body_fields if fields is None else fields
+    if not fields or not body:
         return None
     if content_type is not None and not content_type.split(";")[0].strip().lower().endswith("json"):
         return None
     try:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RouterError(400, f"request body is not valid JSON ({error}); the session key is read from "
-                               f"body fields {settings.body_fields}") from None
+        raise RouterError(400, f"request body is not valid JSON ({error}); the {kind} key is read from "
+                               f"body fields {fields}") from None
     if not isinstance(document, dict):
         raise RouterError(400, "request body must be a JSON object")
-    for field in settings.body_fields:
+    for field in fields:
         value = field_value(document, field)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
-            return checked_key(str(value), field, settings)
+            return checked_key(str(value), field, settings, kind)
     return None
 
 

@@ -32,9 +32,19 @@ class Arm:
     policy: str  # a registry name
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     load: str = "requests"  # or "tokens": in-flight context tokens per replica
+    group: bool = False  # send each trajectory's prompt group as the request's group key (GRPO siblings)
 
     def build(self):
         return registry.create(self.policy, **self.options)
+
+    def described(self) -> dict[str, Any]:
+        """The arm without its label, as a result-cache key; ``group`` only when set, so the results cached
+        before the field existed keep their keys."""
+        out = dataclasses.asdict(self)
+        out.pop("label")
+        if not self.group:
+            out.pop("group")
+        return out
 
 
 @dataclasses.dataclass
@@ -127,7 +137,8 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
         # a turn arrives at the router
         tr = obj
         loads = dict(zip(names, tokload if by_tokens else inflight))
-        decision = route(Request(tr.key, loads, t, BlockChainPrefix(tr.gid, tr.tid, tr.P, tr.ctx // block_size, tr.S)))
+        decision = route(Request(tr.key, loads, t, BlockChainPrefix(tr.gid, tr.tid, tr.P, tr.ctx // block_size, tr.S),
+                                 f"g{tr.gid}" if arm.group else None))
         i = index[decision.replica]
         if tr.last is not None and tr.last != i:
             moved += 1

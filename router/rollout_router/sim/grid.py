@@ -199,8 +199,7 @@ def describe(task: Task) -> dict[str, Any]:
     point, label, step, seed, cost = task
     preset = dataclasses.asdict(point.preset())
     preset.pop("name")
-    arm = dataclasses.asdict(grid_arms(preset["router_lru"])[label])
-    arm.pop("label")
+    arm = grid_arms(preset["router_lru"])[label].described()
     return {"preset": preset, "arm": arm, "routers": point.routers, "exchange_s": repr(point.exchange_s),
             "step": step, "seed": seed, "cost": dataclasses.asdict(cost)}
 

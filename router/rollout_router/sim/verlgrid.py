@@ -49,8 +49,26 @@ def verl_arms(entries: int) -> dict[str, Arm]:
     return {a.label: a for a in arms}
 
 
+def group_arms(entries: int) -> dict[str, Arm]:
+    """For grid ``group``: ours sticky and at margins 0, 2 and 4 with the GRPO group key (the prompt's index), and
+    the margins 0 and 4 without it (sticky and margin 2 without it are ``ours_sticky``, ``ours_margin2``)."""
+    ours = {"max_sessions": entries, "idle_ttl": None}
+    margins = {"sticky": None, "margin0": 0, "margin2": 2, "margin4": 4}
+    arms = [Arm(f"ours_margin{m}", "affinity", {"margin": m, **ours}) for m in (0, 4)]
+    arms += [Arm(f"ours_{name}_group", "affinity", {"margin": m, **ours}, group=True) for name, m in margins.items()]
+    return {a.label: a for a in arms}
+
+
+def every_arm(entries: int) -> dict[str, Arm]:
+    """Every arm a verl grid may name."""
+    return {**verl_arms(entries), **group_arms(entries)}
+
+
 ALL = tuple(verl_arms(1))
+GROUP_ARMS = tuple(group_arms(1))
+ORDER = tuple(every_arm(1))  # a block's arms run in this order
 FEW = (BASELINE, "verl_margin0", "verl_margin2", "ours_margin2", "least_loaded")
+GROUP = (BASELINE, "ours_sticky", "ours_margin2", "least_loaded", *GROUP_ARMS)
 FEW_MARGINS = (BASELINE, "verl_margin0", "verl_margin2", "verl_margin4", "least_loaded")
 
 
@@ -110,6 +128,15 @@ VERL_GRIDS: dict[str, dict[str, Any]] = {
         VBlock("single-turn-32b", ("dapo-32b",), ("32b-tp4-0.8",), (4096,), arms=FEW),
         VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (1024,), (0.75,), arms=FEW),
     )},
+    # GRPO siblings placed together (docs/simulator.md, "GRPO siblings placed together"): ours with and without
+    # the group key, sticky and at margins, on the single-turn and tool_agent recipes (ReTool-32B left out: its
+    # KV-thrashing steps take minutes each to simulate here)
+    "group": {"seeds": 5, "blocks": (
+        VBlock("group-single-turn", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (1024, 4096), arms=GROUP),
+        VBlock("group-single-turn-32b", ("dapo-32b",), ("32b-tp4-0.8",), (4096,), arms=GROUP),
+        VBlock("group-tool", (TOOL,), ("7b-tp4-0.8",), (256, 1024), (0.75,), arms=GROUP),
+        VBlock("group-r16", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (4096,), replicas=16, arms=GROUP),
+    )},
     "quick": {"seeds": 3, "blocks": (
         VBlock("pr", (TOOL,), ("7b-tp4-0.8",), (256,), (0.75,), replicas=2, arms=FEW),
     )},
@@ -121,7 +148,7 @@ def plan(blocks: Iterable[VBlock]) -> dict[VPoint, tuple[str, ...]]:
     for b in blocks:
         for p in b.points():
             out.setdefault(p, {BASELINE}).update(b.arms)
-    return {p: tuple(a for a in ALL if a in arms) for p, arms in out.items()}
+    return {p: tuple(a for a in ORDER if a in arms) for p, arms in out.items()}
 
 
 Task = tuple[VPoint, str, int, int]  # point, arm, step, seed
@@ -131,7 +158,7 @@ def run_task(task: Task) -> dict[str, Any]:
     """One arm on one step of one point."""
     point, label, step, seed = task
     vp = point.verl_preset()
-    arm = verl_arms(vp.sticky_entries)[label]
+    arm = every_arm(vp.sticky_entries)[label]
     trajs = generate_verl(vp, seed, step)
     ctx = sum(t.contexts()[-1] + t.outs[-1] for t in trajs) / len(trajs)
     turns = sum(len(t.outs) for t in trajs) / len(trajs)
@@ -146,8 +173,7 @@ def describe(task: Task) -> dict[str, Any]:
     point, label, step, seed = task
     vp = dataclasses.asdict(point.verl_preset())
     vp.pop("name")
-    arm = dataclasses.asdict(verl_arms(vp["sticky_entries"])[label])
-    arm.pop("label")
+    arm = every_arm(vp["sticky_entries"])[label].described()
     return {"verl_preset": vp, "arm": arm, "step": step, "seed": seed}
 
 

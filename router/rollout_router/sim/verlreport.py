@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import groupreport
 from .gridreport import _ch, _coverage_note, fill
 from .workload import PRESETS
 
@@ -61,6 +62,8 @@ def compare_table(grid: dict[str, Any]) -> str:
 
 
 def sections(grid: dict[str, Any]) -> dict[str, str]:
+    if grid["verl_grid"] == "group":  # GRPO siblings: its own table and section (sim.groupreport)
+        return groupreport.sections(grid)
     return {"verl-points": points_table(grid), "verl-compare": compare_table(grid)}
 
 

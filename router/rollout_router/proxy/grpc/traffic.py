@@ -135,7 +135,7 @@ class GrpcProxy(Listener):
 
     async def _route(self, call: Call) -> None:
         try:
-            key = self._session_key(call.metadata)
+            key, group = self._session_key(call.metadata), self._group_key(call.metadata)
         except RouterError as error:
             return call.refuse(h2.INVALID_ARGUMENT, error.message, error.reason)
         fleet = self.context.fleet
@@ -149,7 +149,7 @@ class GrpcProxy(Listener):
             return await self._attempt(call, lease, turn)
 
         try:
-            await forward(self.context, key, send, grpc=True)
+            await forward(self.context, key, send, grpc=True, group=group)
         except NoReplicaError:
             self.refused("no_replica")
             call.answer(h2.UNAVAILABLE, self.context.replicas.unavailable(grpc=True))
@@ -195,6 +195,16 @@ class GrpcProxy(Listener):
             for name, value in metadata:
                 if name == lower and value:
                     return header_key(header, value, session)
+        return None
+
+    def _group_key(self, metadata: list[h2.Header]) -> str | None:
+        """The GRPO group key from the metadata named in ``settings.group.headers`` (gRPC has no JSON body)."""
+        settings = self.context.settings
+        self._key_names.of(settings.session, settings.group)
+        for header, lower in zip(settings.group.headers, self._key_names.groups):
+            for name, value in metadata:
+                if name == lower and value:
+                    return header_key(header, value, settings.session, "group")
         return None
 
     # the sweep

@@ -12,7 +12,7 @@ from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import Limits, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
-from ..session_key import KeyNames, body_key, decoded_body, header_key
+from ..session_key import KeyNames, body_key, decoded_body, group_key, header_key
 from . import wire
 from .listener import HttpListener
 from .owner import to_owner
@@ -44,8 +44,10 @@ class HttpProxy(HttpListener):
         self.pools.close_idle(float("inf"))
 
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
-        """The session-key headers, lower-cased, in precedence order; recomputed when settings change."""
-        return self._key_names.of(self.context.settings.session)
+        """The session-key headers, lower-cased, in precedence order (the kept set has the group-key headers too);
+        recomputed when settings change."""
+        settings = self.context.settings
+        return self._key_names.of(settings.session, settings.group)
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         """Answer one request; never raises (whatever goes wrong, the client gets JSON naming it)."""
@@ -70,7 +72,7 @@ class HttpProxy(HttpListener):
 
     async def _forward(self, client: ClientConnection, request: HttpRequest) -> None:
         try:
-            key = None if unkeyed(request.path) else self._session_key(request)
+            key, group = (None, None) if unkeyed(request.path) else (self._session_key(request), self._group_key(request))
         except RouterError as error:
             return self._refuse(client, request, error)
         headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
@@ -90,7 +92,7 @@ class HttpProxy(HttpListener):
             return accepted
 
         try:
-            await forward(self.context, key, send)
+            await forward(self.context, key, send, group=group)
         except NoReplicaError:
             self._refuse(client, request, RouterError(503, self.context.replicas.unavailable()),
                          "no_replica")
@@ -110,10 +112,26 @@ class HttpProxy(HttpListener):
                     return header_key(name, value, session)
         if not session.body_fields:
             return None
+        return body_key(*self._json_body(request), session)
+
+    def _group_key(self, request: HttpRequest) -> str | None:
+        """The GRPO group key (``settings.group``): its headers, then its body fields; None without one."""
+        settings = self.context.settings
+        if request.keys:
+            self.key_names()  # brings ``groups`` up to date with the settings
+            for name, lower in zip(settings.group.headers, self._key_names.groups):
+                value = request.keys.get(lower)
+                if value:
+                    return header_key(name, value, settings.session, "group")
+        if not settings.group.body_fields:
+            return None
+        return group_key(*self._json_body(request), settings.session, settings.group)
+
+    def _json_body(self, request: HttpRequest) -> tuple[bytes, str | None]:
+        """The body as JSON text and its Content-Type, for reading keys from body fields."""
         content_type = request.content_type.decode("latin-1") if request.content_type is not None else None
         assert isinstance(request.body, bytes)
-        body = decoded_body(request.body, request.content_encoding, self.context.settings.max_body_bytes)
-        return body_key(body, content_type, session)
+        return decoded_body(request.body, request.content_encoding, self.context.settings.max_body_bytes), content_type
 
     def _probe(self, client: ClientConnection, request: HttpRequest, path: str) -> None:
         """Answer the probes here; any other path is a 404 that names where admin routes live."""
