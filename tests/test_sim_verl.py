@@ -41,7 +41,7 @@ def test_single_turn_agent_every_margin_makes_the_same_decisions_and_step_time(n
     p = _small(name, turn_out_median=2048.0)
     assert p.agent_loop == SINGLE_TURN
     trajs = lambda: generate_verl(p, seed=3, step=0)  # noqa: E731
-    arms = [a for label, a in verl_arms(p.sticky_entries).items() if label != "least_loaded"]
+    arms = [a for a in verl_arms(p.sticky_entries).values() if a.policy in ("verl", "affinity", "cost_affinity")]
     runs = []
     for arm in arms:
         rec = _Recording(build(arm))
@@ -143,6 +143,23 @@ def test_verl_grid_plans_every_arm_with_the_baseline():
     points = plan(VERL_GRIDS["compare"]["blocks"])
     assert all(arms[0] == "verl_sticky" for arms in points.values())
     assert any(set(arms) == set(ALL) for arms in points.values())
+
+
+def test_verl_study_grid_runs_every_margin_and_peer_at_every_point_with_the_batch_and_replicas_axes():
+    from rollout_router.sim.verlgrid import STUDY, VPoint
+
+    points = plan(VERL_GRIDS["study"]["blocks"])
+    assert all(set(arms) == set(STUDY) for arms in points.values())
+    assert {"verl_margin3", "verl_margin6", "verl_margin8", "cache_aware", "consistent_hash", "power_of_two",
+            "dual_threshold", "least_loaded", "cost_affinity"} <= set(STUDY)
+    assert {p.replicas for p in points} == {4, 16} and {p.batch for p in points} == {None, 1536}
+    big = VPoint("one-step-off-dapo-7b-tool", "7b-tp4-0.8", 1024, 0.9, batch=1536).verl_preset()
+    assert (big.prompts, big.sticky_entries) == (384, 2500)  # 6,144 trajectories: the fleet-wide map overflows
+    assert VPoint("one-step-off-dapo-7b-tool", "7b-tp4-0.8", 1024, 0.9).verl_preset().prompts == 128
+    arms = verl_arms(2500)
+    assert arms["consistent_hash"].options["idle_ttl"] is None and arms["cache_aware"].options["idle_ttl"] is None
+    # the compare grid's arms are the ones it was committed and run with
+    assert set().union(*plan(VERL_GRIDS["compare"]["blocks"]).values()) == set(ALL)
 
 
 def test_verl_grid_quick_from_the_command_line_pairs_against_verl_sticky(tmp_path, capsys):
