@@ -152,7 +152,7 @@ def test_verl_study_grid_runs_every_margin_and_peer_at_every_point_with_the_batc
     assert all(set(arms) == set(STUDY) for arms in points.values())
     assert {"verl_margin3", "verl_margin6", "verl_margin8", "cache_aware", "consistent_hash", "power_of_two",
             "dual_threshold", "least_loaded", "cost_affinity"} <= set(STUDY)
-    assert {p.replicas for p in points} == {4, 16} and {p.batch for p in points} == {None, 1536}
+    assert {p.batch for p in points} == {None, 1536}
     big = VPoint("one-step-off-dapo-7b-tool", "7b-tp4-0.8", 1024, 0.9, batch=1536).verl_preset()
     assert (big.prompts, big.sticky_entries) == (384, 2500)  # 6,144 trajectories: the fleet-wide map overflows
     assert VPoint("one-step-off-dapo-7b-tool", "7b-tp4-0.8", 1024, 0.9).verl_preset().prompts == 128

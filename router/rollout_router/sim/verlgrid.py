@@ -132,19 +132,22 @@ VERL_GRIDS: dict[str, dict[str, Any]] = {
         VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (1024,), (0.75,), arms=FEW),
     )},
     # issue 19 point 4, the study (committed before it was run): every arm of STUDY at every point. The pr block
-    # as in compare; verl's defaults; 5 s tool calls on both fleets; both single-turn recipes; ReTool 32B; the
-    # PR's batch as an axis at one point (1,536 x 16 beside 512 x 16: the fleet-wide map then overflows); and the
-    # one-step-off script's own 16 replicas at one point (the 4-replica scaling check; the cheapest point where
-    # compare's margins moved the step: each 16-replica step costs about 16x a 4-replica one here)
+    # as in compare; verl's defaults; 5 s tool calls; both single-turn recipes; ReTool 32B; the PR's batch as an
+    # axis at one point (1,536 x 16 beside 512 x 16: the fleet-wide map then overflows). Cut once for the
+    # machine's load (a load average of 8 on 2 cores; 4 points had run, no result read), by cost alone: the
+    # 16-replica point, 5 s tools at 32B, the 7B 256/p=0.9 point (10 turns: the dearest of the pr block), 32B at
+    # out=256 and at 1024/p=0.5; the batch axis moved from 1024/p=0.9 to 4096/p=0.5 (a third of the cost)
     "study": {"seeds": 3, "blocks": (
-        VBlock("pr", (TOOL,), ("7b-tp4-0.8", "32b-tp4-0.8"), (256, 1024, 4096), (0.5, 0.9), arms=STUDY),
+        VBlock("pr", (TOOL,), ("7b-tp4-0.8",), (1024, 4096), (0.5, 0.9), arms=STUDY),
+        VBlock("pr-short", (TOOL,), ("7b-tp4-0.8",), (256,), (0.5,), arms=STUDY),
+        VBlock("pr-32b", (TOOL,), ("32b-tp4-0.8",), (1024, 4096), (0.9,), arms=STUDY),
+        VBlock("pr-32b-p0.5", (TOOL,), ("32b-tp4-0.8",), (4096,), (0.5,), arms=STUDY),
         VBlock("verl-defaults", (TOOL,), ("7b-tp2-0.5",), (1024,), (0.9,), arms=STUDY),
-        VBlock("latency", (TOOL,), ("7b-tp4-0.8", "32b-tp4-0.8"), (1024,), (0.9,), (5.0,), arms=STUDY),
+        VBlock("latency", (TOOL,), ("7b-tp4-0.8",), (1024,), (0.9,), (5.0,), arms=STUDY),
         VBlock("single-turn", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (4096,), arms=STUDY),
         VBlock("single-turn-32b", ("dapo-32b",), ("32b-tp4-0.8",), (4096,), arms=STUDY),
         VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (1024,), (0.75,), arms=STUDY),
-        VBlock("batch", (TOOL,), ("7b-tp4-0.8",), (1024,), (0.9,), batches=(1536,), arms=STUDY),
-        VBlock("replicas", (TOOL,), ("7b-tp4-0.8",), (4096,), (0.5,), replicas=16, arms=STUDY),
+        VBlock("batch", (TOOL,), ("7b-tp4-0.8",), (4096,), (0.5,), batches=(1536,), arms=STUDY),
     )},
     "quick": {"seeds": 3, "blocks": (
         VBlock("pr", (TOOL,), ("7b-tp4-0.8",), (256,), (0.75,), replicas=2, arms=FEW),
