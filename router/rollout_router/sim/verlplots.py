@@ -54,12 +54,14 @@ def _heatmap(plt, grid: dict[str, Any], path: str) -> str:
             if a in p["policies"]:
                 c = p["policies"][a]["change"]
                 star = "*" if c["ci_low"] > 0 or c["ci_high"] < 0 else ""
-                ax.text(x, y, f"{c['median'] * 100:+.1f}{star}", ha="center", va="center", fontsize=6)
+                dark = abs(c["median"] * 100) > 0.6 * LIMIT
+                ax.text(x, y, f"{c['median'] * 100:+.1f}{star}", ha="center", va="center", fontsize=6,
+                        color="white" if dark else "black")
     ax.set_xticks(range(len(arms)), [a.removeprefix("verl_") for a in arms], rotation=45, ha="right", fontsize=7)
     ax.set_yticks(range(len(pts)), [short_label(p) for p in pts], fontsize=7)
-    fig.colorbar(im, ax=ax, shrink=0.6, label=f"% vs verl sticky (blue: faster; ends at ±{LIMIT:g}%)")
+    fig.colorbar(im, ax=ax, shrink=0.6, label="% vs verl sticky (blue: faster)")
     fit_title(fig, f"verl grid '{grid['verl_grid']}': median paired change of step time vs verl's sticky balancer, % "
-                   f"({grid['seeds']} steps per cell; * the interval excludes 0)")
+                   f"({grid['seeds']} steps per cell; * the interval excludes 0; colours end at ±{LIMIT:g}%)")
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
