@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck lint test-vllm test-k8s test-dashboards bench-deps image image-podman study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck lint test-vllm test-k8s test-dashboards bench-deps image image-podman study verl-study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -74,16 +74,24 @@ bench-deps: $(VENV)/.installed-peers
 demo: install-sim
 	$(BIN)/rollout-router demo
 
-# The fleet-simulator grid behind docs/simulator.md and the README's simulator table: runs every point
-# (out/grid-full.json), draws docs/img/grid-*.png and rewrites the docs' generated sections. JOBS local
-# worker processes, or RAY_ADDRESS=host:port for a Ray cluster. Finished steps are kept in out/grid-cache.jsonl
-# (keyed by the model's source): an interrupted run resumes, a changed model reruns. Re-render without simulating:
-# `rollout-router simulate --from-json out/grid-full.json --docs docs/simulator.md --readme README.md`.
+# The older fleet-simulator grid (the simulator's own workload, before verl's traffic; docs/simulator.md keeps it
+# as history): runs every point (out/grid-full.json), draws docs/img/grid-*.png and rewrites the docs' generated
+# sections. JOBS local worker processes, or RAY_ADDRESS=host:port for a Ray cluster. Finished steps are kept in
+# out/grid-cache.jsonl (keyed by the model's source): an interrupted run resumes, a changed model reruns.
+# Re-render without simulating: `rollout-router simulate --from-json out/grid-full.json --docs docs/simulator.md`.
 JOBS ?= 2
 study: install-sim
 	nice -n 10 $(BIN)/rollout-router simulate --grid full --jobs $(JOBS) $(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) \
 	  --cache out/grid-cache.jsonl \
-	  --json-out out/grid-full.json --markdown out/grid-full.md --plots docs/img --docs docs/simulator.md --readme README.md
+	  --json-out out/grid-full.json --markdown out/grid-full.md --plots docs/img --docs docs/simulator.md
+
+# The study on verl's traffic behind docs/simulator.md's verl section and the README's table (issue 19):
+# every policy at every point of the verl grid `study` (out/verl-study.json), docs/img/verl-*.png, the generated
+# sections. One process (the grid is sized for it); re-render without simulating:
+# `rollout-router simulate --from-json out/verl-study.json --plots docs/img --docs docs/simulator.md --readme README.md`.
+verl-study: install-sim
+	nice -n 10 $(BIN)/rollout-router simulate --verl-grid study --jobs 1 --cache out/verl-cache.jsonl \
+	  --json-out out/verl-study.json --markdown out/verl-study.md --plots docs/img --docs docs/simulator.md --readme README.md
 
 # The quick tier: the type check (mypy, both packages), the linter and the layering contract
 # (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.

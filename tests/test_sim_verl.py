@@ -41,7 +41,7 @@ def test_single_turn_agent_every_margin_makes_the_same_decisions_and_step_time(n
     p = _small(name, turn_out_median=2048.0)
     assert p.agent_loop == SINGLE_TURN
     trajs = lambda: generate_verl(p, seed=3, step=0)  # noqa: E731
-    arms = [a for label, a in verl_arms(p.sticky_entries).items() if label != "least_loaded"]
+    arms = [a for a in verl_arms(p.sticky_entries).values() if a.policy in ("verl", "affinity", "cost_affinity")]
     runs = []
     for arm in arms:
         rec = _Recording(build(arm))
@@ -145,6 +145,23 @@ def test_verl_grid_plans_every_arm_with_the_baseline():
     assert any(set(arms) == set(ALL) for arms in points.values())
 
 
+def test_verl_study_grid_runs_every_margin_and_peer_at_every_point_with_the_batch_and_replicas_axes():
+    from rollout_router.sim.verlgrid import STUDY, VPoint
+
+    points = plan(VERL_GRIDS["study"]["blocks"])
+    assert all(set(arms) == set(STUDY) for arms in points.values())
+    assert {"verl_margin3", "verl_margin6", "verl_margin8", "cache_aware", "consistent_hash", "power_of_two",
+            "dual_threshold", "least_loaded", "cost_affinity"} <= set(STUDY)
+    assert {p.batch for p in points} == {None, 1536}
+    big = VPoint("one-step-off-dapo-7b-tool", "7b-tp4-0.8", 1024, 0.9, batch=1536).verl_preset()
+    assert (big.prompts, big.sticky_entries) == (384, 2500)  # 6,144 trajectories: the fleet-wide map overflows
+    assert VPoint("one-step-off-dapo-7b-tool", "7b-tp4-0.8", 1024, 0.9).verl_preset().prompts == 128
+    arms = verl_arms(2500)
+    assert arms["consistent_hash"].options["idle_ttl"] is None and arms["cache_aware"].options["idle_ttl"] is None
+    # the compare grid's arms are the ones it was committed and run with
+    assert set().union(*plan(VERL_GRIDS["compare"]["blocks"]).values()) == set(ALL)
+
+
 def test_verl_grid_quick_from_the_command_line_pairs_against_verl_sticky(tmp_path, capsys):
     import json
 
@@ -159,3 +176,41 @@ def test_verl_grid_quick_from_the_command_line_pairs_against_verl_sticky(tmp_pat
     assert point["turns"] > 1
     assert set(point["policies"]) == set(VERL_GRIDS["quick"]["blocks"][0].arms)
     assert "### verl-compare" in md.read_text() and "8.7K: -8.6%, hit 5.3%" in md.read_text()
+
+
+def test_verl_grid_renders_plots_docs_and_readme_and_rerenders_from_its_json(tmp_path, capsys):
+    import json
+
+    from rollout_router.sim import verlreport
+    from rollout_router.sim.cli import main
+
+    out, img = tmp_path / "verl.json", tmp_path / "img"
+    assert main(["--verl-grid", "quick", "--seeds", "2", "--jobs", "1", "--no-progress", "--json-out", str(out),
+                 "--plots", str(img)]) == 0
+    assert {p.name for p in img.iterdir()} == {"verl-heatmap.png", "verl-margins.png"}
+    assert all((img / n).read_bytes().startswith(b"\x89PNG") for n in ("verl-heatmap.png", "verl-margins.png"))
+    doc, readme = tmp_path / "doc.md", tmp_path / "README.md"
+    doc.write_text("".join(f"x\n<!-- generated:{n} -->\nold\n<!-- /generated:{n} -->\n" for n in verlreport.SECTIONS))
+    readme.write_text("a\n<!-- generated:verl-summary -->\nold\n<!-- /generated:verl-summary -->\nb\n")
+    capsys.readouterr()
+    assert main(["--from-json", str(out), "--docs", str(doc), "--readme", str(readme)]) == 0
+    assert "### verl-summary" in capsys.readouterr().out
+    assert "\nold\n" not in doc.read_text() and "| verl_margin0 | verl_margin2 |" in doc.read_text()
+    row = "| tool_agent, KV pool holds the step (sticky hit >= 50%) | 1 | "
+    assert row in readme.read_text() and readme.read_text().endswith("-->\nb\n")
+    grid = json.loads(out.read_text())
+    assert verlreport.regime(grid["points"][0]) in row
+    from rollout_router.usage import UsageError
+
+    with pytest.raises(UsageError, match=r"^--readme .*generated:verl-summary"):  # a file without the section
+        main(["--from-json", str(out), "--readme", str(tmp_path / "verl.json")])
+
+
+def test_summary_groups_points_by_loop_tools_and_pool():
+    from rollout_router.sim.verlreport import regime
+
+    pol = lambda hit: {"policies": {"verl_sticky": {"hit_rate": hit}}}  # noqa: E731
+    assert regime({"preset": "dapo-32b", "latency": 0.0, **pol(0.9)}).startswith("single_turn_agent")
+    assert regime({"preset": "retool-32b", "latency": 5.0, **pol(0.9)}) == "tool_agent, 5 s tool calls"
+    assert "short" in regime({"preset": "retool-32b", "latency": 0.0, **pol(0.1)})
+    assert "holds" in regime({"preset": "one-step-off-dapo-7b-tool", "latency": 0.0, **pol(0.9)})

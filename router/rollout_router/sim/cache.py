@@ -17,8 +17,8 @@ from typing import Any
 # sim modules that only present or schedule results: editing them keeps the cache
 # (grid.py and sources.py decide what a task is: the task's own description carries their effect)
 _PRESENTATION = {"__init__.py", "__main__.py", "cache.py", "cli.py", "criterion.py", "grid.py", "gridreport.py",
-                 "parallel.py", "plots.py", "report.py", "runner.py", "sources.py", "stats.py", "verlreport.py",
-                 "groupreport.py"}
+                 "parallel.py", "plots.py", "report.py", "runner.py", "sources.py", "stats.py", "verlplots.py",
+                 "verlreport.py", "groupreport.py"}
 
 
 def model_fingerprint() -> str:

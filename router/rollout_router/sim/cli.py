@@ -85,11 +85,7 @@ def _overrides(args) -> dict:
 
 
 def run(args) -> int:
-    if args.verl_grid:
-        from .verlreport import run_and_render
-
-        return _emit(args, *run_and_render(args))
-    if args.grid or args.from_json:
+    if args.grid or args.verl_grid or args.from_json:
         return run_grid_command(args)
     names = args.preset or STUDY_PRESETS
     presets = tuple(dataclasses.replace(p, **_overrides(args)) for p in resolve_presets(names))
@@ -125,31 +121,38 @@ def run(args) -> int:
 
 
 def run_grid_command(args) -> int:
-    """``--grid NAME`` (or ``--from-json``): run or load a grid, then write JSON, plots, markdown and docs."""
-    from . import gridreport
-    from .grid import run_grid
+    """``--grid NAME``, ``--verl-grid NAME`` or ``--from-json`` (either kind): run or load a grid, then write JSON,
+    plots, markdown and docs."""
+    from . import gridreport, verlreport
 
     if args.from_json:
         grid = json.loads(usage.reading("--from-json", args.from_json))
+    elif args.verl_grid:
+        grid = verlreport.run(args)
     else:
+        from .grid import run_grid
+
         cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
         grid = run_grid(args.grid, seeds=args.seeds, seed=args.seed, cost=cost, jobs=max(1, args.jobs),
                         ray_address=args.ray_address, progress=not args.no_progress, cache=args.cache)
+    verl = verlreport.is_verl(grid)
     if args.json_out:
         _write(args.json_out, json.dumps(grid, indent=1))
     if args.plots:
         from .plots import write_grid_plots
+        from .verlplots import write_verl_plots
 
-        for path in write_grid_plots(grid, args.plots):
+        for path in (write_verl_plots if verl else write_grid_plots)(grid, args.plots):
             print(f"wrote {path}", file=sys.stderr)
-    for flag, path, sections in (("--docs", args.docs, gridreport.grid_sections(grid)),
-                                 ("--readme", args.readme, gridreport.readme_sections(grid))):
+    report = verlreport if verl else gridreport
+    for flag, path, sections in (("--docs", args.docs, report.sections(grid)),
+                                 ("--readme", args.readme, report.readme_sections(grid))):
         if path:
             try:
                 _write(path, gridreport.fill(usage.reading(flag, path), sections))
             except ValueError as error:  # the file lacks a generated section's markers
                 raise usage.UsageError(f"{flag} {path}: {error}") from None
-    return _emit(args, grid, gridreport.markdown(grid))
+    return _emit(args, grid, report.markdown(grid))
 
 
 def _emit(args, data: dict, md: str) -> int:

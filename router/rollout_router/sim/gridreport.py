@@ -270,7 +270,7 @@ def fill(text: str, sections: dict[str, str]) -> str:
     return text
 
 
-def grid_sections(grid: dict[str, Any]) -> dict[str, str]:
+def sections(grid: dict[str, Any]) -> dict[str, str]:
     return {name: fn(grid) for name, fn in SECTIONS.items()}
 
 

@@ -19,8 +19,10 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
+from rollout_router.policy import registry
+
 from .engine import Arm, run_step
-from .grid import shipped_cost_affinity
+from .grid import PEERS, grid_arms, shipped_cost_affinity
 from .stats import summarize
 from .verl import VERL_PRESETS, VerlPreset, generate_verl
 from .verlbalancer import VerlBalancer
@@ -33,19 +35,26 @@ FLEETS = {"7b-tp4-0.8": ("qwen2.5-7b", 4, 0.8), "7b-tp2-0.5": ("qwen2.5-7b", DEF
           "32b-tp4-0.8": ("qwen2.5-32b", 4, 0.8), "32b-tp4-0.9": ("qwen2.5-32b", 4, 0.9)}
 
 
+MARGINS = (0, 1, 2, 3, 4, 6, 8)  # verl's margin, the study's curve
+
+
 def verl_arms(entries: int) -> dict[str, Arm]:
     """verl's balancer (margins, both tie-breaks), ours (hash ties, per-router table without TTL here so the
-    tables match), no affinity, and ``cost_affinity`` as shipped."""
+    tables match), no affinity, ``cost_affinity`` as shipped, and the old study's peer policies with its
+    options (``grid.grid_arms``), their tables the same size and without TTL."""
     ours = {"max_sessions": entries, "idle_ttl": None}
     arms = [Arm(BASELINE, "verl", {"margin": None, "tie": "first", "max_sessions": entries})]
     arms += [Arm(f"verl_margin{m}", "verl", {"margin": m, "tie": "first", "max_sessions": entries})
-             for m in (0, 1, 2, 4)]
+             for m in MARGINS]
     arms += [Arm("verl_sticky_random", "verl", {"margin": None, "tie": "random", "max_sessions": entries}),
              Arm("verl_margin2_random", "verl", {"margin": 2, "tie": "random", "max_sessions": entries}),
              Arm("ours_sticky", "affinity", {"margin": None, **ours}),
              Arm("ours_margin2", "affinity", {"margin": 2, **ours}),
              Arm("least_loaded", "least_loaded"),
              Arm("cost_affinity", "cost_affinity", {**shipped_cost_affinity(), **ours})]
+    peers = grid_arms(entries)
+    arms += [dataclasses.replace(peers[name], options={**peers[name].options, **ours})
+             if "idle_ttl" in registry.options(peers[name].policy) else peers[name] for name in PEERS]
     return {a.label: a for a in arms}
 
 
@@ -64,12 +73,17 @@ def every_arm(entries: int) -> dict[str, Arm]:
     return {**verl_arms(entries), **group_arms(entries)}
 
 
-ALL = tuple(verl_arms(1))
+ARMS = tuple(verl_arms(1))  # every arm, in the tables' order
+# the compare grid's arms (as committed before its run: margins 3, 6, 8 and the peers came with the study grid)
+ALL = (BASELINE, "verl_margin0", "verl_margin1", "verl_margin2", "verl_margin4", "verl_sticky_random",
+       "verl_margin2_random", "ours_sticky", "ours_margin2", "least_loaded", "cost_affinity")
 GROUP_ARMS = tuple(group_arms(1))
-ORDER = tuple(every_arm(1))  # a block's arms run in this order
+ORDER = tuple(every_arm(1))  # a block's arms run in this order: the verl arms (ARMS), then the group arms
 FEW = (BASELINE, "verl_margin0", "verl_margin2", "ours_margin2", "least_loaded")
 GROUP = (BASELINE, "ours_sticky", "ours_margin2", "least_loaded", *GROUP_ARMS)
 FEW_MARGINS = (BASELINE, "verl_margin0", "verl_margin2", "verl_margin4", "least_loaded")
+# the study grid's arms at every point: sticky, every margin, no affinity, cost_affinity as shipped, the peers
+STUDY = (BASELINE, *(f"verl_margin{m}" for m in MARGINS), "least_loaded", "cost_affinity", *PEERS)
 
 
 def build(arm: Arm):
@@ -85,14 +99,19 @@ class VPoint:
     tool_p: float  # chance a turn ends in a tool call
     latency: float = 0.0  # tool seconds
     replicas: int = 4
+    batch: int | None = None  # prompts per step on the recipe's fleet (the PR's is not published); None: the recipe's
 
     @property
     def label(self) -> str:
-        return f"{self.preset} {self.fleet} out={self.out:g} p={self.tool_p:g} lat={self.latency:g} R={self.replicas}"
+        batch = "" if self.batch is None else f" B={self.batch}"
+        return (f"{self.preset} {self.fleet} out={self.out:g} p={self.tool_p:g} lat={self.latency:g} "
+                f"R={self.replicas}{batch}")
 
     def verl_preset(self) -> VerlPreset:
         model, tp, util = FLEETS[self.fleet]
         base = VERL_PRESETS[self.preset]
+        if self.batch is not None:
+            base = dataclasses.replace(base, prompts=self.batch)
         cost = QWEN7B if model == "qwen2.5-7b" else QWEN32B
         p = dataclasses.replace(base, model=model, kv_tokens=pool(cost, tp, util), turn_out_median=self.out,
                                 tool_call_p=self.tool_p, tool_latency=self.latency)
@@ -109,10 +128,12 @@ class VBlock:
     latencies: tuple[float, ...] = (0.0,)
     replicas: int = 4
     arms: tuple[str, ...] = ALL
+    batches: tuple[int | None, ...] = (None,)
 
     def points(self) -> Iterable[VPoint]:
-        for pr, fl, o, p, lat in itertools.product(self.presets, self.fleets, self.outs, self.tool_ps, self.latencies):
-            yield VPoint(pr, fl, o, p, lat, self.replicas)
+        for pr, fl, o, p, lat, b in itertools.product(self.presets, self.fleets, self.outs, self.tool_ps,
+                                                       self.latencies, self.batches):
+            yield VPoint(pr, fl, o, p, lat, self.replicas, b)
 
 
 TOOL = "one-step-off-dapo-7b-tool"
@@ -127,6 +148,24 @@ VERL_GRIDS: dict[str, dict[str, Any]] = {
         VBlock("single-turn", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (4096,), arms=FEW),
         VBlock("single-turn-32b", ("dapo-32b",), ("32b-tp4-0.8",), (4096,), arms=FEW),
         VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (1024,), (0.75,), arms=FEW),
+    )},
+    # issue 19 point 4, the study (committed before it was run): every arm of STUDY at every point. The pr block
+    # as in compare; verl's defaults; 5 s tool calls; both single-turn recipes; ReTool 32B; the PR's batch as an
+    # axis at one point (1,536 x 16 beside 512 x 16: the fleet-wide map then overflows). Cut once for the
+    # machine's load (a load average of 8 on 2 cores; 4 points had run, no result read), by cost alone: the
+    # 16-replica point, 5 s tools at 32B, the 7B 256/p=0.9 point (10 turns: the dearest of the pr block), 32B at
+    # out=256 and at 1024/p=0.5; the batch axis moved from 1024/p=0.9 to 4096/p=0.5 (a third of the cost)
+    "study": {"seeds": 3, "blocks": (
+        VBlock("pr", (TOOL,), ("7b-tp4-0.8",), (1024, 4096), (0.5, 0.9), arms=STUDY),
+        VBlock("pr-short", (TOOL,), ("7b-tp4-0.8",), (256,), (0.5,), arms=STUDY),
+        VBlock("pr-32b", (TOOL,), ("32b-tp4-0.8",), (1024, 4096), (0.9,), arms=STUDY),
+        VBlock("pr-32b-p0.5", (TOOL,), ("32b-tp4-0.8",), (4096,), (0.5,), arms=STUDY),
+        VBlock("verl-defaults", (TOOL,), ("7b-tp2-0.5",), (1024,), (0.9,), arms=STUDY),
+        VBlock("latency", (TOOL,), ("7b-tp4-0.8",), (1024,), (0.9,), (5.0,), arms=STUDY),
+        VBlock("single-turn", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (4096,), arms=STUDY),
+        VBlock("single-turn-32b", ("dapo-32b",), ("32b-tp4-0.8",), (4096,), arms=STUDY),
+        VBlock("retool", ("retool-32b",), ("32b-tp4-0.9",), (1024,), (0.75,), arms=STUDY),
+        VBlock("batch", (TOOL,), ("7b-tp4-0.8",), (4096,), (0.5,), batches=(1536,), arms=STUDY),
     )},
     # GRPO siblings placed together (docs/simulator.md, "GRPO siblings placed together"): ours with and without
     # the group key, sticky and at margins, on the single-turn and tool_agent recipes (ReTool-32B left out: its
