@@ -14,7 +14,7 @@ RESET_BURST, RESET_RATE = 1000, 33.0
 # PING, SETTINGS, PRIORITY and WINDOW_UPDATE frames received: Envoy bounds the frames it queues (1000 control
 # frames); we bound what a client may ask for, as a burst of 1000 and 100 a second.
 CONTROL_BURST, CONTROL_RATE = 1000, 100.0
-# Control frames (ACKs, resets) queued for a client that does not read: Envoy's max_outbound_control_frames.
+# ACKs queued for a client that does not read: nghttp2's max_outbound_ack and Envoy's max_outbound_control_frames.
 MAX_QUEUED_CONTROL = 1000
 # Frames with an empty payload that end nothing (DATA without END_STREAM, CONTINUATION without END_HEADERS):
 # Envoy's max_consecutive_inbound_frames_with_empty_payload (1).
