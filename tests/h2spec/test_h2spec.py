@@ -16,13 +16,12 @@ from .conftest import binary
 
 
 def failures(report: Path) -> tuple[int, list[str]]:
-    """How many cases ran, and each failed or errored case as ``id: message``."""
+    """How many cases ran, and each failed, errored or skipped case as ``id [description]: h2spec's message``."""
     cases, failed = 0, []
     for case in ET.parse(report).getroot().iter("testcase"):
         cases += 1
-        problem = case.find("failure")
-        if problem is None:
-            problem = case.find("error")
+        problem = next((found for tag in ("failure", "error", "skipped") if (found := case.find(tag)) is not None),
+                       None)  # a skipped case did not pass either
         if problem is not None:
             where = case.get("package", "") + " " + case.get("classname", "")
             failed.append(f"{where.strip()} [{case.get('name', '')}]: {(problem.text or problem.get('message') or '').strip()}")
