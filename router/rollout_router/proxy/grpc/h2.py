@@ -24,11 +24,13 @@ HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX
 
 # Error codes
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR = 0x5, 0x6
 REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
 
 DEFAULT_WINDOW = 65_535
 FRAME_SIZE = 16_384  # what every peer accepts; we advertise it too, so frames relay 1:1
 MAX_WINDOW = (1 << 31) - 1
+MAX_FRAME_SIZE_LIMIT = (1 << 24) - 1  # the largest SETTINGS_MAX_FRAME_SIZE a peer may announce
 
 # gRPC status codes by number, named as grpc.StatusCode does (metrics label requests with the name).
 STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -112,17 +114,18 @@ def status_name(code: int | None) -> str:
     return STATUS_NAMES[code] if code is not None and 0 <= code < len(STATUS_NAMES) else "UNKNOWN"
 
 
-def split_frames(buffer: bytearray) -> tuple[list[tuple[int, int, int, bytes]], int]:
-    """The complete frames at the start of ``buffer``: (type, flags, stream id, payload), and bytes consumed.
+def split_frames(buffer: bytearray, limit: int) -> tuple[list[tuple[int, int, int, bytes]], int]:
+    """The complete frames (at most ``limit``) at the start of ``buffer``: (type, flags, stream id, payload), and
+    bytes consumed.
 
     A frame longer than we advertised is returned with its type as -1 (the
     caller closes the connection: FRAME_SIZE_ERROR).
     """
-    frames = []
+    frames: list[tuple[int, int, int, bytes]] = []
     offset, size = 0, len(buffer)
     view = memoryview(buffer)
     try:
-        while size - offset >= 9:
+        while size - offset >= 9 and len(frames) < limit:
             length_kind, flags, stream_id = _HEAD.unpack_from(buffer, offset)
             stream_id &= 0x7FFFFFFF
             length = length_kind >> 8

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import h2
+from . import h2, rules
 from .conn import CONNECTION_WINDOW, MAX_HEAD, STREAM_WINDOW, H2Connection, Stream
 
 if TYPE_CHECKING:
@@ -18,9 +18,12 @@ if TYPE_CHECKING:
     from .traffic import GrpcProxy
 
 LINGER_SECONDS = 2.0  # a refused or closing connection is closed this long after it was told to go away
+NOT_GRPC = b"this is the router's gRPC listener: calls are POST /service/method with content-type application/grpc\n"
 
 
 class ClientConnection(H2Connection):
+    track_ends = True
+
     def __init__(self, proxy: GrpcProxy) -> None:
         super().__init__()
         self.proxy = proxy
@@ -30,14 +33,16 @@ class ClientConnection(H2Connection):
         self._opened_at: float | None = proxy.now  # the sweep's clock until the preface arrived
         self._block_at: float | None = None
         self._closing_at: float | None = None
+        self._idle_at: float | None = proxy.now  # the sweep's clock since the last stream closed
+        self.max_streams = min(proxy.context.settings.max_grpc_streams,
+                               proxy.context.settings.max_grpc_streams_per_connection)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         proxy = self.proxy
         self.refused = not proxy.admit()
         proxy.clients.add(self)  # a refused one too, until it is closed: it holds a descriptor
-        limit = proxy.context.settings.max_grpc_streams
-        transport.write(h2.settings_frame({h2.MAX_CONCURRENT_STREAMS: limit, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+        transport.write(h2.settings_frame({h2.MAX_CONCURRENT_STREAMS: self.max_streams, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                                            h2.MAX_HEADER_LIST_SIZE: MAX_HEAD})
                         + h2.window_update(0, CONNECTION_WINDOW - h2.DEFAULT_WINDOW))
 
@@ -62,15 +67,25 @@ class ClientConnection(H2Connection):
 
     def headers_frame(self, stream_id: int, headers: list[h2.Header], end: bool) -> None:
         stream = self.streams.get(stream_id)
-        if stream is not None:
-            if stream.owner is not None:
-                stream.owner.on_headers(stream, headers, end)
-            return
+        if stream is not None:  # a second header block: trailers
+            problem = rules.trailers_problem(headers, end)
+            return self._stream_error(stream_id, h2.PROTOCOL_ERROR) if problem else super().headers_frame(
+                stream_id, headers, end)
         if stream_id % 2 == 0 or stream_id <= self.last_peer_stream:
-            return  # a closed stream's late trailers, or not a client stream: nothing to do
+            closed = self._closed.get(stream_id)
+            if closed is None:
+                return self.fail(h2.PROTOCOL_ERROR, f"a new stream {stream_id} not above {self.last_peer_stream}")
+            return None if closed else self.fail(h2.STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
         self.last_peer_stream = stream_id
+        if len(self.streams) >= self.max_streams:
+            self.proxy.refused("connection_stream_limit")
+            return self._stream_error(stream_id, h2.REFUSED_STREAM)  # SETTINGS_MAX_CONCURRENT_STREAMS said so
+        if rules.request_problem(headers) is not None:
+            return self._stream_error(stream_id, h2.PROTOCOL_ERROR)  # a malformed request (RFC 9113 8.1.1)
         stream = Stream(stream_id, None, self)
+        stream.ended, stream.expected = end, rules.content_length(headers)
         self.streams[stream_id] = stream
+        self._idle_at = None
         if self.refused:
             limit = self.proxy.limits().max_connections
             self.answer(stream, h2.RESOURCE_EXHAUSTED, f"the router has reached its client connection limit on the "
@@ -78,7 +93,26 @@ class ClientConnection(H2Connection):
                         request_ended=end)
             self.go_away()
             return
+        method = next((value for name, value in headers if name == b":method"), b"")
+        if method != b"POST":
+            return self.not_grpc(stream, method)
         self.proxy.open_call(self, stream, headers, end)
+
+    def not_grpc(self, stream: Stream, method: bytes) -> None:
+        """Not a gRPC call (a browser, curl): HTTP 405 saying what this port takes; the stream stays half-closed
+        until the client ends its side."""
+        self.send_headers(stream, [(b":status", b"405"), (b"allow", b"POST"), (b"content-type", b"text/plain"),
+                                   (b"content-length", str(len(NOT_GRPC)).encode())], method == b"HEAD")
+        if method != b"HEAD":
+            self.send_data(stream, NOT_GRPC, True)
+        self.finish(stream)
+
+    def idle(self, stream_id: int) -> bool:
+        return stream_id > self.last_peer_stream or stream_id % 2 == 0
+
+    def calm(self, reason: str, why: str) -> None:
+        self.proxy.refused(reason)
+        super().calm(reason, why)
 
     def answer(self, stream: Stream, code: int, message: str, extra: tuple[h2.Header, ...] = (),
                request_ended: bool = True) -> None:
@@ -108,5 +142,13 @@ class ClientConnection(H2Connection):
         if timeout is not None and started is not None and now - started > timeout:
             self.proxy.refused("header_timeout")
             self.fail(h2.ENHANCE_YOUR_CALM, f"no complete request head within headerTimeoutSeconds={timeout:g}")
-        elif self._closing_at is not None and now - self._closing_at > LINGER_SECONDS:
-            self.transport.close()
+        elif self._closing_at is not None:
+            if now - self._closing_at > LINGER_SECONDS:
+                self.transport.close()
+        elif self.streams:
+            self._idle_at = None
+        elif self._idle_at is None:
+            self._idle_at = now
+        elif (idle := self.proxy.context.settings.grpc_idle_timeout_seconds) is not None and now - self._idle_at > idle:
+            self.proxy.refused("idle_timeout")
+            self.go_away()

@@ -224,16 +224,18 @@ class GrpcProxy(Listener):
                 call.sweep_silence(elapsed, idle, slack)  # (a client still sending may be what the replica awaits)
         limits = self.limits()
         for call in list(self.calls):
-            if call.single and not call.request_ended:
+            if not call.request_ended:
                 self._check_body(call, now - call.started_at, limits)
         flush_dirty()
 
     def _check_body(self, call: Call, elapsed: float, limits: Limits) -> None:
-        """A one-message request must arrive as an HTTP body must (bodyTimeoutSeconds, minBodyBytesPerSecond)."""
+        """A one-message request must arrive as an HTTP body must (bodyTimeoutSeconds, minBodyBytesPerSecond); a
+        client-streaming call (any method but vLLM's) must end its request within bodyTimeoutSeconds too, or one
+        connection's never-ending calls could hold every call slot."""
         if limits.body_timeout is not None and elapsed > limits.body_timeout:
             call.refuse(h2.DEADLINE_EXCEEDED, "request message not complete within "
                         f"bodyTimeoutSeconds={limits.body_timeout:g}", "body_timeout")
-        elif elapsed > BODY_GRACE_SECONDS and call.received / elapsed < limits.min_body_rate:
+        elif call.single and elapsed > BODY_GRACE_SECONDS and call.received / elapsed < limits.min_body_rate:
             call.refuse(h2.DEADLINE_EXCEEDED, f"request message arrives at {call.received / elapsed:.0f} bytes/s, "
                         f"slower than minBodyBytesPerSecond={limits.min_body_rate}", "body_too_slow")
 

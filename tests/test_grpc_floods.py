@@ -1,0 +1,191 @@
+"""The gRPC listener's per-connection HTTP/2 budgets (issue 21, findings 3, 5, 6, 9): floods end in GOAWAY
+(ENHANCE_YOUR_CALM), counted; one connection gets its share of the call slots; idle connections are closed;
+one connection's burst is parsed a slice per event-loop turn.
+
+A raw HTTP/2 client sends what no gRPC library would.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import hpack
+import pytest
+from grpc import aio
+
+from rollout_router.proxy.grpc import guard, h2
+from rollout_router.proxy.grpc.conn import H2Connection
+from tests.support import running_router, wait_for
+from tests.test_grpc_limits import sample
+from tests.test_grpc_proxy import GrpcReplica, backends
+
+
+@pytest.fixture
+async def replica():
+    started = await GrpcReplica("127.0.0.66").start()
+    yield started
+    started.hold.set()
+    await started.stop()
+
+
+class Raw:
+    """A bare HTTP/2 connection: frames in one write, frames read back one by one."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, port: int) -> Raw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(h2.PREFACE + h2.settings_frame({}))
+        return cls(reader, writer)
+
+    async def frames(self, timeout: float = 10.0):
+        """(type, flags, stream id, payload) until the router closes the connection."""
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    head = await self.reader.readexactly(9)
+                    payload = await self.reader.readexactly(int.from_bytes(head[:3], "big"))
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                yield head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, payload
+
+    async def goaway(self) -> int | None:
+        """The error code of the router's GOAWAY (None when it closed without one)."""
+        async for kind, _, _, payload in self.frames():
+            if kind == h2.GOAWAY:
+                return int.from_bytes(payload[4:8], "big")
+        return None
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def head(path: str = "/test.Echo/Hold", extra: list[tuple[str, str]] | None = None,
+         encoder: hpack.Encoder | None = None) -> bytes:
+    fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "router"),
+              ("content-type", "application/grpc"), ("te", "trailers"), *(extra or [])]
+    return (encoder or hpack.Encoder()).encode(fields)
+
+
+async def flooded(replica, frames: bytes, reason: str) -> None:
+    """Send ``frames`` in one write: the router answers GOAWAY ENHANCE_YOUR_CALM and counts ``reason``; another
+    client is served meanwhile and after."""
+    async with running_router(backends([replica]), grpc=True) as (_, runtime):
+        client = await Raw.connect(runtime.grpc_port)
+        client.writer.write(frames)
+        assert await client.goaway() == h2.ENHANCE_YOUR_CALM
+        client.close()
+        assert sample(runtime, "rolloutrouter_request_errors_total", reason=reason) == 1
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            answer = await channel.unary_unary("/test.Echo/Unary")(b"after", metadata=(("x-session-id", "o"),))
+            assert answer.startswith(b"after|")
+
+
+async def test_rapid_reset_is_answered_with_enhance_your_calm(replica):
+    block = head()
+    frames = b"".join(h2.frame(h2.HEADERS, h2.END_HEADERS, sid, block) + h2.rst_stream(sid, h2.CANCEL)
+                      for sid in range(1, 2 * (guard.RESET_BURST + 50), 2))
+    await flooded(replica, frames, "h2_reset_flood")
+
+
+async def test_a_ping_flood_is_answered_with_enhance_your_calm(replica):
+    ping = h2.frame(h2.PING, 0, 0, b"12345678")
+    await flooded(replica, ping * (guard.CONTROL_BURST + 50), "h2_control_flood")
+
+
+async def test_a_settings_flood_is_answered_with_enhance_your_calm(replica):
+    await flooded(replica, h2.settings_frame({}) * (guard.CONTROL_BURST + 50), "h2_control_flood")
+
+
+async def test_empty_continuation_frames_are_answered_with_enhance_your_calm(replica):
+    frames = h2.frame(h2.HEADERS, 0, 1, head()) + h2.frame(h2.CONTINUATION, 0, 1) * 5
+    await flooded(replica, frames, "h2_empty_frames")
+
+
+async def test_a_header_inserted_once_and_referenced_by_many_streams_is_budgeted_as_decoded_bytes(replica):
+    fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.Echo/Unary"), (b":authority", b"r"),
+              (b"content-type", b"application/grpc")]
+    inserted = hpack.Encoder().encode([("x-big", "b" * 4000)])  # with incremental indexing: index 62
+    frames = [h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, h2.encode(fields) + inserted)]
+    for sid in range(3, 2 * 120, 2):  # each names it 14 times: 14 bytes on the wire, ~56 KB decoded
+        frames.append(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, h2.encode(fields) + b"\xbe" * 14))
+    assert sum(len(f) for f in frames) < 40_000 and 120 * 14 * 4000 > guard.HEADER_BURST
+    await flooded(replica, b"".join(frames), "h2_header_flood")
+
+
+async def test_one_connection_gets_its_share_of_the_call_slots_and_refused_streams_beyond(replica):
+    settings = backends([replica]).model_copy(update={"max_grpc_streams_per_connection": 3})
+    async with running_router(settings, grpc=True) as (_, runtime):
+        client = await Raw.connect(runtime.grpc_port)
+        message = b"\x00\x00\x00\x00\x01h"
+        client.writer.write(b"".join(h2.frame(h2.HEADERS, h2.END_HEADERS, sid, head())
+                                     + h2.frame(h2.DATA, h2.END_STREAM, sid, message) for sid in (1, 3, 5, 7)))
+        announced, refused = None, None
+        async for kind, flags, sid, payload in client.frames():
+            if kind == h2.SETTINGS and not flags & h2.ACK:
+                values = {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
+                          for i in range(0, len(payload), 6)}
+                announced = values[h2.MAX_CONCURRENT_STREAMS]
+            if kind == h2.RST_STREAM:
+                refused = (sid, int.from_bytes(payload, "big"))
+                break
+        assert announced == 3 and refused == (7, h2.REFUSED_STREAM)
+        await wait_for(lambda: replica.active == 3)
+        assert sample(runtime, "rolloutrouter_request_errors_total", reason="connection_stream_limit") == 1
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:  # another client is served
+            answer = await channel.unary_unary("/test.Echo/Unary")(b"other", metadata=(("x-session-id", "o"),))
+            assert answer.startswith(b"other|")
+        client.close()
+
+
+async def test_a_client_streaming_call_that_never_ends_its_request_gets_the_body_timeout(replica):
+    settings = backends([replica]).model_copy(update={"body_timeout_seconds": 1.0})
+    async with running_router(settings, grpc=True) as (_, runtime):
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            never_ends = asyncio.Event()
+
+            async def requests():
+                yield b"one"
+                await never_ends.wait()
+
+            call = channel.stream_unary("/test.Echo/Gather")(requests(), metadata=(("x-session-id", "g"),))
+            with pytest.raises(aio.AioRpcError) as raised:
+                await call
+            assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "bodyTimeoutSeconds=1" in raised.value.details()
+        await wait_for(lambda: not runtime.grpc_proxy.calls)
+
+
+async def test_an_idle_grpc_connection_is_told_goaway_and_closed(replica):
+    settings = backends([replica]).model_copy(update={"grpc_idle_timeout_seconds": 0.5})
+    async with running_router(settings, grpc=True) as (_, runtime):
+        client = await Raw.connect(runtime.grpc_port)
+        assert await client.goaway() == h2.NO_ERROR
+        await wait_for(lambda: not runtime.grpc_proxy.clients)
+        assert sample(runtime, "rolloutrouter_request_errors_total", reason="idle_timeout") == 1
+
+
+class Transport:
+    """Just enough of a transport to count writes and reading pauses."""
+
+    def __init__(self) -> None:
+        self.paused, self.written = False, 0
+
+    def write(self, data: bytes) -> None:
+        self.written += data.count(h2.frame(h2.PING, h2.ACK, 0, b"12345678"))
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+async def test_one_read_is_parsed_a_slice_per_event_loop_turn_with_reading_paused_meanwhile():
+    conn, transport = H2Connection(), Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(h2.frame(h2.PING, 0, 0, b"12345678") * (guard.FRAMES_PER_TURN * 3))
+    assert transport.written == guard.FRAMES_PER_TURN and transport.paused
+    await wait_for(lambda: transport.written == guard.FRAMES_PER_TURN * 3 and not transport.paused)
