@@ -73,7 +73,7 @@ def _margins(plt, grid: dict[str, Any], path: str) -> str:
     groups: dict[str, list[dict[str, Any]]] = {}
     for p in grid["points"]:
         groups.setdefault(regime(p), []).append(p)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False, sharey=True,
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False,
                              layout="constrained")
     for ax, (name, pts) in zip(axes[0], groups.items()):
         for k, p in enumerate(pts):
@@ -89,7 +89,8 @@ def _margins(plt, grid: dict[str, Any], path: str) -> str:
         ax.set_xlabel("verl's affinity_break_margin (grey line: sticky)")
         ax.set_title(name, fontsize=8)
         ax.legend(fontsize=6)
-    axes[0, 0].set_ylabel("step time vs verl sticky, %")
+    for ax in axes[0]:
+        ax.set_ylabel("step time vs verl sticky, %")
     fit_title(fig, f"verl grid '{grid['verl_grid']}': the margin's change in step time, median and interval "
                    f"({grid['seeds']} paired steps per point; below 0: faster than sticky)")
     fig.savefig(path, dpi=90)

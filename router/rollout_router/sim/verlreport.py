@@ -3,7 +3,7 @@
 ``verl-points`` lists every point under the margins, ``verl-others`` under the other policies (least-loaded,
 ``cost_affinity``, the peers); ``verl-compare`` sets the seed's four published rows (verl PR #7435, as
 ``workload.PRESETS`` records them) beside the points of the ``pr`` blocks whose mean final context is
-nearest each row's, one per fleet. That choice only picks which rows to show: every point is in
+nearest each row's (and within half of it), one per fleet. That choice only picks which rows to show: every point is in
 ``verl-points``, and no parameter was set from the published numbers. ``verl-summary`` (the README's) groups
 the points by regime, read off each point's own description, not off its results but the baseline's hit rate.
 """
@@ -23,6 +23,7 @@ PUBLISHED = ("ctx2k", "ctx9k", "ctx20k", "ctx9k-bigkv")
 FLEET_ORDER = ("7b-tp4-0.8", "7b-tp2-0.5", "32b-tp4-0.8", "32b-tp4-0.9")
 SUMMARY = (("verl_margin0", "margin 0"), ("verl_margin2", "margin 2"), ("verl_margin4", "margin 4"),
            ("verl_margin8", "margin 8"), ("least_loaded", "least-loaded"), ("cost_affinity", "cost_affinity"))
+NEAR = 0.5  # a point stands beside a published row only within half the row's context either way
 TIGHT_HIT = 0.5  # a sticky prefix hit rate below this: the KV pool does not hold the step's trajectories
 
 
@@ -76,7 +77,7 @@ def compare_table(grid: dict[str, Any]) -> str:
         fleets = ("7b-tp4-0.8",) if name.endswith("bigkv") else FLEET_ORDER
         for fleet in fleets:
             p = _nearest(grid, ctx, fleet)
-            if p is None:
+            if p is None or abs(p["context"] - ctx) > NEAR * ctx:
                 continue
             cells = " | ".join(_ch(p["policies"].get(a)) for a in arms)
             rows.append(f"| {row.published_ctx}: {row.published_change:+.1%}, hit {row.published_hit:.1%} | "
