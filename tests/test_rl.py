@@ -139,6 +139,26 @@ async def test_update_weights_fans_out_and_answers_per_replica_with_the_new_vers
         assert document["rl"]["weightVersion"] == "step-2"
 
 
+async def test_an_sglang_fleet_is_updated_through_its_own_update_weights_from_disk(http):
+    """engine: sglang calls SGLang's one route (weights, version, cache flush) and reads get_model_info back."""
+    async with fleet_of(2) as (base, runtime, replicas):
+        prompt = words(40)
+        _, before, _ = await ask(http, base, prompt, session="s1")
+        status, body = await call(http, "POST", f"{runtime.admin_url}/v1/rl/update_weights",
+                                  {"model_path": "/ckpt/step-3", "weight_version": "step-3", "engine": "sglang"})
+        assert status == 200, body
+        assert {(w["url"], w["status"], w["weight_version"]) for w in body["workers"]} == \
+            {(url, "ok", "step-3") for url, _ in replicas}
+        _, after, headers = await ask(http, base, prompt, session="s1")
+        assert headers["X-Weight-Version"] == "step-3"
+        assert after["choices"][0]["message"]["content"] != before["choices"][0]["message"]["content"]
+        assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # flush_cache, SGLang's default
+        for document, param in (({"weight_version": "v", "engine": "sglang"}, "model_path"),
+                                ({"model_path": "/c", "engine": "trtllm"}, "engine")):
+            status, refused = await call(http, "POST", f"{runtime.admin_url}/v1/rl/update_weights", document)
+            assert status == 400 and refused["error"]["param"] == param, refused
+
+
 async def test_on_weight_update_clear_drops_the_pins_and_counts_them(http):
     async with fleet_of(2, rl={"onWeightUpdate": "clear"}) as (base, runtime, _):
         for session in ("a", "b", "c"):

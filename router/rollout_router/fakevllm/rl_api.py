@@ -12,6 +12,10 @@ the shapes it meets on real engines:
 - ``POST /update_weight_version`` ``{"new_version": V}``, ``GET /weight_info``.
 - ``POST /reset_prefix_cache``: ``{"success": bool}``, refused while a request holds blocks; a
   success counts in ``fakevllm:prefix_cache_resets_total``, and the hit counters show the cold cache.
+
+And SGLang's two (``srt/entrypoints/http_server.py``), so an SGLang fleet's update is tested too:
+``POST /update_weights_from_disk`` ``{"model_path", "weight_version", "flush_cache"}`` answering
+``{"success", "message", "num_paused_requests"}``, and ``GET /get_model_info`` with ``weight_version``.
 """
 from __future__ import annotations
 
@@ -41,6 +45,8 @@ def add_routes(app: web.Application, key: web.AppKey[Engine]) -> None:
     app.router.add_post("/update_weight_version", update_weight_version)
     app.router.add_get("/weight_info", weight_info)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    app.router.add_get("/get_model_info", get_model_info)
 
 
 async def unpaused(app: web.Application) -> None:
@@ -116,3 +122,25 @@ async def weight_info(request: web.Request) -> web.Response:
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.json_response({"success": _engine(request).reset_prefix_cache()})
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    """SGLang's: the weights, the version and (``flush_cache``, default true) the cache in one call."""
+    body = await _body(request)
+    path, version = body.get("model_path"), body.get("weight_version")
+    if not isinstance(path, str) or not path:
+        return web.json_response({"success": False, "message": "model_path is required", "num_paused_requests": 0},
+                                 status=400)
+    engine = _engine(request)
+    if body.get("flush_cache", True) and not engine.reset_prefix_cache():
+        return web.json_response({"success": False, "message": "cache flush failed: requests are running",
+                                  "num_paused_requests": 0}, status=400)
+    engine.weights = path
+    if isinstance(version, str):
+        engine.weight_version = version
+    return web.json_response({"success": True, "message": "Succeeded to update model weights.",
+                              "num_paused_requests": 0})
+
+
+async def get_model_info(request: web.Request) -> web.Response:
+    return web.json_response({"model_path": _engine(request).weights, "weight_version": _engine(request).weight_version})

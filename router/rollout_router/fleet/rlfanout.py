@@ -104,6 +104,22 @@ def update_weights(weights_path: str | None, version: str | None, reset_cache: b
     return step
 
 
+def update_weights_sglang(model_path: str, version: str | None, reset_cache: bool) -> Step:
+    """SGLang's ``POST /update_weights_from_disk`` (weights, version and cache flush in one call), then the
+    version its ``GET /get_model_info`` reports."""
+    async def step(client: PeerClient, url: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model_path": model_path, "flush_cache": reset_cache,
+                                **({"weight_version": version} if version is not None else {})}
+        answer = await client.call("POST", f"{url}/update_weights_from_disk", body)
+        if not (isinstance(answer, dict) and answer.get("success")):
+            why = answer.get("message") if isinstance(answer, dict) else answer
+            raise PeerError(f"POST {url}/update_weights_from_disk answered success=false ({why})")
+        info = await client.call("GET", f"{url}/get_model_info")
+        return {"prefix_cache_reset": reset_cache,
+                "weight_version": info.get("weight_version") if isinstance(info, dict) else None}
+    return step
+
+
 def engine_call(path: str, body: Any) -> Step:
     """Any engine route, the same body to every replica (SGLang's gateway's ``/v1/rl/engine/<path>``)."""
     async def step(client: PeerClient, url: str) -> dict[str, Any]:

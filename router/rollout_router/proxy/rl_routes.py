@@ -3,9 +3,10 @@
 - ``POST /v1/rl/pause`` ``{"mode": "wait"|"abort", "timeout": s}`` (or ``?mode=``): stop dispatching; answers
   once the requests in flight finished (``abort``: after the replicas' own ``/abort_requests``).
 - ``POST /v1/rl/resume``: dispatch again, the queued requests first.
-- ``POST /v1/rl/update_weights`` ``{"model_path", "weight_version", "reset_prefix_cache", "abort_all_requests"}``:
-  in a paused section (unless already paused), each replica reloads its weights from disk, takes the version
-  and resets its prefix cache; 200 when all succeeded, 502 naming each failure (dispatch stays paused then).
+- ``POST /v1/rl/update_weights`` ``{"model_path", "weight_version", "reset_prefix_cache", "abort_all_requests",
+  "engine"}``: in a paused section (unless already paused), each replica reloads its weights from disk, takes
+  the version and resets its prefix cache (``engine: "sglang"``: SGLang's ``update_weights_from_disk`` does all
+  three); 200 when all succeeded, 502 naming each failure (dispatch stays paused then).
 - ``POST /v1/rl/engine/{path}``: any engine route, the same JSON body to every replica (SGLang's gateway).
 - ``GET /v1/rl/workers``: each replica with its ``weight_version``.
 - ``POST /fleet/v1/rl``: a peer router's new state (``fleet/rlstate.py``); answers once drained when paused.
@@ -30,7 +31,8 @@ from .workers import worker_id
 MODES = ("wait", "abort")
 ENGINE_PATH = re.compile(r"^[A-Za-z0-9_]+$")
 UPDATE_FIELDS = {"model_path", "weights_path", "weight_version", "reset_prefix_cache", "abort_all_requests",
-                 "timeout", "load_format", "flush_cache"}
+                 "timeout", "load_format", "flush_cache", "engine"}
+ENGINES = ("vllm", "sglang")  # whose weight-update routes the fan-out calls (fleet/rlfanout.py)
 
 
 def _json(document: dict, code: int = 200) -> AdminAnswer:
@@ -141,6 +143,12 @@ def update_weights(context: RouterContext, request: AdminRequest) -> AdminAnswer
     if path is None and version is None:
         return error(400, "update_weights needs model_path (a checkpoint directory every replica can read) "
                           "and/or weight_version", "model_path")
+    kind = document.get("engine", "vllm")
+    if kind not in ENGINES:
+        return error(400, f"engine must be one of {', '.join(ENGINES)}, not {kind!r}", "engine")
+    if kind == "sglang" and path is None:
+        return error(400, "engine sglang needs model_path: SGLang updates weights and version in one call",
+                     "model_path")
     flags = {name: document.get(name, default) for name, default in
              (("reset_prefix_cache", document.get("flush_cache", True)), ("abort_all_requests", False))}
     for name, value in flags.items():
@@ -154,12 +162,14 @@ def update_weights(context: RouterContext, request: AdminRequest) -> AdminAnswer
 
     async def work() -> AdminAnswer:
         async with context.rl.lock:
-            return await _update(context, path, version, flags["reset_prefix_cache"],
-                                 "abort" if flags["abort_all_requests"] else "wait", timeout)
+            step = (rlfanout.update_weights_sglang(path, version, flags["reset_prefix_cache"]) if kind == "sglang"
+                    and path is not None else rlfanout.update_weights(path, version, flags["reset_prefix_cache"]))
+            return await _update(context, step, version, "abort" if flags["abort_all_requests"] else "wait",
+                                 timeout)
     return _later(work)
 
 
-async def _update(context: RouterContext, path: str | None, version: str | None, reset: bool, mode: str,
+async def _update(context: RouterContext, step: rlfanout.Step, version: str | None, mode: str,
                   timeout: float) -> AdminAnswer:
     rl = context.rl
     paused_here = not rl.paused
@@ -168,8 +178,7 @@ async def _update(context: RouterContext, path: str | None, version: str | None,
         if not held:
             rl.record("update", "failed", weight_version=version, why="the pause before it did not hold")
             return answer
-    fanned = await rlfanout.fan_out(context.replicas, _engines(context, timeout),
-                                    rlfanout.update_weights(path, version, reset))
+    fanned = await rlfanout.fan_out(context.replicas, _engines(context, timeout), step)
     for worker in fanned.workers:
         if worker["status"] == "ok" and isinstance(worker.get("weight_version"), str):
             rl.versions[worker["url"]] = worker["weight_version"]
