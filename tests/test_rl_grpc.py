@@ -29,3 +29,14 @@ async def test_grpc_calls_wait_while_paused_and_beyond_the_queue_get_unavailable
         assert response.startswith(b"held")
         assert dict(runtime.rl.queue) == {"queued": 1, "full": 1, "dispatched": 1}
         assert runtime.replicas.total_inflight() == 0
+
+
+async def test_grpc_answers_carry_the_replicas_weight_version(replicas):
+    """As HTTP's X-Weight-Version: the version the answering replica last reported, so stale samples can go."""
+    async with running_router(backends(replicas), grpc=True) as (_, runtime), \
+            aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+        _, before = await unary(channel, "/test.Echo/Unary", b"a", "s")
+        assert "x-weight-version" not in before  # no update yet: nothing to say
+        runtime.rl.versions[before["x-rolloutrouter-replica"]] = "step-7"  # what a fan-out records
+        _, after = await unary(channel, "/test.Echo/Unary", b"b", "s")
+        assert after["x-weight-version"] == "step-7"

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 REFUSED = "refused"  # an attempt's outcome: the replica never saw the call; safe to send elsewhere
 REPLAY_LIMIT = 4 << 20
 REPLICA = b"x-rolloutrouter-replica"
+WEIGHT_VERSION = b"x-weight-version"  # the answering replica's last reported weight_version (/v1/rl), as HTTP's
 ROUTER_ANSWER = ((b"x-rolloutrouter-answered", b"router"),)  # on the router's own answers
 # Connection-specific fields never cross a hop (RFC 9113 8.2.2); the pseudo-fields are rebuilt.
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host", b"te"})
@@ -141,6 +142,9 @@ class Call:
             self._unretain()
             if not self.forwarded:
                 out.append((REPLICA, self.name.encode()))
+                version = self.proxy.context.rl.versions.get(self.name)
+                if version is not None:  # a trainer drops samples of stale weights by it
+                    out.append((WEIGHT_VERSION, version.encode()))
         if end:
             self.first = True
             self.code = h2.grpc_status(headers)
