@@ -15,6 +15,7 @@ from grpc import aio
 
 from rollout_router.proxy.grpc import guard, h2
 from rollout_router.proxy.grpc.conn import H2Connection
+from rollout_router.proxy.grpc.upstream import UpstreamConnection, Upstreams
 from tests.support import running_router, wait_for
 from tests.test_grpc_limits import sample
 from tests.test_grpc_proxy import GrpcReplica, backends
@@ -171,7 +172,7 @@ class Transport:
     """Just enough of a transport to count writes and reading pauses."""
 
     def __init__(self) -> None:
-        self.paused, self.written = False, 0
+        self.paused, self.closed, self.written = False, False, 0
 
     def write(self, data: bytes) -> None:
         self.written += data.count(h2.frame(h2.PING, h2.ACK, 0, b"12345678"))
@@ -181,6 +182,9 @@ class Transport:
 
     def resume_reading(self) -> None:
         self.paused = False
+
+    def close(self) -> None:
+        self.closed = True
 
 
 async def test_one_read_is_parsed_a_slice_per_event_loop_turn_with_reading_paused_meanwhile():
@@ -219,3 +223,16 @@ async def test_500_never_reading_calls_hold_a_bounded_answer_each_counted_in_the
             await wait_for(lambda: runtime.grpc_proxy.buffered == 0 and not runtime.grpc_proxy.calls, timeout=30)
     finally:
         await flooding.stop()
+
+
+async def test_a_replica_connection_carrying_many_calls_meets_no_client_budget():
+    """Every call to a replica shares one connection: its heads and resets are not a client's flood."""
+    conn, transport = UpstreamConnection(Upstreams(), "127.0.0.1:1"), Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    inserted = hpack.Encoder().encode([("x-big", "b" * 4000)])
+    frames = [h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, inserted)]
+    frames += [h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, b"\xbe" * 14) for sid in range(3, 400, 2)]
+    frames += [h2.frame(h2.PING, 0, 0, b"12345678")] * (guard.CONTROL_BURST + 50)
+    conn.data_received(b"".join(frames))
+    await wait_for(lambda: not conn._yielding)  # every frame handled, a slice a turn
+    assert not conn.closed and not transport.closed

@@ -12,6 +12,7 @@ import asyncio
 
 from . import h2
 from .conn import CONNECTION_WINDOW, MAX_HEAD, UPSTREAM_WINDOW, H2Connection, Owner, Stream
+from .guard import ReplicaGuard
 
 CONNECT_SECONDS = 10.0
 _SETTINGS = h2.settings_frame({h2.ENABLE_PUSH: 0, h2.INITIAL_WINDOW_SIZE: UPSTREAM_WINDOW,
@@ -29,6 +30,7 @@ class UpstreamConnection(H2Connection):
         super().__init__()
         self.pool, self.target = pool, target
         self.next_stream = 1
+        self.guard = ReplicaGuard()
         self.going_away = False
 
     def connection_made(self, transport) -> None:
