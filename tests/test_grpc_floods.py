@@ -15,6 +15,7 @@ from grpc import aio
 
 from rollout_router.proxy.grpc import guard, h2
 from rollout_router.proxy.grpc.conn import H2Connection
+from rollout_router.proxy.grpc.upstream import UpstreamConnection, Upstreams
 from tests.support import running_router, wait_for
 from tests.test_grpc_limits import sample
 from tests.test_grpc_proxy import GrpcReplica, backends
@@ -171,7 +172,7 @@ class Transport:
     """Just enough of a transport to count writes and reading pauses."""
 
     def __init__(self) -> None:
-        self.paused, self.written = False, 0
+        self.paused, self.closed, self.written = False, False, 0
 
     def write(self, data: bytes) -> None:
         self.written += data.count(h2.frame(h2.PING, h2.ACK, 0, b"12345678"))
@@ -182,6 +183,9 @@ class Transport:
     def resume_reading(self) -> None:
         self.paused = False
 
+    def close(self) -> None:
+        self.closed = True
+
 
 async def test_one_read_is_parsed_a_slice_per_event_loop_turn_with_reading_paused_meanwhile():
     conn, transport = H2Connection(), Transport()
@@ -189,3 +193,46 @@ async def test_one_read_is_parsed_a_slice_per_event_loop_turn_with_reading_pause
     conn.data_received(h2.frame(h2.PING, 0, 0, b"12345678") * (guard.FRAMES_PER_TURN * 3))
     assert transport.written == guard.FRAMES_PER_TURN and transport.paused
     await wait_for(lambda: transport.written == guard.FRAMES_PER_TURN * 3 and not transport.paused)
+
+
+def waiting_bytes(runtime) -> int:
+    """Answer bytes the router holds for its gRPC clients, counted from the streams themselves."""
+    return sum(len(data) for client in runtime.grpc_proxy.clients for stream in client.streams.values()
+               for is_data, data, _ in stream.pending or () if is_data)
+
+
+async def test_500_never_reading_calls_hold_a_bounded_answer_each_counted_in_the_budget():
+    flooding = await GrpcReplica("127.0.0.67", chunks=8).start()  # 2 MiB answers, sent as fast as allowed
+    try:
+        async with running_router(backends([flooding]), grpc=True) as (_, runtime):
+            message = b"\x00\x00\x00\x00\x01f"
+            clients = [await Raw.connect(runtime.grpc_port) for _ in range(5)]  # 100 calls each, never read
+            for client in clients:
+                client.writer.write(b"".join(h2.frame(h2.HEADERS, h2.END_HEADERS, sid, head("/test.Echo/Flood"))
+                                             + h2.frame(h2.DATA, h2.END_STREAM, sid, message)
+                                             for sid in range(1, 200, 2)))
+            await wait_for(lambda: len(flooding.seen) == 500, timeout=30)
+            seen: list[int] = []  # the bytes waiting, once per poll, until the replica can send no more
+            await wait_for(lambda: seen.append(waiting_bytes(runtime)) or len(seen) > 3 and seen[-1] == seen[-4]
+                           and seen[-1] >= 450 * 65_535, timeout=60, interval=0.2)
+            held = seen[-1]
+            assert held <= 510 * 65_535  # a call's answer waits within the replica's 64 KiB window (was 1 MiB)
+            assert runtime.grpc_proxy.buffered >= held  # and counts in maxBufferedBytes
+            for client in clients:
+                client.close()
+            await wait_for(lambda: runtime.grpc_proxy.buffered == 0 and not runtime.grpc_proxy.calls, timeout=30)
+    finally:
+        await flooding.stop()
+
+
+async def test_a_replica_connection_carrying_many_calls_meets_no_client_budget():
+    """Every call to a replica shares one connection: its heads and resets are not a client's flood."""
+    conn, transport = UpstreamConnection(Upstreams(), "127.0.0.1:1"), Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    inserted = hpack.Encoder().encode([("x-big", "b" * 4000)])
+    frames = [h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, inserted)]
+    frames += [h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, b"\xbe" * 14) for sid in range(3, 400, 2)]
+    frames += [h2.frame(h2.PING, 0, 0, b"12345678")] * (guard.CONTROL_BURST + 50)
+    conn.data_received(b"".join(frames))
+    await wait_for(lambda: not conn._yielding)  # every frame handled, a slice a turn
+    assert not conn.closed and not transport.closed

@@ -143,6 +143,11 @@ class Listener:
         self.buffered += size
         return True
 
+    def hold(self, size: int) -> None:
+        """Count ``size`` bytes that are already held whatever the budget (a gRPC answer waiting for its client)."""
+        self.budget.held += size
+        self.buffered += size
+
     def release(self, size: int) -> None:
         self.budget.held -= size
         self.buffered -= size

@@ -29,6 +29,7 @@ from .guard import Guard, decoded_size
 log = logging.getLogger(__name__)
 
 STREAM_WINDOW = 1 << 20  # what a peer may send on one stream before we pass it on
+UPSTREAM_WINDOW = h2.DEFAULT_WINDOW  # what a replica may send on one stream before the client drains it
 CONNECTION_WINDOW = 16 << 20
 MAX_HEAD = 64 * 1024  # a header block larger than this ends the connection (as HTTP's 431 ends a request)
 CLOSED_MEMORY = 256  # closed streams remembered, to tell a peer's late frames from its errors
@@ -76,6 +77,7 @@ class H2Connection(asyncio.Protocol):
     """Frames and flow control; subclasses add the side's own part (``headers_frame``, ``goaway_frame``)."""
 
     track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
+    stream_window = STREAM_WINDOW  # the window we announce for each stream the peer sends on
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -92,6 +94,7 @@ class H2Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._blocked: dict[int, Stream] = {}  # streams with bytes waiting for a window, in order
         self._closed: dict[int, bool] = {}  # recently closed stream ids: whether we reset them
+        self.held = 0  # DATA bytes waiting on streams for the peer's windows or its reading
         self._yielding = False  # reading paused while frames already read wait for the next turn
         self.guard = Guard()
 
@@ -104,6 +107,7 @@ class H2Connection(asyncio.Protocol):
         streams, self.streams = self.streams, {}
         self._blocked.clear()
         for stream in streams.values():
+            self._drop_pending(stream)
             if stream.owner is not None:
                 stream.owner.on_lost(stream, False)
 
@@ -245,6 +249,7 @@ class H2Connection(asyncio.Protocol):
         self._blocked.pop(stream_id, None)
         if stream is not None:
             self._remember(stream_id, False)
+            self._drop_pending(stream)
             if stream.owner is not None:
                 stream.owner.on_reset(stream, int.from_bytes(payload, "big"))
 
@@ -388,6 +393,7 @@ class H2Connection(asyncio.Protocol):
             stream.pending = collections.deque()
             self._blocked[stream.id] = stream
         stream.pending.append((True, data, end))
+        self._hold(len(data))
 
     def _push(self, stream: Stream, data: bytes, end: bool) -> bytes | None:
         """Write what the windows allow; the rest (None when everything, the end included, went out)."""
@@ -417,6 +423,7 @@ class H2Connection(asyncio.Protocol):
                 is_data, data, end = pending[0]
                 if is_data:
                     rest = self._push(stream, data, end)
+                    self._hold(len(rest) - len(data) if rest is not None else -len(data))
                     if rest is not None:
                         pending[0] = (True, rest, end)
                         break
@@ -431,10 +438,25 @@ class H2Connection(asyncio.Protocol):
             if self.write_paused or self.window <= 0:
                 break
 
+    def _hold(self, size: int) -> None:
+        """``size`` more (or, negative, fewer) DATA bytes wait on this connection's streams."""
+        if size:
+            self.held += size
+            self.on_held(size)
+
+    def on_held(self, size: int) -> None:
+        """What waits changed by ``size`` (the server side counts it in the listener's budget)."""
+
+    def _drop_pending(self, stream: Stream) -> None:
+        """Forget what waited on ``stream`` (it will never be sent)."""
+        if stream.pending:
+            self._hold(-sum(len(data) for is_data, data, _ in stream.pending if is_data))
+        stream.pending = None
+
     def consume(self, stream: Stream, size: int) -> None:
         """``size`` bytes of ``stream`` were passed on: return them to the peer (in halves of the window)."""
         stream.unacked += size
-        if stream.unacked >= STREAM_WINDOW // 2 and stream.id in self.streams:
+        if stream.unacked >= self.stream_window // 2 and stream.id in self.streams:
             self.emit(h2.window_update(stream.id, stream.unacked))
             stream.unacked = 0
 
@@ -444,6 +466,7 @@ class H2Connection(asyncio.Protocol):
             self.emit(h2.rst_stream(stream.id, code))
             self._remember(stream.id, True)
         self._blocked.pop(stream.id, None)
+        self._drop_pending(stream)
         stream.owner = None
 
     def forget(self, stream: Stream) -> None:
@@ -451,6 +474,7 @@ class H2Connection(asyncio.Protocol):
         if self.streams.pop(stream.id, None) is not None:
             self._remember(stream.id, False)
         self._blocked.pop(stream.id, None)
+        self._drop_pending(stream)
         stream.owner = None
 
     def finish(self, stream: Stream, reset: bool = False) -> None:

@@ -6,6 +6,7 @@ a burst, then a steady rate, so a busy but honest client never meets them.
 """
 from __future__ import annotations
 
+import math
 import time
 
 # Streams the client resets (or makes us reset): nghttp2's stream reset rate limit (burst 1000, 33 a second),
@@ -61,6 +62,23 @@ class Guard:
     def queued_ok(self, paused: bool) -> bool:
         self.queued = self.queued + 1 if paused else 0
         return self.queued <= MAX_QUEUED_CONTROL
+
+
+class ReplicaGuard(Guard):
+    """A replica's connection carries every call to it at once (thousands of heads a second), and the replica is
+    ours: only the frame rules apply to it, not a client's budgets."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets = self.control = self.headers = Bucket(math.inf, 0.0)
+
+    def empty_ok(self, empty: bool) -> bool:
+        return True
+
+    def queued_ok(self, paused: bool) -> bool:
+        return True
 
 
 def decoded_size(headers: list[tuple[bytes, bytes]]) -> int:

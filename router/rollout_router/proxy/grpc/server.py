@@ -107,6 +107,14 @@ class ClientConnection(H2Connection):
             self.send_data(stream, NOT_GRPC, True)
         self.finish(stream)
 
+    def on_held(self, size: int) -> None:
+        """Answer bytes waiting for this client count in the listener's ``maxBufferedBytes`` budget (forced: they
+        already arrived; new requests find less room)."""
+        if size > 0:
+            self.proxy.hold(size)
+        else:
+            self.proxy.release(-size)
+
     def idle(self, stream_id: int) -> bool:
         return stream_id > self.last_peer_stream or stream_id % 2 == 0
 

@@ -11,21 +11,26 @@ from __future__ import annotations
 import asyncio
 
 from . import h2
-from .conn import CONNECTION_WINDOW, MAX_HEAD, STREAM_WINDOW, H2Connection, Owner, Stream
+from .conn import CONNECTION_WINDOW, MAX_HEAD, UPSTREAM_WINDOW, H2Connection, Owner, Stream
+from .guard import ReplicaGuard
 
 CONNECT_SECONDS = 10.0
-_SETTINGS = h2.settings_frame({h2.ENABLE_PUSH: 0, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+_SETTINGS = h2.settings_frame({h2.ENABLE_PUSH: 0, h2.INITIAL_WINDOW_SIZE: UPSTREAM_WINDOW,
                                h2.MAX_HEADER_LIST_SIZE: MAX_HEAD})
 _OPENING = h2.PREFACE + _SETTINGS + h2.window_update(0, CONNECTION_WINDOW - h2.DEFAULT_WINDOW)
 
 
 class UpstreamConnection(H2Connection):
-    """The client side of one connection to a replica."""
+    """The client side of one connection to a replica. Each stream's window is 64 KiB, granted again only as
+    the client takes the bytes: a client that stops reading holds at most that much of its call's answer."""
+
+    stream_window = UPSTREAM_WINDOW
 
     def __init__(self, pool: Upstreams, target: str) -> None:
         super().__init__()
         self.pool, self.target = pool, target
         self.next_stream = 1
+        self.guard = ReplicaGuard()
         self.going_away = False
 
     def connection_made(self, transport) -> None:
