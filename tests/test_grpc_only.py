@@ -14,7 +14,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as pb_grpc
 from rollout_router.discovery.kubernetes import pod_endpoint
 from rollout_router.fleet import loadview
 from rollout_router.health.grpc_probe import grpc_load, grpc_probe
-from rollout_router.localfleet import Service, spawn, spawn_replica
+from rollout_router.localfleet import Service, spawn, spawn_replica, stop
 from rollout_router.policy.hashing import least_loaded
 from rollout_router.replicas import API, ReplicaSet
 from rollout_router.settings import (
@@ -32,10 +32,12 @@ PROMPT = " ".join(f"w{i}" for i in range(120))
 
 @pytest.fixture
 def replicas():
-    started = [spawn_replica(index, grpc=True).bound() for index in (60, 61)]
-    yield started
-    for replica in started:
-        replica.stop()
+    processes: list = []  # each recorded as it starts, so one that fails to bind does not leave the other running
+    try:
+        yield [spawn_replica(index, grpc=True, into=processes).bound() for index in (60, 61)]
+    finally:
+        for process in processes:
+            stop(process)
 
 
 def only(replica: Service) -> str:
