@@ -94,15 +94,22 @@ class SessionTable:
             if slot > _SLOT_MASK:
                 raise OverflowError("more than 2**20 distinct replica ids")
             self._replicas.append(replica)
-        used = math.ceil(now * 1000)
-        held = 0
         old = self._pins.get(key)
-        if old is not None and old & _SLOT_MASK == slot:  # same replica: seconds since it was pinned there
-            held = max(0, used // 1000 - (_used(old) // 1000 - (old >> (_SLOT_BITS + _USED_BITS))))
-        self._pins[key] = ((held << _USED_BITS | used) << _SLOT_BITS) | slot
+        self._pins[key] = _packed(old if old is not None and old & _SLOT_MASK == slot else None,
+                                  math.ceil(now * 1000), slot)
         self._pins.move_to_end(key)
         if len(self._pins) > self.max_sessions:
             self._evict_over_size()
+
+    def keep(self, key: str, replica: str, now: float) -> None:
+        """``pin`` for a sticky hit (every kept request): the pin is there already, on ``replica``, so its slot
+        is not looked up and the table cannot grow; anything else falls back to ``pin``."""
+        old = self._pins.get(key)
+        if old is None or self._replicas[old & _SLOT_MASK] != replica:
+            self.pin(key, replica, now)
+            return
+        self._pins[key] = _packed(old, math.ceil(now * 1000), old & _SLOT_MASK)
+        self._pins.move_to_end(key)
 
     def drop(self, key: str) -> None:
         """Remove a pin that should not have been made (not counted as released)."""
@@ -144,6 +151,13 @@ class SessionTable:
         while len(self._pins) > self.max_sessions:
             self._pins.popitem(last=False)
             self._counters.evicted_lru += 1
+
+
+def _packed(old: int | None, used: int, slot: int) -> int:
+    """A pin's int: last use ``used`` (ms) on ``slot``, with the whole seconds it has been there when ``old`` is
+    its previous int on the same slot (zero for a new or moved pin)."""
+    held = 0 if old is None else max(0, used // 1000 - (_used(old) // 1000 - (old >> (_SLOT_BITS + _USED_BITS))))
+    return ((held << _USED_BITS | used) << _SLOT_BITS) | slot
 
 
 def _used(packed: int) -> int:
@@ -223,8 +237,11 @@ class SessionPolicy(Policy):
     def _commit(self, key: str, decision: Decision, now: float) -> Decision:
         """Pin ``key`` where ``decision`` sends it and count the decision (a break notes the age of the pin
         it ends)."""
-        if decision.outcome is Outcome.BROKEN:
-            decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
-        self.table.pin(key, decision.replica, now)
+        if decision.outcome is Outcome.KEPT:
+            self.table.keep(key, decision.replica, now)
+        else:
+            if decision.outcome is Outcome.BROKEN:
+                decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
+            self.table.pin(key, decision.replica, now)
         self.counters.count(decision.outcome)
         return decision

@@ -61,7 +61,8 @@ class Exchange:
         self.usage_tail: bytes | None = b"" if turn is not None and turn.measure else None
         self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
         self.conn, self.reused = conn, reused
-        self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        assert client.loop is not None
+        self.done: asyncio.Future[str | None] = client.loop.create_future()
         self.state, self.status, self.reason = WAITING, 0, b""
         self.code: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
