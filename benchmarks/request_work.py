@@ -8,6 +8,8 @@ session id cycling over 256 (so they are sticky hits after the first lap). Count
                  rollout_router's and the libraries' it calls, prometheus_client's included
   C calls        builtins and C methods called from that code
   blocks         sys.getallocatedblocks() after minus before, over the requests (retained: should be ~0)
+  CPU            process time per request over a second, unprofiled pass (router and this client together;
+                 the client's share is the same for every tree, so differences are the router's)
 
 The counts are deterministic for a given tree, so two trees compare exactly (``PYTHONPATH=OLD/router``
 runs an older checkout's package). CPU time per request is benchmarks/proxy_cost.py's job.
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import gc
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -58,7 +61,7 @@ async def send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index
     await reader.readexactly(length)
 
 
-async def run(url: str, requests: int) -> tuple[float, float, float]:
+async def run(url: str, requests: int) -> tuple[float, float, float, float]:
     settings = RouterSettings(backends=[url])
     runtime = Runtime(settings)
     port = await runtime.start("127.0.0.1", 0)
@@ -76,7 +79,11 @@ async def run(url: str, requests: int) -> tuple[float, float, float]:
         sys.setprofile(None)
         retained = sys.getallocatedblocks() - blocks
         gc.enable()
-        return counting.python / requests, counting.c / requests, retained / requests
+        started = time.process_time()
+        for index in range(requests):
+            await send(reader, writer, index)
+        cpu = (time.process_time() - started) * 1e6 / requests
+        return counting.python / requests, counting.c / requests, retained / requests, cpu
     finally:
         writer.close()
         await runtime.stop()
@@ -90,11 +97,12 @@ def main() -> int:
         parser.error(f"--requests must be positive, got {args.requests}")
     replica = start_raw_replica("127.0.0.21")
     try:
-        python, c, blocks = asyncio.run(run(replica.url, args.requests))
+        python, c, blocks, cpu = asyncio.run(run(replica.url, args.requests))
     finally:
         replica.stop()
     print(f"rollout_router from {PACKAGE}, {args.requests} sticky requests on one keep-alive connection")
-    print(f"per request: {python:.1f} Python calls, {c:.1f} C calls, {blocks:+.2f} blocks retained")
+    print(f"per request: {python:.1f} Python calls, {c:.1f} C calls, {blocks:+.2f} blocks retained, "
+          f"{cpu:.0f} µs CPU (router and client)")
     return 0
 
 

@@ -15,6 +15,7 @@ _SLOT_BITS = 20  # up to 2**20 distinct replica ids over the table's life
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
 _USED_BITS = 42  # last use in ms: 139 years of a monotonic clock
 _USED_MASK = (1 << _USED_BITS) - 1
+KEPT_REMEMBERED = 4096  # replicas whose KEPT decision is kept for reuse (SessionPolicy._keep)
 
 
 class SessionTable:
@@ -177,6 +178,16 @@ class SessionPolicy(Policy):
         super().__init__()
         self.table = SessionTable(self.counters, max_sessions, idle_ttl)
         self._unkeyed = Unkeyed()
+        self._kept: dict[str, Decision] = {}  # replica -> its KEPT decision: immutable, so one serves every hit
+
+    def _keep(self, replica: str) -> Decision:
+        """The decision of a sticky hit on ``replica``, made once per replica rather than once per request."""
+        decision = self._kept.get(replica)
+        if decision is None:
+            if len(self._kept) >= KEPT_REMEMBERED:
+                self._kept.clear()  # a churning fleet's old replica ids go
+            decision = self._kept[replica] = Decision(replica, Outcome.KEPT)
+        return decision
 
     def configure(self, config: LiveConfig) -> None:
         self.table.resize(config.max_sessions, config.idle_ttl)
@@ -229,7 +240,7 @@ class SessionPolicy(Policy):
         if previous is None:
             decision = Decision(replica, Outcome.NEW)
         elif previous == replica:
-            decision = Decision(replica, Outcome.KEPT)
+            decision = self._keep(replica)
         else:
             decision = Decision(replica, Outcome.BROKEN if previous in loads else Outcome.REPINNED, previous)
         return self._commit(key, decision, now)
