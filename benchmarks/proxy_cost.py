@@ -18,6 +18,7 @@ The load generator is benchmarks/loadgen (Go, fixed rate, built into .cache/ on 
 requests that found every connection busy (the arm was not keeping up: lower the rate).
 
     .venv/bin/python benchmarks/proxy_cost.py [--rounds 5] [--seconds 5] [--rate 2000] [--stream-rate 500]
+        [--baseline-src OLD/router]   (also ours (sticky) from an older tree, in the same rounds)
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peer_arms import PEERS, SESSION_HEADERS, ours, tool
-from proxy_overhead import start_raw_replica
+from proxy_overhead import start_ours, start_raw_replica
 
 from rollout_router.localfleet import Service
 
@@ -48,6 +49,8 @@ STREAM = ('{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","conten
           '"stream":true}')
 OURS = {"ours (sticky)": ours(), "ours (margin 2)": ours("--affinity-break-margin", "2"),
         "ours (cost_affinity)": ours("--policy", "cost_affinity", "--affinity-break-margin", "2")}
+
+BASELINE = "ours (sticky, baseline src)"  # --baseline-src: runs whatever --arms says
 
 
 def build_loadgen() -> Path:
@@ -117,15 +120,17 @@ def seen(replicas: list[Service]) -> list[set[str]]:
     return sets
 
 
-def start_arms(backends: list[Service], names: set[str] | None, arms: list[Arm]) -> list[str]:
+def start_arms(backends: list[Service], names: set[str] | None, arms: list[Arm], tree: Path | None) -> list[str]:
     """Every arm that can run here, appended to ``arms`` in table order (so the caller stops those started
     even if a later one fails), and a note for each that cannot run."""
     urls = [b.url for b in backends]
     starters: dict[str, Callable[[list[str]], Service | None]] = {"direct (one replica)": lambda _: backends[0],
                                                                   **OURS, **PEERS}
+    if tree is not None:
+        starters[BASELINE] = lambda urls: start_ours(urls, tree)
     notes = []
     for name, start in starters.items():
-        if names is not None and name not in names and name != "direct (one replica)":
+        if names is not None and name not in names and name not in ("direct (one replica)", BASELINE):
             continue
         service = start(urls)
         if service is None:
@@ -191,17 +196,21 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=2000, help="chat requests per second offered (default 2000)")
     parser.add_argument("--stream-rate", type=int, default=500, help="SSE streams per second offered (default 500)")
     parser.add_argument("--arms", help="comma-separated arm names to run (default: all); direct always runs")
+    parser.add_argument("--baseline-src", type=Path, metavar="DIR", help="also run 'ours (sticky)' from this "
+                        "source directory (the folder holding an older rollout_router package), side by side")
     parser.add_argument("--reference", default="HAProxy 2.6 (one thread)", help="the arm the ratios are against")
     args = parser.parse_args()
     for flag, value in (("--rounds", args.rounds), ("--seconds", args.seconds), ("--rate", args.rate),
                         ("--stream-rate", args.stream_rate)):
         if value <= 0:
             parser.error(f"{flag} must be positive, got {value}")
+    if args.baseline_src is not None and not (args.baseline_src / "rollout_router" / "__init__.py").is_file():
+        parser.error(f"--baseline-src {args.baseline_src}: no rollout_router package in that directory")
     build_loadgen()
     backends = [start_raw_replica(f"127.0.0.{20 + i}") for i in range(2)]
     arms: list[Arm] = []
     try:
-        notes = start_arms(backends, set(args.arms.split(",")) if args.arms else None, arms)
+        notes = start_arms(backends, set(args.arms.split(",")) if args.arms else None, arms, args.baseline_src)
         measure(arms, args)
         print(f"fixed {args.rate} req/s chat and {args.stream_rate} streams/s SSE ({EVENTS} events), "
               f"{args.seconds:g} s each, {args.rounds} rounds, 32 connections, 256 sessions per arm; "

@@ -361,3 +361,24 @@ async def test_a_client_that_reads_nothing_for_the_stall_timeout_is_cut(monkeypa
         writer.close()
         assert runtime.metrics.registry.get_sample_value("rolloutrouter_client_write_stalls_total",
                                                      {"listener": "traffic"}) == 1
+
+
+async def test_remembered_response_heads_follow_each_answer_and_stay_bounded():
+    """The client's head is built once per shape of the replica's head (relay.HEADS): an answer whose head
+    differs (a new Date every request here) gets its own head, and the memory of shapes stays bounded."""
+    from rollout_router.proxy.http import relay
+    count = relay.HEADS_KEPT + 44
+
+    def answer(index: int, connection: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nDate: d%d\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}" % index
+
+    raw = RawReplica(answer)
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, _):
+            answers = await exchange(base, post() * count, responses=count)
+        assert [headers["date"] for _, headers, _ in answers] == [f"d{i}" for i in range(count)]
+        assert all(code == 200 and body == b"{}" and headers["x-rolloutrouter-replica"] == url for code, headers, body in answers)
+        assert 0 < len(relay.HEADS) <= relay.HEADS_KEPT
+    finally:
+        await raw.stop()

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from . import descriptors
 from .replicas import grpc_only
+from .tallies import CounterChild, HistogramChild, Spread, Tally
 
 if TYPE_CHECKING:
     from .balancer import Balancer
@@ -148,11 +149,14 @@ class Metrics:
         self.balancer, self.replicas, self.settings, self.fleet, self.clock = balancer, replicas, settings, fleet, clock
         self.registry = CollectorRegistry()
         self.registry.register(_LiveCollector(self))
-        self.requests = Counter("rolloutrouter_requests", "Proxied requests by replica and status code.",
-                                ["backend", "code"], registry=self.registry)
-        self.duration = Histogram("rolloutrouter_request_duration_seconds",
-                                  "Time from dispatch to the end of the response, per replica.",
-                                  ["backend"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Counted per request: plain numbers a collector reads at scrape time (tallies.py), not locked metrics.
+        self.requests = Tally("rolloutrouter_requests", "Proxied requests by replica and status code.",
+                              ["backend", "code"])
+        self.duration = Spread("rolloutrouter_request_duration_seconds",
+                               "Time from dispatch to the end of the response, per replica.",
+                               ["backend"], LATENCY_BUCKETS)
+        self.registry.register(self.requests)
+        self.registry.register(self.duration)
         self.retries = Counter("rolloutrouter_upstream_retries", "Requests retried on another replica after a refused connection.",
                                ["backend"], registry=self.registry)
         self.errors = Counter("rolloutrouter_request_errors", "Requests answered by the router itself with an error, by reason.",
@@ -180,7 +184,7 @@ class Metrics:
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
         self.rl: RlState | None = None  # the RL step's state (app.py sets it): /status's "rl"
-        self._children: dict[tuple[str, int | str], tuple[Callable[[], None], Callable[[float], None]]] = {}
+        self._children: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
         self.margin = MarginMeter(self.registry)
         balancer.on_break = self.margin.broke  # the balancer sees each break's loads; the meter counts them
@@ -226,10 +230,10 @@ class Metrics:
         label = self.backend_label(backend)
         children = self._children.get((label, code))
         if children is None:
-            children = self._children[(label, code)] = (self.requests.labels(label, str(code)).inc,
-                                                        self.duration.labels(label).observe)
-        children[0]()
-        children[1](seconds)
+            children = self._children[(label, code)] = (self.requests.child(label, str(code)),
+                                                        self.duration.child(label))
+        children[0].value += 1
+        children[1].observe(seconds)
 
 
     def status(self) -> dict:
@@ -279,10 +283,10 @@ class MarginMeter:
     for Prometheus, and as lifetime sums for /status (and through it the resource's status)."""
 
     def __init__(self, registry: CollectorRegistry):
-        self.ttfb = Histogram("rolloutrouter_time_to_first_byte_seconds", "Time from dispatch to the first byte of "
-                              "the replica's response body (a stream's first event; gRPC: the first message), by "
-                              "routing outcome (kept, broken, new, repinned, unkeyed).",
-                              ["outcome"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.ttfb = Spread("rolloutrouter_time_to_first_byte_seconds", "Time from dispatch to the first byte of "
+                           "the replica's response body (a stream's first event; gRPC: the first message), by "
+                           "routing outcome (kept, broken, new, repinned, unkeyed).", ["outcome"], LATENCY_BUCKETS)
+        registry.register(self.ttfb)
         self.gap = Histogram("rolloutrouter_break_gap", "Load gap (pinned replica's in-flight minus the lowest) "
                              "the margin saw at each break.", buckets=GAP_BUCKETS, registry=registry)
         self.age = Histogram("rolloutrouter_break_pin_age_seconds", "How long a broken pin had been on its replica.",
@@ -300,7 +304,7 @@ class MarginMeter:
                                   "with prompt_tokens_details.cached_tokens (vLLM needs --enable-prompt-tokens-"
                                   "details; a stream needs stream_options.include_usage), by outcome.",
                                   ["outcome"], registry=registry)
-        self._ttfb = {outcome: self.ttfb.labels(outcome).observe for outcome in OUTCOMES}
+        self._ttfb = {outcome: self.ttfb.child(outcome).observe for outcome in OUTCOMES}
         self._credit = 0.0  # kept-turn sampling: every 1/rate-th kept turn, deterministic
         self.sums: dict[str, list[float]] = {outcome: [0, 0.0] for outcome in OUTCOMES}  # ttfb: [count, seconds]
         self.prefill: dict[str, list[int]] = {"moved": [0, 0], "kept": [0, 0]}  # [turns, tokens]

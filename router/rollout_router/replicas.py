@@ -281,10 +281,8 @@ class ReplicaSet:
         if self._live.get(replica.id) is not replica:
             return
         load = replica.inflight + replica.external
-        if replica.id in self._http:
-            self._http.set(replica.id, load)
-        if replica.id in self._grpc:
-            self._grpc.set(replica.id, load)
+        self._http.move(replica.id, load)
+        self._grpc.move(replica.id, load)
 
     def _index(self, replica: Replica) -> None:
         """Put a replica in (or out of) each protocol's index by its state: down, probe verdicts, addresses."""

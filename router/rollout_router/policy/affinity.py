@@ -64,7 +64,7 @@ class AffinityPolicy(SessionPolicy):
         elif pinned not in loads:
             decision = Decision(self._place(key, loads), Outcome.REPINNED, previous=pinned)
         elif self._keeps(request, loads, pinned):
-            decision = Decision(pinned, Outcome.KEPT)
+            decision = self._keep(pinned)
         else:
             decision = Decision(least_loaded(loads, key), Outcome.BROKEN, previous=pinned)
         return self._commit(key, decision, request.now)

@@ -67,15 +67,29 @@ class LoadIndex(Mapping[str, int]):
     def set(self, replica: str, load: int) -> None:
         """Add ``replica`` at ``load``, or move it there."""
         old = self._load.get(replica)
-        if old == load:
-            return
+        if old != load:
+            self._place(replica, old, load)
+
+    def move(self, replica: str, load: int) -> None:
+        """Move ``replica`` to ``load`` if it is in the index (the replica set, as a request starts or ends:
+        one call and one lookup, not a membership test and then ``set``)."""
+        old = self._load.get(replica)
+        if old is not None and old != load:
+            self._place(replica, old, load)
+
+    def _place(self, replica: str, old: int | None, load: int) -> None:
+        """Put ``replica`` (at ``old``, None when new) at ``load``: its bucket, the total, the minimum."""
         if old is not None:
             self._leave(replica, old)
         else:
             self._ordered = None
         self._total += load - (old or 0)
         self._load[replica] = load
-        bisect.insort(self._at.setdefault(load, []), replica)
+        tied = self._at.get(load)
+        if tied is None:
+            self._at[load] = [replica]
+        else:
+            bisect.insort(tied, replica)
         if len(self._load) == 1 or load < self._min:
             self._min = load
         elif old == self._min and self._min not in self._at:

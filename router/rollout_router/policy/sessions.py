@@ -15,6 +15,7 @@ _SLOT_BITS = 20  # up to 2**20 distinct replica ids over the table's life
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
 _USED_BITS = 42  # last use in ms: 139 years of a monotonic clock
 _USED_MASK = (1 << _USED_BITS) - 1
+KEPT_REMEMBERED = 4096  # replicas whose KEPT decision is kept for reuse (SessionPolicy._keep)
 
 
 class SessionTable:
@@ -94,15 +95,22 @@ class SessionTable:
             if slot > _SLOT_MASK:
                 raise OverflowError("more than 2**20 distinct replica ids")
             self._replicas.append(replica)
-        used = math.ceil(now * 1000)
-        held = 0
         old = self._pins.get(key)
-        if old is not None and old & _SLOT_MASK == slot:  # same replica: seconds since it was pinned there
-            held = max(0, used // 1000 - (_used(old) // 1000 - (old >> (_SLOT_BITS + _USED_BITS))))
-        self._pins[key] = ((held << _USED_BITS | used) << _SLOT_BITS) | slot
+        self._pins[key] = _packed(old if old is not None and old & _SLOT_MASK == slot else None,
+                                  math.ceil(now * 1000), slot)
         self._pins.move_to_end(key)
         if len(self._pins) > self.max_sessions:
             self._evict_over_size()
+
+    def keep(self, key: str, replica: str, now: float) -> None:
+        """``pin`` for a sticky hit (every kept request): the pin is there already, on ``replica``, so its slot
+        is not looked up and the table cannot grow; anything else falls back to ``pin``."""
+        old = self._pins.get(key)
+        if old is None or self._replicas[old & _SLOT_MASK] != replica:
+            self.pin(key, replica, now)
+            return
+        self._pins[key] = _packed(old, math.ceil(now * 1000), old & _SLOT_MASK)
+        self._pins.move_to_end(key)
 
     def drop(self, key: str) -> None:
         """Remove a pin that should not have been made (not counted as released)."""
@@ -146,6 +154,13 @@ class SessionTable:
             self._counters.evicted_lru += 1
 
 
+def _packed(old: int | None, used: int, slot: int) -> int:
+    """A pin's int: last use ``used`` (ms) on ``slot``, with the whole seconds it has been there when ``old`` is
+    its previous int on the same slot (zero for a new or moved pin)."""
+    held = 0 if old is None else max(0, used // 1000 - (_used(old) // 1000 - (old >> (_SLOT_BITS + _USED_BITS))))
+    return ((held << _USED_BITS | used) << _SLOT_BITS) | slot
+
+
 def _used(packed: int) -> int:
     """A pin's last use, in ms."""
     return (packed >> _SLOT_BITS) & _USED_MASK
@@ -163,6 +178,16 @@ class SessionPolicy(Policy):
         super().__init__()
         self.table = SessionTable(self.counters, max_sessions, idle_ttl)
         self._unkeyed = Unkeyed()
+        self._kept: dict[str, Decision] = {}  # replica -> its KEPT decision: immutable, so one serves every hit
+
+    def _keep(self, replica: str) -> Decision:
+        """The decision of a sticky hit on ``replica``, made once per replica rather than once per request."""
+        decision = self._kept.get(replica)
+        if decision is None:
+            if len(self._kept) >= KEPT_REMEMBERED:
+                self._kept.clear()  # a churning fleet's old replica ids go
+            decision = self._kept[replica] = Decision(replica, Outcome.KEPT)
+        return decision
 
     def configure(self, config: LiveConfig) -> None:
         self.table.resize(config.max_sessions, config.idle_ttl)
@@ -215,7 +240,7 @@ class SessionPolicy(Policy):
         if previous is None:
             decision = Decision(replica, Outcome.NEW)
         elif previous == replica:
-            decision = Decision(replica, Outcome.KEPT)
+            decision = self._keep(replica)
         else:
             decision = Decision(replica, Outcome.BROKEN if previous in loads else Outcome.REPINNED, previous)
         return self._commit(key, decision, now)
@@ -223,8 +248,11 @@ class SessionPolicy(Policy):
     def _commit(self, key: str, decision: Decision, now: float) -> Decision:
         """Pin ``key`` where ``decision`` sends it and count the decision (a break notes the age of the pin
         it ends)."""
-        if decision.outcome is Outcome.BROKEN:
-            decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
-        self.table.pin(key, decision.replica, now)
+        if decision.outcome is Outcome.KEPT:
+            self.table.keep(key, decision.replica, now)
+        else:
+            if decision.outcome is Outcome.BROKEN:
+                decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
+            self.table.pin(key, decision.replica, now)
         self.counters.count(decision.outcome)
         return decision

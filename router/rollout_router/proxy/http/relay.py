@@ -61,7 +61,8 @@ class Exchange:
         self.usage_tail: bytes | None = b"" if turn is not None and turn.measure else None
         self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
         self.conn, self.reused = conn, reused
-        self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        assert client.loop is not None
+        self.done: asyncio.Future[str | None] = client.loop.create_future()
         self.state, self.status, self.reason = WAITING, 0, b""
         self.code: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
@@ -100,43 +101,28 @@ class Exchange:
                 self.client.interim(wire.status_line(status, self.reason) + _lines(headers) + b"\r\n")
             return
         self.status = status
-        length: bytes | None = None
-        kept: list[tuple[bytes, bytes]] = []
-        for name, value in headers:
-            lower = name.lower()
-            if lower == b"content-length":
-                length = value
-            elif lower == b"content-type":
-                self.sse = value.startswith(b"text/event-stream")
-            if lower not in HOP_BY_HOP:
-                kept.append((name, value))
         request = self.request
-        no_body = request.head_only or status in (204, 304)
-        if length is not None:
-            kept.append((b"Content-Length", length))
-        elif not no_body and request.keep_alive and not request.close_after and not request.http10:
-            self.chunked = True  # chunked or read-until-close upstream: re-framed as chunks
-            kept.append((b"Transfer-Encoding", b"chunked"))
-        self.until_close = length is None and not parser.should_keep_alive()
-        if not self.forwarded:
-            kept.append((REPLICA_HEADER_BYTES, self.replica.encode()))
-            version = self.proxy.context.rl.versions.get(self.replica)
-            if version is not None:  # a trainer drops samples of stale weights by it
-                kept.append((WEIGHT_VERSION_HEADER_BYTES, version.encode()))
-        if not self.chunked and length is None and not no_body:
-            request.close_after = True  # the end of the body is the close (always so for an HTTP/1.0 client)
-        if request.close_after or not request.keep_alive:
-            kept.append((b"Connection", b"close"))
-        elif request.http10:
-            kept.append((b"Connection", b"keep-alive"))  # an HTTP/1.0 client closes unless told
-        head = wire.status_line(status, self.reason) + _lines(kept) + b"\r\n"
+        version = None if self.forwarded else self.proxy.context.rl.versions.get(self.replica)
+        upstream_keeps = parser.should_keep_alive()
+        # Everything the client's head depends on: replicas send the same head, the same Date for a second,
+        # over and over, so the head is built once per shape (HEADS) rather than once per response.
+        shape = (status, self.reason, tuple(headers), upstream_keeps, request.head_only, request.keep_alive,
+                 request.close_after, request.http10, self.forwarded, self.replica, version)
+        built = HEADS.get(shape)
+        if built is None:
+            if len(HEADS) >= HEADS_KEPT:
+                HEADS.clear()
+            built = HEADS[shape] = _client_head(status, self.reason, headers, upstream_keeps, request,
+                                                None if self.forwarded else self.replica, version)
+        head, length, self.sse, self.chunked, self.until_close, close_after = built
+        request.close_after = close_after
         if request.head_only:
             self.out.append(head)
             self.code = status
             reusable = parser.should_keep_alive()
             self.conn.reset()  # the parser still expects the body a GET would have had
             self.finish(reusable)
-        elif length is not None and int(length) <= BUFFER_LIMIT and not self.sse:
+        elif length is not None and length <= BUFFER_LIMIT and not self.sse:
             self.state, self.head = BUFFERING, head
         else:
             self.state = STREAMING
@@ -284,6 +270,48 @@ class Exchange:
 
 REPLICA_HEADER_BYTES = REPLICA_HEADER.encode()
 WEIGHT_VERSION_HEADER_BYTES = WEIGHT_VERSION_HEADER.encode()
+HEADS_KEPT = 256  # response shapes remembered (HEADS); cleared when full, so a churn of Dates cannot grow it
+HEADS: dict[tuple, tuple[bytes, int | None, bool, bool, bool, bool]] = {}
+
+
+def _client_head(status: int, reason: bytes, headers: list[tuple[bytes, bytes]], upstream_keeps: bool,
+                 request: HttpRequest, replica: str | None, version: str | None
+                 ) -> tuple[bytes, int | None, bool, bool, bool, bool]:
+    """The client's response head for a replica's head (hop-by-hop headers out, the framing and replica headers
+    in; ``replica`` None for a forward to the owner router, whose head names it already), and what relaying it
+    needs: (head, Content-Length, SSE, re-chunked, body ends at the close, the client connection closes after).
+    A pure function of its arguments, so ``on_headers_complete`` can remember its results."""
+    length: bytes | None = None
+    sse = False
+    kept: list[tuple[bytes, bytes]] = []
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"content-length":
+            length = value
+        elif lower == b"content-type":
+            sse = value.startswith(b"text/event-stream")
+        if lower not in HOP_BY_HOP:
+            kept.append((name, value))
+    no_body = request.head_only or status in (204, 304)
+    chunked, close_after = False, request.close_after
+    if length is not None:
+        kept.append((b"Content-Length", length))
+    elif not no_body and request.keep_alive and not close_after and not request.http10:
+        chunked = True  # chunked or read-until-close upstream: re-framed as chunks
+        kept.append((b"Transfer-Encoding", b"chunked"))
+    until_close = length is None and not upstream_keeps
+    if replica is not None:
+        kept.append((REPLICA_HEADER_BYTES, replica.encode()))
+        if version is not None:  # a trainer drops samples of stale weights by it
+            kept.append((WEIGHT_VERSION_HEADER_BYTES, version.encode()))
+    if not chunked and length is None and not no_body:
+        close_after = True  # the end of the body is the close (always so for an HTTP/1.0 client)
+    if close_after or not request.keep_alive:
+        kept.append((b"Connection", b"close"))
+    elif request.http10:
+        kept.append((b"Connection", b"keep-alive"))  # an HTTP/1.0 client closes unless told
+    head = wire.status_line(status, reason) + _lines(kept) + b"\r\n"
+    return head, None if length is None else int(length), sse, chunked, until_close, close_after
 
 
 def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:

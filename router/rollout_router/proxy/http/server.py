@@ -70,6 +70,7 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, listener: HttpListener) -> None:
         self.listener = listener
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # looked up once here, not per request (getpid on 3.11)
         self.exchange: Exchange | None = None  # the attempt whose response is being relayed, if any
         self.gone = False
         self.write_paused = False
@@ -88,6 +89,7 @@ class ClientConnection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
+        self.loop = asyncio.get_running_loop()
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self._head_at = self.listener.now  # a new connection owes its first head as any other
         admitted = self.listener.admit()
@@ -297,7 +299,8 @@ class ClientConnection(asyncio.Protocol):
         if self._busy or not self._queue or self.gone or self.write_paused:
             return
         self._busy = True
-        asyncio.get_running_loop().create_task(self._answer(self._queue.popleft()))
+        assert self.loop is not None  # connected: requests arrive only after connection_made
+        self.loop.create_task(self._answer(self._queue.popleft()))
 
     async def _answer(self, request: HttpRequest) -> None:
         try:
