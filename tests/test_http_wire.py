@@ -336,7 +336,7 @@ async def test_a_pipelining_client_that_never_reads_holds_one_answer_beyond_the_
             writer.write(b"GET %s HTTP/1.1\r\nHost: r\r\n\r\n" % path * count)  # not drained: the router may stop
             proxy = runtime.http_proxy
             await wait_for(lambda: any(c.write_paused and c.exchange is None and c._read_paused
-                                       for c in proxy.clients), timeout=20)
+                                       for c in proxy.clients), timeout=60)
             buffered = sum(c.transport.get_write_buffer_size() for c in proxy.clients)
             assert buffered <= WRITE_HIGH_WATER + BIG + 4096, buffered
             if path == b"/v1/models":
@@ -356,8 +356,8 @@ async def test_a_client_that_reads_nothing_for_the_stall_timeout_is_cut(monkeypa
         _, writer = await never_reading_client(base)
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n" * 60000)
         proxy = runtime.http_proxy
-        await wait_for(lambda: any(c.write_paused for c in proxy.clients), timeout=20)
-        await wait_for(lambda: not proxy.clients, timeout=20)  # the sweep cut it
+        await wait_for(lambda: any(c.write_paused for c in proxy.clients), timeout=60)
+        await wait_for(lambda: not proxy.clients, timeout=60)  # the sweep cut it
         writer.close()
         assert runtime.metrics.registry.get_sample_value("rolloutrouter_client_write_stalls_total",
                                                      {"listener": "traffic"}) == 1
