@@ -26,6 +26,7 @@ ROLES = {
     "fakevllm": "simulated replica", "observability": "/metrics, /status", "proxy": "listeners send",
     "fleet": "owners, peers' loads", "health": "ejection, probes",
     "kube": "API client, watch", "discovery": "pods -> replicas", "balancer": "route + lease", "descriptors": "fd limit, caps",
+    "addresses": "worker address policy", "tallies": "metrics read at scrape",
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
     "listening": "sockets",
 }
