@@ -70,11 +70,6 @@ def checked_key(key: str, source: str, settings: SessionSettings, kind: str = "s
     return key
 
 
-def group_key(body: bytes, content_type: str | None, settings: SessionSettings, group: GroupSettings) -> str | None:
-    """The group key from ``group``'s JSON body fields, or None (its headers are read by the listener)."""
-    return body_key(body, content_type, settings, group.body_fields, "group")
-
-
 def body_key(body: bytes, content_type: str | None, settings: SessionSettings,
              fields: list[str] | None = None, kind: str = "session") -> str | None:
     """The key from the configured JSON body fields (``fields``: the session's unless given), or None.

@@ -135,7 +135,7 @@ class GrpcProxy(Listener):
 
     async def _route(self, call: Call) -> None:
         try:
-            key, group = self._session_key(call.metadata), self._group_key(call.metadata)
+            key, group = self._keys(call.metadata)
         except RouterError as error:
             return call.refuse(h2.INVALID_ARGUMENT, error.message, error.reason)
         fleet = self.context.fleet
@@ -188,24 +188,21 @@ class GrpcProxy(Listener):
             turn.prefill = call.last.prefill()
         return call.accepted()
 
-    def _session_key(self, metadata: list[h2.Header]) -> str | None:
-        session = self.context.settings.session
-        names = self._key_names.of(session)[0]
-        for header, lower in zip(session.headers, names):
-            for name, value in metadata:
-                if name == lower and value:
-                    return header_key(header, value, session)
-        return None
-
-    def _group_key(self, metadata: list[h2.Header]) -> str | None:
-        """The GRPO group key from the metadata named in ``settings.group.headers`` (gRPC has no JSON body)."""
+    def _keys(self, metadata: list[h2.Header]) -> tuple[str | None, str | None]:
+        """The session key and the GRPO group key from the metadata their headers name (gRPC has no JSON
+        body). The names are looked up once for both (``KeyNames`` recomputes only when the settings change)."""
         settings = self.context.settings
-        self._key_names.of(settings.session, settings.group)
-        for header, lower in zip(settings.group.headers, self._key_names.groups):
-            for name, value in metadata:
-                if name == lower and value:
-                    return header_key(header, value, settings.session, "group")
-        return None
+        names = self._key_names.of(settings.session, settings.group)[0]
+
+        def find(headers: list[str], lowered: tuple[bytes, ...], kind: str) -> str | None:
+            for header, lower in zip(headers, lowered):
+                for name, value in metadata:
+                    if name == lower and value:
+                        return header_key(header, value, settings.session, kind)
+            return None
+
+        return (find(settings.session.headers, names, "session"),
+                find(settings.group.headers, self._key_names.groups, "group"))
 
     # the sweep
     def tick(self, elapsed: float) -> None:

@@ -12,7 +12,7 @@ from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import Limits, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
-from ..session_key import KeyNames, body_key, decoded_body, group_key, header_key
+from ..session_key import KeyNames, body_key, decoded_body, header_key
 from . import wire
 from .listener import HttpListener
 from .owner import to_owner
@@ -72,7 +72,7 @@ class HttpProxy(HttpListener):
 
     async def _forward(self, client: ClientConnection, request: HttpRequest) -> None:
         try:
-            key, group = (None, None) if unkeyed(request.path) else (self._session_key(request), self._group_key(request))
+            key, group = (None, None) if unkeyed(request.path) else self._keys(request)
         except RouterError as error:
             return self._refuse(client, request, error)
         headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
@@ -103,29 +103,27 @@ class HttpProxy(HttpListener):
         except Paused as paused:
             self._refuse(client, request, RouterError(503, paused.message), paused.reason, paused.retry_after)
 
-    def _session_key(self, request: HttpRequest) -> str | None:
-        session = self.context.settings.session
-        if request.keys:
-            for name, lower in zip(session.headers, self.key_names()[0]):
-                value = request.keys.get(lower)
-                if value:
-                    return header_key(name, value, session)
-        if not session.body_fields:
-            return None
-        return body_key(*self._json_body(request), session)
-
-    def _group_key(self, request: HttpRequest) -> str | None:
-        """The GRPO group key (``settings.group``): its headers, then its body fields; None without one."""
+    def _keys(self, request: HttpRequest) -> tuple[str | None, str | None]:
+        """The session key and the GRPO group key (``settings.group``): each from its headers, then its body
+        fields; the body is inflated at most once for both."""
         settings = self.context.settings
-        if request.keys:
-            self.key_names()  # brings ``groups`` up to date with the settings
-            for name, lower in zip(settings.group.headers, self._key_names.groups):
-                value = request.keys.get(lower)
-                if value:
-                    return header_key(name, value, settings.session, "group")
-        if not settings.group.body_fields:
-            return None
-        return group_key(*self._json_body(request), settings.session, settings.group)
+        names, _ = self.key_names()  # also brings ``groups`` up to date with the settings
+        body: list[tuple[bytes, str | None]] = []  # the decoded body, once one of the keys needs it
+
+        def find(headers: list[str], lowered: tuple[bytes, ...], fields: list[str], kind: str) -> str | None:
+            if request.keys:
+                for name, lower in zip(headers, lowered):
+                    value = request.keys.get(lower)
+                    if value:
+                        return header_key(name, value, settings.session, kind)
+            if not fields:
+                return None
+            if not body:
+                body.append(self._json_body(request))
+            return body_key(*body[0], settings.session, fields, kind)
+
+        return (find(settings.session.headers, names, settings.session.body_fields, "session"),
+                find(settings.group.headers, self._key_names.groups, settings.group.body_fields, "group"))
 
     def _json_body(self, request: HttpRequest) -> tuple[bytes, str | None]:
         """The body as JSON text and its Content-Type, for reading keys from body fields."""
