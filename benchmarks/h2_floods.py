@@ -133,21 +133,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--floods", default=",".join(FLOODS), help=f"comma-separated floods to run (default: all: "
+                                                                   f"{', '.join(FLOODS)})")
     args = parser.parse_args()
+    floods = [kind.strip() for kind in args.floods.split(",") if kind.strip()]
+    unknown = sorted(set(floods) - set(FLOODS))
+    if unknown:
+        parser.error(f"--floods: unknown flood {', '.join(unknown)}; choose from {', '.join(FLOODS)}")
     with local_fleet(1, grpc=True) as (router, _):
         target = router.grpc_target
         assert target is not None
         results: dict[str, list[tuple[float, float]]] = {}
         rss: dict[str, float] = {}
         for _ in range(args.rounds):
-            for kind in FLOODS:
+            for kind in floods:
                 results.setdefault(f"quiet before {kind}", []).append(run_arm(None, target, args))
                 results.setdefault(kind, []).append(run_arm(kind, target, args))
                 rss[kind] = rss_mib(router.process.pid)
     print("| flood | other clients' p50 quiet / flood (ms) | p99 quiet (ms) | p99 flood (ms) | p99 ratio | "
           "router RSS after (MiB) |")
     print("|---|---|---|---|---|---|")
-    for kind in FLOODS:
+    for kind in floods:
         quiet, loud = results[f"quiet before {kind}"], results[kind]
         q50, q99 = statistics.median(r[0] for r in quiet), statistics.median(r[1] for r in quiet)
         f50, f99 = statistics.median(r[0] for r in loud), statistics.median(r[1] for r in loud)

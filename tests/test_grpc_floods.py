@@ -18,7 +18,7 @@ from rollout_router.proxy.grpc.conn import H2Connection
 from rollout_router.proxy.grpc.upstream import UpstreamConnection, Upstreams
 from tests.support import running_router, wait_for
 from tests.test_grpc_limits import sample
-from tests.test_grpc_proxy import GrpcReplica, backends
+from tests.test_grpc_proxy import HEALTH_CHECK, GrpcReplica, backends
 
 
 @pytest.fixture
@@ -193,6 +193,57 @@ async def test_one_read_is_parsed_a_slice_per_event_loop_turn_with_reading_pause
     conn.data_received(h2.frame(h2.PING, 0, 0, b"12345678") * (guard.FRAMES_PER_TURN * 3))
     assert transport.written == guard.FRAMES_PER_TURN and transport.paused
     await wait_for(lambda: transport.written == guard.FRAMES_PER_TURN * 3 and not transport.paused)
+
+
+async def test_a_clients_header_blocks_weigh_more_in_the_slice_parsed_per_turn():
+    class Counting(H2Connection):
+        heads = 0
+
+        def headers_frame(self, stream_id: int, headers: list[h2.Header], end: bool) -> None:
+            self.heads += 1
+
+    conn, transport = Counting(), Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    per_turn = guard.FRAMES_PER_TURN // guard.HEAD_WORK
+    conn.data_received(b"".join(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, head())
+                                for sid in range(1, 2 * 3 * per_turn, 2)))
+    assert conn.heads == per_turn and transport.paused
+    await wait_for(lambda: conn.heads == 3 * per_turn and not transport.paused)
+
+
+async def test_a_one_message_call_takes_a_replica_only_once_its_message_is_whole(replica):
+    """A vLLM call's stream opened (and perhaps reset, as rapid reset does) before its message arrived costs no
+    routing decision and no replica stream: the in-flight count stays 0 while it waits."""
+    message = b"\x00\x00\x00\x00\x00"
+    async with running_router(backends([replica]), grpc=True) as (_, runtime):
+        client = await Raw.connect(runtime.grpc_port)
+        client.writer.write(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, head(HEALTH_CHECK))  # no message yet
+                            + h2.frame(h2.HEADERS, h2.END_HEADERS, 3, head(HEALTH_CHECK))
+                            + h2.rst_stream(3, h2.CANCEL)  # reset before its message
+                            + h2.frame(h2.HEADERS, h2.END_HEADERS, 5, head(HEALTH_CHECK))
+                            + h2.frame(h2.DATA, h2.END_STREAM, 5, message))
+        frames = client.frames()
+        async for kind, flags, sid, _ in frames:  # stream 5's answer: the router has handled all three
+            if kind == h2.HEADERS and flags & h2.END_STREAM and sid == 5:
+                break
+        assert len(runtime.grpc_proxy.calls) == 1 and runtime.replicas.total_inflight() == 0
+        client.writer.write(h2.frame(h2.DATA, h2.END_STREAM, 1, message))
+        async for kind, flags, sid, payload in frames:
+            if kind == h2.HEADERS and flags & h2.END_STREAM and sid == 1:
+                assert ("grpc-status", "0") in hpack.Decoder().decode(payload)  # the router's are not indexed
+                break
+        await wait_for(lambda: not runtime.grpc_proxy.calls and runtime.replicas.total_inflight() == 0)
+        client.close()
+
+
+async def test_a_one_message_call_larger_than_its_stream_window_is_held_whole_and_relayed(replica):
+    """Held until whole, the message is still acknowledged to the client as it arrives: a message beyond the
+    stream window (1 MiB) does not wait for a replica that has not been asked yet."""
+    async with running_router(backends([replica]), grpc=True) as (_, runtime):
+        async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+            answer = await channel.unary_unary(HEALTH_CHECK)(b"p" * (3 << 20), timeout=20)
+        assert answer == b"\x08\x01"
+        await wait_for(lambda: runtime.grpc_proxy.buffered == 0 and runtime.replicas.total_inflight() == 0)
 
 
 def waiting_bytes(runtime) -> int:

@@ -1,7 +1,8 @@
 """One gRPC call relayed: the client's stream on the listener joined to a stream on a replica (or owner router).
 
 Everything passes as bytes: request DATA frames go to the replica as they
-arrive, response HEADERS, DATA and trailers come back the same way, with
+arrive (a one-message call's, vLLM's, once its message is whole: it is
+routed then, so a stream reset before that costs no replica anything), response HEADERS, DATA and trailers come back the same way, with
 ``x-rolloutrouter-replica`` added to the response head. Nothing waits on a
 task per message: frames are relayed from the connections' read callbacks,
 and the call's own task only routes it and waits for its end.
@@ -46,7 +47,7 @@ class Call:
     __slots__ = ("proxy", "client", "stream", "path", "metadata", "single", "chunks", "received", "written", "acked",
                  "held", "retained", "request_ended", "upstream", "ustream", "done", "answered", "first", "code",
                  "finished", "failure", "name", "forwarded", "waiting_since", "started_at", "message_left", "prefix",
-                 "client_gone", "relayed", "heard", "swept", "silent", "backlog", "turn", "last")
+                 "client_gone", "relayed", "heard", "swept", "silent", "backlog", "turn", "last", "started")
 
     def __init__(self, proxy: GrpcProxy, client: ClientConnection, stream: Stream, path: bytes,
                  metadata: list[h2.Header], single: bool) -> None:
@@ -70,6 +71,7 @@ class Call:
         self.backlog = 0  # response bytes relayed but not yet handed to the client's connection
         self.turn: Turn | None = None  # the attempt's turn: stamped with the first response message (turns.py)
         self.last: LastMessage | None = None  # the newest response message, when the turn is measured
+        self.started = False  # routed (GrpcProxy.begin): a one-message call waits for its whole message
         stream.owner = self
 
     # the client's side
@@ -100,6 +102,12 @@ class Call:
             if self.retained:
                 self.chunks.append(data)
         self.request_ended = self.request_ended or end
+        if not self.started:  # a one-message call, held (and counted) until whole: the client may send on
+            self.acked += len(data)
+            self.client.consume(self.stream, len(data))
+            if end:
+                self.proxy.begin(self)
+            return
         if self.ustream is not None:
             assert self.upstream is not None
             self.upstream.send_data(self.ustream, data, end)

@@ -123,9 +123,10 @@ class H2Connection(asyncio.Protocol):
         self._work()
 
     def _work(self) -> None:
-        """Handle at most ``FRAMES_PER_TURN`` frames; with more waiting, stop reading and go on next turn (one
-        connection's burst cannot hold the event loop)."""
-        frames, used = h2.split_frames(self._buffer, budgets.FRAMES_PER_TURN)
+        """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
+        ``head_work``); with more waiting, stop reading and go on next turn (one connection's burst cannot hold the
+        event loop)."""
+        frames, used, more = h2.split_frames(self._buffer, budgets.FRAMES_PER_TURN, self.guard.head_work)
         del self._buffer[:used]
         try:
             for kind, flags, stream_id, payload in frames:
@@ -134,7 +135,7 @@ class H2Connection(asyncio.Protocol):
                 self._frame(kind, flags, stream_id, payload)
         finally:
             flush_dirty()
-        more = len(frames) == budgets.FRAMES_PER_TURN and not self.closed
+        more = more and not self.closed
         if more != self._yielding and self.transport is not None:
             self._yielding = more
             (self.transport.pause_reading if more else self.transport.resume_reading)()

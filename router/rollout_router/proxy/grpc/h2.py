@@ -114,32 +114,37 @@ def status_name(code: int | None) -> str:
     return STATUS_NAMES[code] if code is not None and 0 <= code < len(STATUS_NAMES) else "UNKNOWN"
 
 
-def split_frames(buffer: bytearray, limit: int) -> tuple[list[tuple[int, int, int, bytes]], int]:
-    """The complete frames (at most ``limit``) at the start of ``buffer``: (type, flags, stream id, payload), and
-    bytes consumed.
+def split_frames(buffer: bytearray, limit: int, head_work: int = 1) -> tuple[list[tuple[int, int, int, bytes]], int, bool]:
+    """The complete frames at the start of ``buffer`` worth at most ``limit`` units of work (a HEADERS or
+    CONTINUATION frame ``head_work``, any other 1): (type, flags, stream id, payload), the bytes consumed, and
+    whether the limit was what stopped it.
 
     A frame longer than we advertised is returned with its type as -1 (the
     caller closes the connection: FRAME_SIZE_ERROR).
     """
     frames: list[tuple[int, int, int, bytes]] = []
-    offset, size = 0, len(buffer)
+    offset, size, work = 0, len(buffer), 0
     view = memoryview(buffer)
     try:
-        while size - offset >= 9 and len(frames) < limit:
+        while size - offset >= 9:
+            if work >= limit:
+                return frames, offset, True
             length_kind, flags, stream_id = _HEAD.unpack_from(buffer, offset)
             stream_id &= 0x7FFFFFFF
             length = length_kind >> 8
             if length > FRAME_SIZE:
                 frames.append((-1, 0, 0, b""))
-                return frames, size
+                return frames, size, False
             end = offset + 9 + length
             if end > size:
                 break
-            frames.append((length_kind & 0xFF, flags, stream_id, bytes(view[offset + 9:end])))
+            kind = length_kind & 0xFF
+            work += head_work if kind == HEADERS or kind == CONTINUATION else 1
+            frames.append((kind, flags, stream_id, bytes(view[offset + 9:end])))
             offset = end
     finally:
         view.release()
-    return frames, offset
+    return frames, offset, False
 
 
 def unpad(flags: int, payload: bytes) -> bytes | None:

@@ -118,8 +118,16 @@ class GrpcProxy(Listener):
                                  f"gRPC calls (maxGrpcStreams={limit}); retry later", request_ended=end)
         call = Call(self, client, stream, path, metadata, path in self.unary_methods)
         self.calls.add(call)
+        if not call.single:
+            self.begin(call)
         if end:
             call.on_data(stream, b"", True)
+
+    def begin(self, call: Call) -> None:
+        """Route ``call`` on a task of its own. A one-message call (vLLM's methods) starts once its message is
+        whole (``Call.on_data``): a stream opened and reset before that (rapid reset, CVE-2023-44487) costs a
+        parsed head, never a routing decision, a task or a replica stream."""
+        call.started = True
         asyncio.get_running_loop().create_task(self._serve(call))
 
     async def _serve(self, call: Call) -> None:
