@@ -15,7 +15,7 @@ from grpc import aio
 
 from rollout_router.proxy.grpc import guard, h2
 from rollout_router.proxy.grpc.conn import H2Connection
-from rollout_router.proxy.grpc.upstream import UpstreamConnection, Upstreams
+from rollout_router.proxy.grpc.upstream import UpstreamConnection, Upstreams, answer_window
 from tests.support import running_router, wait_for
 from tests.test_grpc_limits import sample
 from tests.test_grpc_proxy import HEALTH_CHECK, GrpcReplica, backends
@@ -254,8 +254,9 @@ def waiting_bytes(runtime) -> int:
 
 async def test_500_never_reading_calls_hold_a_bounded_answer_each_counted_in_the_budget():
     flooding = await GrpcReplica("127.0.0.67", chunks=8).start()  # 2 MiB answers, sent as fast as allowed
+    settings = backends([flooding]).model_copy(update={"max_grpc_streams": 1000})  # 256 MiB / 1000: 64 KiB windows
     try:
-        async with running_router(backends([flooding]), grpc=True) as (_, runtime):
+        async with running_router(settings, grpc=True) as (_, runtime):
             message = b"\x00\x00\x00\x00\x01f"
             clients = [await Raw.connect(runtime.grpc_port) for _ in range(5)]  # 100 calls each, never read
             for client in clients:
@@ -271,6 +272,31 @@ async def test_500_never_reading_calls_hold_a_bounded_answer_each_counted_in_the
             assert runtime.grpc_proxy.buffered >= held  # and counts in maxBufferedBytes
             for client in clients:
                 client.close()
+            await wait_for(lambda: runtime.grpc_proxy.buffered == 0 and not runtime.grpc_proxy.calls, timeout=30)
+    finally:
+        await flooding.stop()
+
+
+async def test_every_call_slot_full_of_unread_answers_holds_no_more_than_max_buffered_bytes():
+    """The replica's stream window is maxBufferedBytes / maxGrpcStreams (at most 64 KiB): with every call slot
+    taken by a client that never reads, what the router holds stays within the budget (it held 64 KiB a call)."""
+    flooding = await GrpcReplica("127.0.0.68", chunks=8).start()
+    budget, calls = 1 << 20, 50
+    settings = backends([flooding]).model_copy(update={"max_grpc_streams": calls, "max_buffered_bytes": budget})
+    window = answer_window(budget, calls)
+    assert window < 65_535 and calls * 65_535 > budget
+    try:
+        async with running_router(settings, grpc=True) as (_, runtime):
+            client = await Raw.connect(runtime.grpc_port)
+            client.writer.write(b"".join(h2.frame(h2.HEADERS, h2.END_HEADERS, sid, head("/test.Echo/Flood"))
+                                         + h2.frame(h2.DATA, h2.END_STREAM, sid, b"\x00\x00\x00\x00\x01f")
+                                         for sid in range(1, 2 * calls, 2)))
+            await wait_for(lambda: len(flooding.seen) == calls, timeout=30)
+            seen: list[int] = []
+            await wait_for(lambda: seen.append(waiting_bytes(runtime)) or len(seen) > 3 and seen[-1] == seen[-4]
+                           and seen[-1] >= (calls - 5) * window, timeout=60, interval=0.2)
+            assert seen[-1] <= budget and runtime.grpc_proxy.buffered <= budget + 1024
+            client.close()
             await wait_for(lambda: runtime.grpc_proxy.buffered == 0 and not runtime.grpc_proxy.calls, timeout=30)
     finally:
         await flooding.stop()

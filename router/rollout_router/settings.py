@@ -371,9 +371,11 @@ class RouterSettings(PolicySettings):
                                "beyond it a stream is refused (REFUSED_STREAM).")
     grpc_idle_timeout_seconds: Seconds | None = Field(
         180.0, description="A gRPC connection with no call in progress for this long is told GOAWAY and closed "
-                           "(nginx's http2_idle_timeout, 3 min); null keeps it open.")
+                           "(nginx's http2_idle_timeout until 1.19.7, 3 min); null keeps it open.")
     max_buffered_bytes: StrictInt = Field(256 * 1024 * 1024, ge=1024, description="Request bytes (heads and bodies) "
-                                          "held at once over all clients; a request that would exceed it gets 503.")
+                                          "held at once over all clients, and gRPC answers waiting for their client "
+                                          "(each call's replica window is this over maxGrpcStreams, at most 64 KiB); "
+                                          "a request that would exceed it gets 503.")
     header_timeout_seconds: Seconds | None = Field(30.0, description="A request head must arrive within this "
                                                    "long of its first byte, else 408.")
     body_timeout_seconds: Seconds | None = Field(300.0, description="A request body must arrive within this "

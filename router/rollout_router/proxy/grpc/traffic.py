@@ -21,7 +21,7 @@ from .call import REFUSED, Call
 from .conn import flush_dirty
 from .owner import to_owner
 from .server import ClientConnection
-from .upstream import Upstreams
+from .upstream import Upstreams, answer_window
 from .usage import LastMessage, generate_path
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,8 @@ class GrpcProxy(Listener):
 
     def __init__(self, context: RouterContext, budget: Budget | None = None):
         super().__init__(context, budget)
-        self.upstreams = Upstreams()
+        self.upstreams = Upstreams(lambda: answer_window(self.limits().max_buffered_bytes,
+                                                         self.context.settings.max_grpc_streams))
         self.calls: set[Call] = set()  # calls in progress (bounded by maxGrpcStreams)
         self.active: set[Call] = set()  # calls with an attempt on a replica
         self.unary_methods = unary_request_methods()

@@ -9,25 +9,36 @@ reported as refused (safe to send elsewhere).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from . import h2
 from .conn import CONNECTION_WINDOW, MAX_HEAD, UPSTREAM_WINDOW, H2Connection, Owner, Stream
 from .guard import ReplicaGuard
 
 CONNECT_SECONDS = 10.0
-_SETTINGS = h2.settings_frame({h2.ENABLE_PUSH: 0, h2.INITIAL_WINDOW_SIZE: UPSTREAM_WINDOW,
-                               h2.MAX_HEADER_LIST_SIZE: MAX_HEAD})
-_OPENING = h2.PREFACE + _SETTINGS + h2.window_update(0, CONNECTION_WINDOW - h2.DEFAULT_WINDOW)
+MIN_WINDOW = 1024
+
+
+def answer_window(max_buffered_bytes: int, max_calls: int) -> int:
+    """Each replica stream's window: what one call's answer may hold for a client that does not read. Every call
+    slot full of unread answers then holds at most ``maxBufferedBytes`` (``maxBufferedBytes // maxGrpcStreams``:
+    26 KiB at the defaults), at most HTTP/2's default 64 KiB, at least 1 KiB."""
+    return max(MIN_WINDOW, min(UPSTREAM_WINDOW, max_buffered_bytes // max_calls))
+
+
+def _opening(window: int) -> bytes:
+    settings = h2.settings_frame({h2.ENABLE_PUSH: 0, h2.INITIAL_WINDOW_SIZE: window, h2.MAX_HEADER_LIST_SIZE: MAX_HEAD})
+    return h2.PREFACE + settings + h2.window_update(0, CONNECTION_WINDOW - h2.DEFAULT_WINDOW)
 
 
 class UpstreamConnection(H2Connection):
-    """The client side of one connection to a replica. Each stream's window is 64 KiB, granted again only as
-    the client takes the bytes: a client that stops reading holds at most that much of its call's answer."""
-
-    stream_window = UPSTREAM_WINDOW
+    """The client side of one connection to a replica. Each stream's window is the pool's ``answer_window``,
+    granted again only as the client takes the bytes: a client that stops reading holds at most that much of its
+    call's answer."""
 
     def __init__(self, pool: Upstreams, target: str) -> None:
         super().__init__()
+        self.stream_window = pool.window()
         self.pool, self.target = pool, target
         self.next_stream = 1
         self.guard = ReplicaGuard()
@@ -35,7 +46,7 @@ class UpstreamConnection(H2Connection):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        transport.write(_OPENING)
+        transport.write(_opening(self.stream_window))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.forget(self)
@@ -79,9 +90,11 @@ class UpstreamConnection(H2Connection):
 
 
 class Upstreams:
-    """The connections to every target (``host:port``), opened on first use."""
+    """The connections to every target (``host:port``), opened on first use; ``window`` gives a new connection's
+    stream window (read at connect: a reloaded budget applies to connections opened after it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: Callable[[], int] = lambda: UPSTREAM_WINDOW) -> None:
+        self.window = window
         self._conns: dict[str, list[UpstreamConnection]] = {}
         self._connecting: dict[str, asyncio.Future[UpstreamConnection]] = {}
 
