@@ -26,7 +26,7 @@ from .usage import LastMessage
 
 if TYPE_CHECKING:
     from ..turns import Turn
-    from .conn import Stream
+    from .outbound import Stream
     from .server import ClientConnection
     from .traffic import GrpcProxy
     from .upstream import UpstreamConnection

@@ -1,4 +1,4 @@
-"""One HTTP/2 connection, either side: frames in, frames out, and flow control per stream.
+"""One HTTP/2 connection, either side: frames in and flow control per stream (frames out: ``outbound``).
 
 What a connection reads goes, frame by frame, to the ``Call`` that owns the
 stream (``on_headers``, ``on_data``, ``on_reset``, ``on_lost``); what a call
@@ -16,24 +16,20 @@ written from elsewhere leave on the next turn of the event loop.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-from typing import Protocol
 
 import hpack
 
 from . import guard as budgets
 from . import h2
 from .guard import Guard, decoded_size
+from .outbound import H2Output, Stream, flush_dirty
 
 log = logging.getLogger(__name__)
 
-STREAM_WINDOW = 1 << 20  # what a peer may send on one stream before we pass it on
 UPSTREAM_WINDOW = h2.DEFAULT_WINDOW  # what a replica may send on one stream before the client drains it
 CONNECTION_WINDOW = 16 << 20
 MAX_HEAD = 64 * 1024  # a header block larger than this ends the connection (as HTTP's 431 ends a request)
-CLOSED_MEMORY = 256  # closed streams remembered, to tell a peer's late frames from its errors
-_dirty: list[H2Connection] = []
 _ON_STREAM = frozenset({h2.DATA, h2.HEADERS, h2.PRIORITY, h2.RST_STREAM, h2.CONTINUATION})  # never on stream 0
 _ON_CONNECTION = frozenset({h2.SETTINGS, h2.PING, h2.GOAWAY})  # only on stream 0
 _LENGTHS = {h2.PRIORITY: 5, h2.RST_STREAM: 4, h2.PING: 8, h2.WINDOW_UPDATE: 4}
@@ -41,60 +37,18 @@ _CONTROL = frozenset({h2.PING, h2.SETTINGS, h2.PRIORITY})  # budgeted: each cost
 _SELF_DEPENDENT = 0x100  # not a wire flag: a HEADERS frame whose priority names its own stream
 
 
-class Owner(Protocol):
-    """What a stream reports to (the ``Call`` relaying it)."""
-
-    def on_headers(self, stream: Stream, headers: list[h2.Header], end: bool) -> None: ...
-    def on_data(self, stream: Stream, data: bytes, end: bool) -> None: ...
-    def on_reset(self, stream: Stream, code: int) -> None: ...
-    def on_lost(self, stream: Stream, refused: bool) -> None: ...
-    def on_written(self, stream: Stream, size: int) -> None: ...
-
-
-class Stream:
-    """One stream as its connection sees it: the peer's window and what waits for it."""
-
-    __slots__ = ("id", "owner", "conn", "window", "pending", "unacked", "closing", "ended", "expected", "got")
-
-    def __init__(self, stream_id: int, owner: Owner | None, conn: H2Connection):
-        self.id, self.owner, self.conn = stream_id, owner, conn
-        self.window = conn.peer_window
-        self.pending: collections.deque[tuple[bool, bytes, bool]] | None = None  # (is data, bytes, ends)
-        self.unacked = 0  # bytes received and passed on, not yet returned to the peer
-        self.closing: int | None = None  # finished by us: dropped (after this RST code, if any) once drained
-        self.ended = False  # the peer sent END_STREAM
-        self.expected: int | None = None  # the peer's content-length
-        self.got = 0  # DATA bytes from the peer
-
-
-def flush_dirty() -> None:
-    """Write what the read just handled produced, one write per connection."""
-    while _dirty:
-        _dirty.pop().flush()
-
-
-class H2Connection(asyncio.Protocol):
-    """Frames and flow control; subclasses add the side's own part (``headers_frame``, ``goaway_frame``)."""
-
-    track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
-    stream_window = STREAM_WINDOW  # the window we announce for each stream the peer sends on
+class H2Connection(H2Output):
+    """Frames in and flow control (the write side is ``H2Output``); subclasses add the side's own part
+    (``headers_frame``, ``goaway_frame``)."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.streams: dict[int, Stream] = {}
-        self.peer_window = h2.DEFAULT_WINDOW  # the peer's initial window for each new stream
+        super().__init__()
         self.peer_max_streams = h2.MAX_WINDOW
-        self.window = h2.DEFAULT_WINDOW  # the peer's connection-level window
-        self.closed = self.write_paused = False
         self.last_peer_stream = 0
         self._buffer = bytearray()
         self._decoder = hpack.Decoder(MAX_HEAD)
         self._unacked = 0
         self._block: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
-        self._out: list[bytes] = []
-        self._blocked: dict[int, Stream] = {}  # streams with bytes waiting for a window, in order
-        self._closed: dict[int, bool] = {}  # recently closed stream ids: whether we reset them
-        self.held = 0  # DATA bytes waiting on streams for the peer's windows or its reading
         self._yielding = False  # reading paused while frames already read wait for the next turn
         self.guard = Guard()
 
@@ -334,13 +288,6 @@ class H2Connection(asyncio.Protocol):
         if owner is not None:
             owner.on_reset(stream, code)
 
-    def _remember(self, stream_id: int, reset_by_us: bool) -> None:
-        """Closed streams, the last ``CLOSED_MEMORY`` of them: frames on one we reset are ignored, on one the
-        peer closed are its error."""
-        self._closed[stream_id] = reset_by_us
-        if len(self._closed) > CLOSED_MEMORY:
-            del self._closed[next(iter(self._closed))]
-
     def idle(self, stream_id: int) -> bool:
         """Whether ``stream_id`` was never opened (the server side knows; the client side does not check)."""
         return False
@@ -361,139 +308,6 @@ class H2Connection(asyncio.Protocol):
 
     def goaway_frame(self, last_stream_id: int, code: int) -> None:
         """The peer is closing; streams above ``last_stream_id`` were never seen by it."""
-
-    # frames out
-    def emit(self, data: bytes) -> None:
-        if self.closed:
-            return
-        if not self._out:
-            _dirty.append(self)
-            asyncio.get_running_loop().call_soon(self.flush)
-        self._out.append(data)
-
-    def flush(self) -> None:
-        out = self._out
-        if out and not self.closed and self.transport is not None:
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-        out.clear()
-
-    def send_headers(self, stream: Stream, headers: list[h2.Header], end: bool) -> None:
-        block = h2.headers_frames(stream.id, h2.encode(headers), end)
-        if stream.pending:
-            stream.pending.append((False, block, end))
-        else:
-            self.emit(block)
-
-    def send_data(self, stream: Stream, data: bytes, end: bool) -> None:
-        """``data`` within the peer's windows; what does not fit waits on the stream."""
-        if stream.pending is None and not self.write_paused:
-            data = self._push(stream, data, end)  # type: ignore[assignment]
-            if data is None:
-                return
-        if stream.pending is None:
-            stream.pending = collections.deque()
-            self._blocked[stream.id] = stream
-        stream.pending.append((True, data, end))
-        self._hold(len(data))
-
-    def _push(self, stream: Stream, data: bytes, end: bool) -> bytes | None:
-        """Write what the windows allow; the rest (None when everything, the end included, went out)."""
-        if not data:
-            if end:
-                self.emit(h2.frame(h2.DATA, h2.END_STREAM, stream.id))
-            return None
-        while True:
-            size = min(len(data), stream.window, self.window, h2.FRAME_SIZE)
-            if size <= 0:
-                return data
-            last = size == len(data)
-            self.emit(h2.frame(h2.DATA, h2.END_STREAM if end and last else 0, stream.id, data if last else data[:size]))
-            stream.window -= size
-            self.window -= size
-            if stream.owner is not None:
-                stream.owner.on_written(stream, size)
-            if last:
-                return None
-            data = data[size:]
-
-    def _drain(self) -> None:
-        """Send what waited, stream by stream, while the windows and the transport allow."""
-        for stream_id, stream in list(self._blocked.items()):
-            pending = stream.pending
-            while pending and not self.write_paused and not self.closed:
-                is_data, data, end = pending[0]
-                if is_data:
-                    rest = self._push(stream, data, end)
-                    self._hold(len(rest) - len(data) if rest is not None else -len(data))
-                    if rest is not None:
-                        pending[0] = (True, rest, end)
-                        break
-                else:
-                    self.emit(data)
-                pending.popleft()
-            if not pending:
-                stream.pending = None
-                del self._blocked[stream_id]
-                if stream.closing is not None:
-                    self._close_finished(stream)
-            if self.write_paused or self.window <= 0:
-                break
-
-    def _hold(self, size: int) -> None:
-        """``size`` more (or, negative, fewer) DATA bytes wait on this connection's streams."""
-        if size:
-            self.held += size
-            self.on_held(size)
-
-    def on_held(self, size: int) -> None:
-        """What waits changed by ``size`` (the server side counts it in the listener's budget)."""
-
-    def _drop_pending(self, stream: Stream) -> None:
-        """Forget what waited on ``stream`` (it will never be sent)."""
-        if stream.pending:
-            self._hold(-sum(len(data) for is_data, data, _ in stream.pending if is_data))
-        stream.pending = None
-
-    def consume(self, stream: Stream, size: int) -> None:
-        """``size`` bytes of ``stream`` were passed on: return them to the peer (in halves of the window)."""
-        stream.unacked += size
-        if stream.unacked >= self.stream_window // 2 and stream.id in self.streams:
-            self.emit(h2.window_update(stream.id, stream.unacked))
-            stream.unacked = 0
-
-    def reset(self, stream: Stream, code: int = h2.CANCEL) -> None:
-        """End ``stream`` from our side (RST_STREAM) and forget it."""
-        if self.streams.pop(stream.id, None) is not None:
-            self.emit(h2.rst_stream(stream.id, code))
-            self._remember(stream.id, True)
-        self._blocked.pop(stream.id, None)
-        self._drop_pending(stream)
-        stream.owner = None
-
-    def forget(self, stream: Stream) -> None:
-        """``stream`` ended both ways (or the peer reset it): stop tracking it, dropping what waited."""
-        if self.streams.pop(stream.id, None) is not None:
-            self._remember(stream.id, False)
-        self._blocked.pop(stream.id, None)
-        self._drop_pending(stream)
-        stream.owner = None
-
-    def finish(self, stream: Stream, reset: bool = False) -> None:
-        """Our side of ``stream`` has ended: drop it once what waits has left, then, with ``reset``, tell the
-        peer to stop sending (RST_STREAM NO_ERROR: it has its whole answer)."""
-        stream.owner = None
-        stream.closing = h2.NO_ERROR if reset else -1
-        if not stream.pending:
-            self._close_finished(stream)
-
-    def _close_finished(self, stream: Stream) -> None:
-        """Close a stream we finished: with its RST_STREAM, or once the peer's side has ended too (until then
-        it is half-closed and still counts toward the peer's concurrent streams)."""
-        reset = stream.closing == h2.NO_ERROR
-        if (reset or stream.ended or not self.track_ends) and self.streams.pop(stream.id, None) is not None:
-            self._remember(stream.id, reset)
-            if reset:
-                self.emit(h2.rst_stream(stream.id, h2.NO_ERROR))
 
     def fail(self, code: int, why: str, stream_id: int = 0) -> None:
         """A connection error: GOAWAY naming why, then close."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import h2, rules
-from .conn import CONNECTION_WINDOW, MAX_HEAD, STREAM_WINDOW, H2Connection, Stream
+from .conn import CONNECTION_WINDOW, MAX_HEAD, H2Connection
+from .outbound import STREAM_WINDOW, Stream
 
 if TYPE_CHECKING:
     from ..listener import Limits

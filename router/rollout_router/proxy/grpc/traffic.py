@@ -18,7 +18,7 @@ from ..session_key import KeyNames, header_key
 from ..turns import Turn
 from . import h2
 from .call import REFUSED, Call
-from .conn import flush_dirty
+from .outbound import flush_dirty
 from .owner import to_owner
 from .server import ClientConnection
 from .upstream import Upstreams, answer_window

@@ -12,8 +12,9 @@ import asyncio
 from collections.abc import Callable
 
 from . import h2
-from .conn import CONNECTION_WINDOW, MAX_HEAD, UPSTREAM_WINDOW, H2Connection, Owner, Stream
+from .conn import CONNECTION_WINDOW, MAX_HEAD, UPSTREAM_WINDOW, H2Connection
 from .guard import ReplicaGuard
+from .outbound import Owner, Stream
 
 CONNECT_SECONDS = 10.0
 MIN_WINDOW = 1024
