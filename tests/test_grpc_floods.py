@@ -116,6 +116,33 @@ async def test_a_header_inserted_once_and_referenced_by_many_streams_is_budgeted
     await flooded(replica, b"".join(frames), "h2_header_flood")
 
 
+async def test_an_hpack_bomb_in_one_small_block_is_refused_before_it_is_expanded(replica):
+    """One 4 KB header inserted, then referenced 16,000 times in the same block: 20 KB on the wire, 64 MB decoded.
+    The decoder stops at the 64 KiB head limit as it goes (this held before the HTTP/2 budgets, and must still)."""
+    fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.Echo/Unary"), (b":authority", b"r"),
+              (b"content-type", b"application/grpc")]
+    block = h2.encode(fields) + hpack.Encoder().encode([("x-big", "b" * 4000)]) + b"\xbe" * 16_000
+    async with running_router(backends([replica]), grpc=True) as (_, runtime):
+        client = await Raw.connect(runtime.grpc_port)
+        client.writer.write(h2.headers_frames(1, block, True))
+        async for kind, flags, sid, payload in client.frames():
+            if kind == h2.HEADERS and sid == 1:
+                assert ("grpc-status", str(h2.RESOURCE_EXHAUSTED)) in hpack.Decoder().decode(payload)
+                break
+        client.close()
+        assert not replica.seen
+
+
+async def test_a_table_size_update_beyond_the_announced_size_is_a_compression_error(replica):
+    update = bytes((0x3F,)) + b"\xe0\xff\xff\xff\x0f"  # dynamic table size update to 2^32 - 1 (RFC 7541 6.3)
+    async with running_router(backends([replica]), grpc=True) as (_, runtime):
+        client = await Raw.connect(runtime.grpc_port)
+        client.writer.write(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, update + head()))
+        assert await client.goaway() == h2.COMPRESSION_ERROR
+        client.close()
+        assert not replica.seen
+
+
 async def test_one_connection_gets_its_share_of_the_call_slots_and_refused_streams_beyond(replica):
     settings = backends([replica]).model_copy(update={"max_grpc_streams_per_connection": 3})
     async with running_router(settings, grpc=True) as (_, runtime):
