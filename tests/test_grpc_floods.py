@@ -125,7 +125,7 @@ async def test_an_hpack_bomb_in_one_small_block_is_refused_before_it_is_expanded
     async with running_router(backends([replica]), grpc=True) as (_, runtime):
         client = await Raw.connect(runtime.grpc_port)
         client.writer.write(h2.headers_frames(1, block, True))
-        async for kind, flags, sid, payload in client.frames():
+        async for kind, _, sid, payload in client.frames():
             if kind == h2.HEADERS and sid == 1:
                 assert ("grpc-status", str(h2.RESOURCE_EXHAUSTED)) in hpack.Decoder().decode(payload)
                 break
