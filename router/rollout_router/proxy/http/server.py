@@ -245,7 +245,7 @@ class ClientConnection(asyncio.Protocol):
         """Refuse a declared body that cannot fit before reading any of it."""
         if length > request.limit:
             request.error = RouterError(413, f"request body of {length} bytes exceeds maxBodyBytes={request.limit}")
-        elif self.listener.budget.held + length > self.listener.limits().max_buffered_bytes:
+        elif self.listener.budget.held + length > self._max_buffered:  # the bound read in on_message_begin
             request.error = self._budget_error()
 
     def _charge(self, request: HttpRequest, size: int) -> bool:
