@@ -8,6 +8,12 @@ session id cycling over 256 (so they are sticky hits after the first lap). Count
                  rollout_router's and the libraries' it calls, prometheus_client's included
   C calls        builtins and C methods called from that code
   blocks         sys.getallocatedblocks() after minus before, over the requests (retained: should be ~0)
+  held           memory blocks a request holds while its replica has not answered: ``HELD`` requests on their
+                 own client connections, each with an idle pooled connection to the replica, held by an
+                 in-process replica that answers on a signal; blocks with all of them in flight minus before
+                 they were sent, per request (the replica's share, one bytes object each, is the same for every
+                 tree). Python 3.11 has no count of blocks allocated and freed, so this is the churn one can see:
+                 what waiting costs (a Task, its coroutine frames and future, or the fast path's record)
   CPU            process time per request over a second, unprofiled pass (router and this client together;
                  the client's share is the same for every tree, so differences are the router's)
 
@@ -61,6 +67,71 @@ async def send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index
     await reader.readexactly(length)
 
 
+HELD = 48  # requests held in flight at once; fewer than upstream.POOL_SIZE, so each finds an idle connection
+
+
+class HoldingReplica(asyncio.Protocol):
+    """Answers each request (one read each, small heads) with a JSON 200, at once or when ``release`` says."""
+
+    holding = False
+    pending: list[asyncio.Transport] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if HoldingReplica.holding:
+            HoldingReplica.pending.append(self.transport)  # type: ignore[arg-type]
+        else:
+            self.transport.write(ANSWER)  # type: ignore[attr-defined]
+
+    @classmethod
+    def release(cls) -> None:
+        cls.holding = False
+        for transport in cls.pending:
+            transport.write(ANSWER)
+        cls.pending.clear()
+
+
+ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
+
+
+async def held_blocks() -> float:
+    """Memory blocks per request in flight (``held`` in the module's docstring)."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(HoldingReplica, "127.0.0.22", 0)
+    runtime = Runtime(RouterSettings(backends=[f"http://127.0.0.22:{server.sockets[0].getsockname()[1]}"]))
+    port = await runtime.start("127.0.0.1", 0)
+    clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(HELD)]
+
+    async def wave(measure: bool) -> float:
+        HoldingReplica.holding = True
+        gc.collect()
+        before = sys.getallocatedblocks()
+        for index, (_, writer) in enumerate(clients):
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+                         b"X-Session-ID: h%d\r\nContent-Length: %d\r\n\r\n%s" % (index, len(BODY), BODY))
+        while len(HoldingReplica.pending) < HELD:
+            await asyncio.sleep(0.01)
+        gc.collect()
+        held = (sys.getallocatedblocks() - before) / HELD if measure else 0.0
+        HoldingReplica.release()
+        for reader, _ in clients:
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(11)
+        return held
+
+    try:
+        for _ in range(3):  # warm: a pooled connection per client, every session pinned, the caches filled
+            await wave(False)
+        return min([await wave(True) for _ in range(3)])
+    finally:
+        for _, writer in clients:
+            writer.close()
+        await runtime.stop()
+        server.close()
+
+
 async def run(url: str, requests: int) -> tuple[float, float, float, float]:
     settings = RouterSettings(backends=[url])
     runtime = Runtime(settings)
@@ -98,11 +169,13 @@ def main() -> int:
     replica = start_raw_replica("127.0.0.21")
     try:
         python, c, blocks, cpu = asyncio.run(run(replica.url, args.requests))
+        held = asyncio.run(held_blocks())
     finally:
         replica.stop()
     print(f"rollout_router from {PACKAGE}, {args.requests} sticky requests on one keep-alive connection")
     print(f"per request: {python:.1f} Python calls, {c:.1f} C calls, {blocks:+.2f} blocks retained, "
           f"{cpu:.0f} µs CPU (router and client)")
+    print(f"held in flight: {held:.1f} memory blocks per request ({HELD} requests waiting on their replica at once)")
     return 0
 
 

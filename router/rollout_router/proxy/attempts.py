@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from .. import descriptors
-from ..policy import Outcome
+from ..policy import Decision, Outcome
 from ..replicas import Lease
 from .context import RouterContext
 from .turns import Turn, turn_for
@@ -47,23 +47,27 @@ class AllRefused(Exception):
         super().__init__(f"replicas refused the connection on all {attempts} attempts")
 
 
+Routed = tuple[Decision, Lease, Turn]  # one attempt's routing (``route``)
+
+
 async def forward(context: RouterContext, key: str | None, send: Callable[[Lease, Turn], Awaitable[bool]],
-                  grpc: bool = False, prefix: Sequence[int] | str | None = None, group: str | None = None) -> None:
+                  grpc: bool = False, prefix: Sequence[int] | str | None = None, group: str | None = None,
+                  first: Routed | None = None) -> None:
     """``send`` on a routed replica, retried on others while replicas refuse (``group``: its GRPO group key).
 
-    While dispatch is paused (``/v1/rl/pause``) it waits its turn, or raises ``Paused``.
+    While dispatch is paused (``/v1/rl/pause``) it waits its turn, or raises ``Paused``. ``first``: the
+    first attempt's routing, already done (the HTTP fast path's, handed over when it could not finish).
     Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
     when every attempt was refused, ``OutOfDescriptors`` when the router could not open a connection at all.
     """
     rl = context.rl
-    if rl.paused:  # the only cost of the RL pause while dispatch runs: this check
+    if rl.paused and first is None:  # the only cost of the RL pause while dispatch runs: this check
         await rl.wait_turn()
     settings = context.settings  # one snapshot for every attempt of this request
     attempts = settings.connect_retries + 1
     for _ in range(attempts):
-        decision, lease = context.balancer.acquire(key, prefix, grpc=grpc, group=group)
-        turn = turn_for(decision, context.balancer.why_moved(decision, grpc),
-                        decision.outcome is Outcome.KEPT and context.metrics.sample_kept())
+        decision, lease, turn = first or route(context, key, prefix, grpc, group)
+        first = None
         try:
             accepted = await send(lease, turn)
         except OutOfDescriptors:
@@ -76,9 +80,23 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
             continue
         finally:
             lease.release()
-        if accepted:
-            context.metrics.turn(turn)
-        else:
-            context.balancer.forget(key, decision)
+        settle(context, key, decision, turn, accepted)
         return
     raise AllRefused(attempts)
+
+
+def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str | None = None, grpc: bool = False,
+          group: str | None = None) -> Routed:
+    """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn``; NoReplicaError."""
+    decision, lease = context.balancer.acquire(key, prefix, grpc=grpc, group=group)
+    turn = turn_for(decision, context.balancer.why_moved(decision, grpc),
+                    decision.outcome is Outcome.KEPT and context.metrics.sample_kept())
+    return decision, lease, turn
+
+
+def settle(context: RouterContext, key: str | None, decision: Decision, turn: Turn, accepted: bool) -> None:
+    """An attempt answered (its lease released): count its turn, or hand a rejected decision back."""
+    if accepted:
+        context.metrics.turn(turn)
+    else:
+        context.balancer.forget(key, decision)

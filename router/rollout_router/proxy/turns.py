@@ -21,6 +21,7 @@ TAIL_BYTES: Final = 4096  # a vLLM usage block (and the SSE chunk around it) is 
 _USAGE: Final = b'"usage"'
 _DECODER: Final = json.JSONDecoder()
 MEASURED: Final = frozenset({Outcome.BROKEN, Outcome.REPINNED})
+_NAMES: Final = {outcome: outcome.value for outcome in Outcome}  # Enum's .value runs two Python calls
 
 
 class Turn:
@@ -51,7 +52,7 @@ class Turn:
 def turn_for(decision: Decision, reason: str | None, sample: bool) -> Turn:
     """The ``Turn`` of ``decision``: moved turns are always measured, kept ones when ``sample`` says so."""
     outcome = decision.outcome
-    return Turn(outcome.value, reason, outcome in MEASURED or (sample and outcome is Outcome.KEPT))
+    return Turn(_NAMES[outcome], reason, outcome in MEASURED or (sample and outcome is Outcome.KEPT))
 
 
 def prefill_of(tail: bytes) -> int | None:

@@ -17,5 +17,9 @@ class HttpListener(Listener):
         """Headers holding a session key (none unless the listener forwards)."""
         return (), frozenset()
 
+    def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
+        """Start answering ``request`` (in a Task here; the traffic listener forwards most without one)."""
+        client.answer_later(request, self.handle(client, request))
+
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         raise NotImplementedError

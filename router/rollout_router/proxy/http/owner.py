@@ -42,6 +42,7 @@ async def to_owner(proxy: HttpProxy, fleet: Fleet, client: ClientConnection, req
             return True
         exchange = Exchange(proxy, client, request, target, conn, reused, forwarded=True)
         exchange.start(data)
+        assert exchange.done is not None  # an exchange without a callback has its future
         result = await exchange.done
         if result == STALE:
             return None

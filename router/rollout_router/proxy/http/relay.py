@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httptools
@@ -52,17 +53,22 @@ class Exchange:
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
-                 "turn", "usage_tail")
+                 "turn", "usage_tail", "on_done")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
-                 conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None) -> None:
+                 conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None,
+                 on_done: Callable[[Exchange, str | None], None] | None = None) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
         self.turn = turn  # stamped with the first body byte; its answer's tail is read when it is measured
         self.usage_tail: bytes | None = b"" if turn is not None and turn.measure else None
         self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
         self.conn, self.reused = conn, reused
-        assert client.loop is not None
-        self.done: asyncio.Future[str | None] = client.loop.create_future()
+        # Who learns the end: a callback (the traffic listener's fast path, no Task waiting), else a future.
+        self.on_done = on_done
+        self.done: asyncio.Future[str | None] | None = None
+        if on_done is None:
+            assert client.loop is not None
+            self.done = client.loop.create_future()
         self.state, self.status, self.reason = WAITING, 0, b""
         self.code: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
@@ -231,7 +237,10 @@ class Exchange:
         return f"owner router {self.replica}" if self.forwarded else f"replica {self.replica}"
 
     def finish(self, reusable: bool, result: str | None = None) -> None:
-        """Detach from both connections and wake the attempt; the connection goes back to the pool if it can."""
+        """Detach from both connections and wake the attempt; the connection goes back to the pool if it can.
+
+        A callback is called after the answer so far is written: it may start the client's next request, or
+        close its connection."""
         self.state = DONE
         if self.usage_tail and self.turn is not None and self.code is not None and self.code < 400:
             self.turn.answer(self.usage_tail)  # a whole answer (a stream read to [DONE] counts)
@@ -247,7 +256,11 @@ class Exchange:
         if self.client.exchange is self:
             self.client.exchange = None
         self.proxy.active.discard(self)
-        if not self.done.done():
+        on_done, self.on_done = self.on_done, None
+        if on_done is not None:
+            self.flush()
+            on_done(self, result)
+        elif self.done is not None and not self.done.done():
             self.done.set_result(result)
 
     def flush(self) -> None:
@@ -328,13 +341,14 @@ def request_bytes(request: HttpRequest, pool: ReplicaPool, headers: bytes) -> by
 
 
 async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpRequest, headers: bytes,
-                  lease: Lease, turn: Turn | None = None) -> tuple[int | None, bool]:
+                  lease: Lease, turn: Turn | None = None, fresh: bool = False) -> tuple[int | None, bool]:
     """One attempt on the leased replica: the code to record (or None) and whether the replica accepted the
     request (its response head said < 400, or the client left first). Raises ``Refused`` (retry elsewhere:
     the connection was refused or timed out, nothing was sent).
 
     A reused keep-alive connection that the replica closed before answering is
-    retried once on a fresh connection to the same replica.
+    retried once on a fresh connection to the same replica (``fresh``: that retry, after the fast path's
+    pooled connection went stale).
     """
     replica = lease.replica.id
     if client.gone:
@@ -347,13 +361,13 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
             return CLIENT_CLOSED, True
         exchange = Exchange(proxy, client, request, replica, conn, reused, turn=turn)
         exchange.start(request_bytes(request, pool, headers))
+        assert exchange.done is not None
         if await exchange.done == STALE:
             return None
-        _report(proxy, lease, exchange)
-        return exchange.code, _accepted(exchange)
+        return verdict(proxy, lease, exchange)
 
     try:
-        return await pool.exchange(send)
+        return await pool.exchange(send, fresh)
     except TimeoutError:  # before OSError, its base class: nothing was sent, as safe to retry as a refusal
         proxy.context.outliers.failure(lease.replica, TIMEOUT)
         raise Refused(f"connecting to {replica} timed out") from None
@@ -361,12 +375,14 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
         raise refused_or_short(error, str(error)) from None
 
 
-def _report(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> None:
-    """Passive health: a failure before a response head, or a 5xx head, counts towards ejection."""
+def verdict(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> tuple[int | None, bool]:
+    """An ended exchange's code to record and whether the replica accepted the request, told to passive health
+    (a failure before a response head, or a 5xx head, counts towards ejection)."""
     if exchange.failure is not None:
         proxy.context.outliers.failure(lease.replica, exchange.failure)
     elif exchange.status:
         proxy.context.outliers.answered(lease.replica, exchange.status)
+    return exchange.code, _accepted(exchange)
 
 
 def _accepted(exchange: Exchange) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING
 
 import httptools
@@ -244,7 +245,7 @@ class ClientConnection(asyncio.Protocol):
         """Refuse a declared body that cannot fit before reading any of it."""
         if length > request.limit:
             request.error = RouterError(413, f"request body of {length} bytes exceeds maxBodyBytes={request.limit}")
-        elif self.listener.budget.held + length > self.listener.limits().max_buffered_bytes:
+        elif self.listener.budget.held + length > self._max_buffered:  # the bound read in on_message_begin
             request.error = self._budget_error()
 
     def _charge(self, request: HttpRequest, size: int) -> bool:
@@ -299,26 +300,35 @@ class ClientConnection(asyncio.Protocol):
         if self._busy or not self._queue or self.gone or self.write_paused:
             return
         self._busy = True
-        assert self.loop is not None  # connected: requests arrive only after connection_made
-        self.loop.create_task(self._answer(self._queue.popleft()))
+        self.listener.dispatch(self, self._queue.popleft())
 
-    async def _answer(self, request: HttpRequest) -> None:
+    def answer_later(self, request: HttpRequest, answering: Coroutine[None, None, None]) -> None:
+        """Answer ``request`` in a Task running ``answering`` (the listener's ``handle``), then ``answered``."""
+        assert self.loop is not None  # connected: requests arrive only after connection_made
+        self.loop.create_task(self._answer(request, answering))
+
+    async def _answer(self, request: HttpRequest, answering: Coroutine[None, None, None]) -> None:
         try:
-            await self.listener.handle(self, request)
+            await answering
         finally:
-            self._uncharge(request)
-            self._busy = False
-            self.active_at = self.listener.now
-            transport = self.transport
-            if transport is not None and not self.gone:
-                if request.close_after or not request.keep_alive:
-                    self._drop_queue()
-                    self._linger(transport)
-                else:
-                    if self._read_paused and len(self._queue) <= MAX_QUEUED // 2:
-                        self._read_paused = False
-                        transport.resume_reading()
-                    self._next()
+            self.answered(request)
+
+    def answered(self, request: HttpRequest) -> None:
+        """``request`` has its whole answer: its bytes leave the budget, then the next request starts, or the
+        connection closes (not once it is cut: ``abort``)."""
+        self._uncharge(request)
+        self._busy = False
+        self.active_at = self.listener.now
+        transport = self.transport
+        if transport is not None and not self.gone and not transport.is_closing():
+            if request.close_after or not request.keep_alive:
+                self._drop_queue()
+                self._linger(transport)
+            else:
+                if self._read_paused and len(self._queue) <= MAX_QUEUED // 2:
+                    self._read_paused = False
+                    transport.resume_reading()
+                self._next()
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after the last answer without losing it: send FIN, then drain what the client still sends.

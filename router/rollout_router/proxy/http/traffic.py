@@ -6,17 +6,19 @@ import time
 
 from ...fleet.rlstate import Paused
 from ...policy import NoReplicaError
+from ...replicas import Lease
 from .. import admin, rl_routes, workers
-from ..attempts import AllRefused, OutOfDescriptors, forward
+from ..attempts import AllRefused, OutOfDescriptors, Routed, forward, route, settle
 from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import Limits, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, body_key, decoded_body, header_key
+from ..turns import Turn
 from . import wire
 from .listener import HttpListener
 from .owner import to_owner
-from .relay import WAITING, Exchange, attempt
+from .relay import STALE, WAITING, Exchange, attempt, request_bytes, verdict
 from .routes import REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import KEEPALIVE_SECONDS, Pools
@@ -49,19 +51,61 @@ class HttpProxy(HttpListener):
         settings = self.context.settings
         return self._key_names.of(settings.session, settings.group)
 
-    async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
-        """Answer one request; never raises (whatever goes wrong, the client gets JSON naming it)."""
-        self.answering += 1
-        fleet = self.context.fleet
-        if fleet is not None and fleet.leaving:
-            request.close_after = True  # the client's next request opens a connection to a router that stays
+    def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
+        """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``."""
+        if not self._fast(client, request):
+            client.answer_later(request, self.handle(client, request))
+
+    def _fast(self, client: ClientConnection, request: HttpRequest) -> bool:
+        """Forward ``request`` from the parser's callbacks, its answer relayed and recorded from the replica
+        connection's (``Forwarding.done``), when nothing needs a wait: no fleet, no RL pause, a forwarded path.
+        False leaves the request to ``handle``: a probe, a refusal (its keys, no replica), or any of those.
+        Routed but with no idle connection to the replica, it goes to ``handle`` with its routing."""
+        context = self.context
+        if request.error is not None or context.fleet is not None or context.rl.paused or client.gone:
+            return False
         try:
-            if request.error is not None:
-                return self._refuse(client, request, request.error)
             path = normalise(request)
             if not forwarded(path):
-                return self._probe(client, request, path)
-            await self._forward(client, request)
+                return False
+            key, group = (None, None) if unkeyed(path) else self._keys(request)
+            routed = route(context, key, group=group)
+        except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
+            return False
+        self.answering += 1
+        lease = routed[1]
+        forwarding = Forwarding(self, client, request, key, group, routed)
+        pool = self.pools.get(lease.replica.id)
+        conn = pool.take()
+        if conn is None:  # a connect to wait for
+            client.answer_later(request, self.handle(client, request, forwarding))
+            return True
+        forwarding.started = started = time.monotonic()
+        routed[2].begin(started)
+        Exchange(self, client, request, lease.replica.id, conn, True, turn=routed[2],
+                 on_done=forwarding.done).start(request_bytes(request, pool, forwarding.headers))
+        return True
+
+    async def handle(self, client: ClientConnection, request: HttpRequest, handed: Forwarding | None = None
+                     ) -> None:
+        """Answer one request; never raises (whatever goes wrong, the client gets JSON naming it).
+
+        ``handed``: what the fast path routed and could not finish (counted in ``answering`` already)."""
+        if handed is None:
+            self.answering += 1
+            fleet = self.context.fleet
+            if fleet is not None and fleet.leaving:
+                request.close_after = True  # the client's next request opens a connection to a router that stays
+        try:
+            if handed is not None:
+                await self._send(handed)
+            elif request.error is not None:
+                return self._refuse(client, request, request.error)
+            else:
+                path = normalise(request)
+                if not forwarded(path):
+                    return self._probe(client, request, path)
+                await self._forward(client, request)
         except RouterError as error:
             self._refuse(client, request, error)
         except Exception:
@@ -75,24 +119,30 @@ class HttpProxy(HttpListener):
             key, group = (None, None) if unkeyed(request.path) else self._keys(request)
         except RouterError as error:
             return self._refuse(client, request, error)
-        headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
-        metrics = self.context.metrics
+        forwarding = Forwarding(self, client, request, key, group)
         fleet = self.context.fleet
         if fleet is not None and key is not None and await fleet.via_owner(
                 key, bool(request.keys and HOP in request.keys),
-                lambda owner: to_owner(self, fleet, client, request, headers, owner)):
+                lambda owner: to_owner(self, fleet, client, request, forwarding.headers, owner)):
             return
+        await self._send(forwarding)
 
-        async def send(lease, turn) -> bool:
-            started = time.monotonic()
-            turn.begin(started)
-            code, accepted = await attempt(self, client, request, headers, lease, turn)
-            if code is not None:
-                metrics.observe(lease.replica.id, code, time.monotonic() - started)
+    async def _send(self, forwarding: Forwarding) -> None:
+        """Forward to a replica, retrying on others as ``attempts.forward`` does, and refuse when none answers."""
+        client, request = forwarding.client, forwarding.request
+
+        async def send(lease: Lease, turn: Turn) -> bool:
+            started, forwarding.started = forwarding.started, None
+            stale = started is not None  # the fast path's attempt, begun on a pooled connection that went stale
+            if started is None:
+                started = time.monotonic()
+                turn.begin(started)
+            code, accepted = await attempt(self, client, request, forwarding.headers, lease, turn, fresh=stale)
+            self.observe(lease, code, started)
             return accepted
 
         try:
-            await forward(self.context, key, send, group=group)
+            await forward(self.context, forwarding.key, send, group=forwarding.group, first=forwarding.routed)
         except NoReplicaError:
             self._refuse(client, request, RouterError(503, self.context.replicas.unavailable()),
                          "no_replica")
@@ -102,6 +152,11 @@ class HttpProxy(HttpListener):
             self._refuse(client, request, RouterError(503, str(error)), "out_of_descriptors")
         except Paused as paused:
             self._refuse(client, request, RouterError(503, paused.message), paused.reason, paused.retry_after)
+
+    def observe(self, lease: Lease, code: int | None, started: float) -> None:
+        """An attempt's code and duration in the request metrics (None: nothing to record)."""
+        if code is not None:
+            self.context.metrics.observe(lease.replica.id, code, time.monotonic() - started)
 
     def _keys(self, request: HttpRequest) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key (``settings.group``): each from its headers, then its body
@@ -188,3 +243,34 @@ def write_admin(listener: HttpListener, client: ClientConnection, request: HttpR
         listener.context.metrics.errors.labels(f"http_{answer.status}").inc()
     client.write(wire.answer(answer.status, answer.body, answer.content_type.encode(), extra=extra,
                              close=request.close_after or not request.keep_alive, head_only=request.head_only))
+
+
+class Forwarding:
+    """One request on its way to a replica: its keys and head lines, and once routed by the fast path, its
+    routing and the attempt's start, to finish it from the relay's callback (``done``) or in ``handle``."""
+
+    __slots__ = ("proxy", "client", "request", "key", "group", "headers", "routed", "started")
+
+    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, key: str | None,
+                 group: str | None, routed: Routed | None = None) -> None:
+        self.proxy, self.client, self.request, self.key, self.group = proxy, client, request, key, group
+        self.headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
+        self.routed = routed
+        self.started: float | None = None  # set while the fast path's attempt is out
+
+    def done(self, exchange: Exchange, result: str | None) -> None:
+        """The fast path's exchange ended: recorded and released as ``_send`` would; a pooled connection that
+        went stale before answering hands the request to ``handle`` (a fresh connection, then the retries)."""
+        proxy, client, request = self.proxy, self.client, self.request
+        if result == STALE:
+            client.answer_later(request, proxy.handle(client, request, self))
+            return
+        assert self.routed is not None and self.started is not None
+        decision, lease, turn = self.routed
+        self.routed = None
+        code, accepted = verdict(proxy, lease, exchange)
+        proxy.observe(lease, code, self.started)
+        lease.release()
+        settle(proxy.context, self.key, decision, turn, accepted)
+        proxy.answering -= 1
+        client.answered(request)

@@ -126,15 +126,17 @@ class ReplicaPool:
                                                          ssl=self.ssl)
         return connection
 
-    async def exchange(self, send: Callable[[UpstreamConnection, bool], Awaitable[T | None]]) -> T:
-        """``send(connection, reused)`` on an idle connection, and once more on a new one when it answers None.
+    async def exchange(self, send: Callable[[UpstreamConnection, bool], Awaitable[T | None]], fresh: bool = False
+                       ) -> T:
+        """``send(connection, reused)`` on an idle connection, and once more on a new one when it answers None
+        (``fresh``: on a new one only, the idle one that went stale having been tried already).
 
         None means stale: the replica closed the reused connection before answering
         (the race a keep-alive pool cannot avoid), so nothing was done and the request
         is as safe to send again. A new connection is never stale. Connecting raises
         OSError when the replica refuses, TimeoutError when it does not answer.
         """
-        connection = self.take()
+        connection = None if fresh else self.take()
         if connection is not None:
             result = await send(connection, True)
             if result is not None:
