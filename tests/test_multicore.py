@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rollout_router.localfleet import Service, spawn, spawn_replica, stop, wait_healthy
+from rollout_router.localfleet import Service, command, spawn, spawn_replica, stop, wait_healthy
 from rollout_router.multicore_admin import summed, summed_metrics
 from tests.support import wait_until
 from tests.test_fleet import REPLICA_ARGS, Turn, fleet_load, quick_turn, status
@@ -125,6 +125,30 @@ def test_sigterm_drains_both_workers_and_leaves_no_process(replicas):
     finally:
         for process in processes:
             stop(process)
+
+
+def test_sigint_stops_both_workers_at_once_and_leaves_no_process(replicas):
+    processes: list[subprocess.Popen] = []
+    try:
+        router = start_router(replicas, processes)
+        pids = children(router.process.pid)
+        router.process.send_signal(signal.SIGINT)  # the parent alone, as a supervisor would; Ctrl-C signals all
+        assert router.process.wait(timeout=40) == 0
+        assert not any(alive(pid) for pid in pids)
+    finally:
+        for process in processes:
+            stop(process)
+
+
+def test_workers_refuse_the_config_files_fleet_section(tmp_path):
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({"fleet": {"peers": []}}))
+    done = subprocess.run([*command("serve", "--workers", "2", "--config", str(config))], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == ("rollout-router serve: --workers 2: cannot be combined with the config's fleet "
+                                   "section (the workers share sessions among themselves only; docs/fleet.md, "
+                                   "'Several cores'): use --workers 1 in a fleet")
 
 
 def test_a_worker_that_dies_takes_the_pod_down(replicas):
