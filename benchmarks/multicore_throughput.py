@@ -17,7 +17,7 @@ import sys
 from proxy_cost import CHAT, OURS, Arm, build_loadgen, figure, load, seen, spread
 from proxy_overhead import start_raw_replica
 
-ARMS = ("ours (sticky)", "ours (2 workers)")
+ARMS = ("ours (sticky)", "ours (2 workers)", "ours (2 workers, entry)")
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
         for arm in arms:
             load(arm, CHAT, 500, 1, stream=False)  # warm-up
         for index in range(args.rounds):
-            for arm in arms[index % 2:] + arms[:index % 2]:
+            for arm in arms[index % len(arms):] + arms[:index % len(arms)]:
                 sample = load(arm, CHAT, args.rate, args.seconds, stream=False)
                 sample["per_second"] = sample["ok"] / sample["seconds"]
                 arm.samples["chat"].append(sample)

@@ -7,6 +7,7 @@ port answers for both; SIGTERM drains both and leaves no process.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import urllib.request
@@ -33,10 +34,17 @@ def replicas() -> Iterator[list[Service]]:
             stop(process)
 
 
-def start_router(replicas: list[Service], into: list[subprocess.Popen]) -> Service:
+@pytest.fixture
+def router(replicas: list[Service]) -> Iterator[Service]:
+    """``serve --workers 2`` in front of the replicas; stopped (and checked gone) after the test."""
+    processes: list[subprocess.Popen] = []
     flags = [arg for replica in replicas for arg in ("--backend", replica.url)]
-    starting = spawn(["serve", "--workers", "2", "--log-level", "warning", *flags], "127.0.0.1", into=into)
-    return wait_healthy(starting.bound(60), "/readyz")
+    try:
+        starting = spawn(["serve", "--workers", "2", "--log-level", "warning", *flags], "127.0.0.1", into=processes)
+        yield wait_healthy(starting.bound(60), "/readyz")
+    finally:
+        for process in processes:
+            stop(process)
 
 
 def workers(router: Service) -> list[str]:
@@ -64,80 +72,55 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_every_turn_of_a_session_stays_on_one_replica_whichever_worker_it_enters(replicas):
-    processes: list[subprocess.Popen] = []
-    try:
-        router = start_router(replicas, processes)
-        urls = workers(router)
-        seen: dict[str, set[str | None]] = {}
-        for _ in range(TURNS):
-            for index in range(SESSIONS):  # a new connection per turn: the kernel picks a worker each time
-                key = f"conversation-{index}"
-                seen.setdefault(key, set()).add(quick_turn(router, key).replica)
-        assert all(len(replica) == 1 for replica in seen.values()), seen
-        documents = [worker_status(url) for url in urls]
-        assert all(d["fleet"]["forwarded"] > 0 for d in documents), "both workers took connections and forwarded"
-        assert all(d["sessions"] > 0 for d in documents), "both workers own sessions"
-        public = status(router)
-        assert public["workers"] == 2 and public["sessions"] == SESSIONS
-        assert public["new_sessions"] == SESSIONS and public["affinity_kept"] == SESSIONS * (TURNS - 1)
-        assert public["fleet"]["forwarded"] == sum(d["fleet"]["forwarded"] for d in documents)
-    finally:
-        for process in processes:
-            stop(process)
+def test_every_turn_of_a_session_stays_on_one_replica_whichever_worker_it_enters(router):
+    urls = workers(router)
+    seen: dict[str, set[str | None]] = {}
+    for _ in range(TURNS):
+        for index in range(SESSIONS):  # a new connection per turn: the kernel picks a worker each time
+            key = f"conversation-{index}"
+            seen.setdefault(key, set()).add(quick_turn(router, key).replica)
+    assert all(len(replica) == 1 for replica in seen.values()), seen
+    documents = [worker_status(url) for url in urls]
+    assert all(d["fleet"]["forwarded"] > 0 for d in documents), "both workers took connections and forwarded"
+    assert all(d["sessions"] > 0 for d in documents), "both workers own sessions"
+    public = status(router)
+    assert public["workers"] == 2 and public["sessions"] == SESSIONS
+    assert public["new_sessions"] == SESSIONS and public["affinity_kept"] == SESSIONS * (TURNS - 1)
+    assert public["fleet"]["forwarded"] == sum(d["fleet"]["forwarded"] for d in documents)
 
 
-def test_each_workers_margin_sees_the_others_requests_in_flight(replicas):
-    processes: list[subprocess.Popen] = []
-    held: list[Turn] = []
-    try:
-        router = start_router(replicas, processes)
-        urls = workers(router)
-        held = [Turn(router, f"held-{index}") for index in range(8)]
-        assert all(turn.status == 200 for turn in held)
-        local = wait_until(lambda: [sum(b["inflight"] for b in worker_status(u)["backends"]) for u in urls],
-                           "the held turns counted")
-        assert sum(local) == len(held) and all(local), local  # each worker relays those of the keys it owns
-        for url in urls:  # and each counts the other's too: its policy's fleet-wide load
-            wait_until(lambda url=url: fleet_load(Service(router.url, router.process, None, url)) == len(held),
-                       f"{url} to see {len(held)} in flight")
-    finally:
-        for turn in held:
-            turn.release()
-        for process in processes:
-            stop(process)
-
-
-def test_sigterm_drains_both_workers_and_leaves_no_process(replicas):
-    processes: list[subprocess.Popen] = []
-    try:
-        router = start_router(replicas, processes)
-        pids = children(router.process.pid)
-        assert len(pids) == 2
-        turn = Turn(router, "drained", max_tokens=40)  # about a second of decoding at 20 ms a step
-        assert turn.status == 200
-        router.process.send_signal(signal.SIGTERM)
-        body = turn.finish()
+def test_each_workers_margin_sees_the_others_requests_in_flight(router):
+    urls = workers(router)
+    held = [Turn(router, f"held-{index}") for index in range(8)]
+    assert all(turn.status == 200 for turn in held)
+    local = wait_until(lambda: [sum(b["inflight"] for b in worker_status(u)["backends"]) for u in urls],
+                       "the held turns counted")
+    assert sum(local) == len(held) and all(local), local  # each worker relays those of the keys it owns
+    for url in urls:  # and each counts the other's too: its policy's fleet-wide load
+        wait_until(lambda url=url: fleet_load(Service(router.url, router.process, None, url)) == len(held),
+                   f"{url} to see {len(held)} in flight")
+    for turn in held:
         turn.release()
-        assert body.rstrip().endswith(b"data: [DONE]"), body[-300:]  # the turn in flight finished
-        assert router.process.wait(timeout=40) == 0
-        assert not any(alive(pid) for pid in pids)
-    finally:
-        for process in processes:
-            stop(process)
 
 
-def test_sigint_stops_both_workers_at_once_and_leaves_no_process(replicas):
-    processes: list[subprocess.Popen] = []
-    try:
-        router = start_router(replicas, processes)
-        pids = children(router.process.pid)
-        router.process.send_signal(signal.SIGINT)  # the parent alone, as a supervisor would; Ctrl-C signals all
-        assert router.process.wait(timeout=40) == 0
-        assert not any(alive(pid) for pid in pids)
-    finally:
-        for process in processes:
-            stop(process)
+def test_sigterm_drains_both_workers_and_leaves_no_process(router):
+    pids = children(router.process.pid)
+    assert len(pids) == 2
+    turn = Turn(router, "drained", max_tokens=40)  # about a second of decoding at 20 ms a step
+    assert turn.status == 200
+    router.process.send_signal(signal.SIGTERM)
+    body = turn.finish()
+    turn.release()
+    assert body.rstrip().endswith(b"data: [DONE]"), body[-300:]  # the turn in flight finished
+    assert router.process.wait(timeout=40) == 0
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_sigint_stops_both_workers_at_once_and_leaves_no_process(router):
+    pids = children(router.process.pid)
+    router.process.send_signal(signal.SIGINT)  # the parent alone, as a supervisor would; Ctrl-C signals all
+    assert router.process.wait(timeout=40) == 0
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_workers_refuse_the_config_files_fleet_section(tmp_path):
@@ -151,17 +134,11 @@ def test_workers_refuse_the_config_files_fleet_section(tmp_path):
                                    "'Several cores'): use --workers 1 in a fleet")
 
 
-def test_a_worker_that_dies_takes_the_pod_down(replicas):
-    processes: list[subprocess.Popen] = []
-    try:
-        router = start_router(replicas, processes)
-        first, second = children(router.process.pid)
-        subprocess.run(["kill", "-KILL", str(first)], check=True)
-        assert router.process.wait(timeout=40) == 1  # never silently serving on fewer cores
-        assert not alive(second)
-    finally:
-        for process in processes:
-            stop(process)
+def test_a_worker_that_dies_takes_the_pod_down(router):
+    first, second = children(router.process.pid)
+    os.kill(first, signal.SIGKILL)
+    assert router.process.wait(timeout=40) == 1  # never silently serving on fewer cores
+    assert not alive(second)
 
 
 def test_status_documents_add_up_counts_and_keep_one_workers_view():

@@ -57,6 +57,24 @@ def dual_stack_socket(port: int, reuse_port: bool = False) -> socket.socket:
     raise OSError(errno.EAFNOSUPPORT, "neither IPv6 nor IPv4 is available")
 
 
+def bound_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``::``: ``dual_stack_socket``), not listening yet; ``reuse_port``:
+    with ``SO_REUSEPORT`` (``serve --workers N``'s parent holds the workers' ports so)."""
+    if host in (EVERY_ADDRESS, f"[{EVERY_ADDRESS}]"):
+        return dual_stack_socket(port, reuse_port)
+    family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(where)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def address(host: str, port: int) -> str:
     """``host:port``, IPv6 hosts in brackets."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

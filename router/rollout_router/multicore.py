@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import listening
-from .listening import EVERY_ADDRESS, address
+from .listening import address
 from .localfleet import Starting, command, interrupts_held
 from .multicore_admin import WorkerAdmin
 from .settings import RouterSettings
@@ -91,18 +91,7 @@ async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
 async def _reserve(host: str, port: int, port_flag: str) -> socket.socket:
     """A socket bound to ``host:port`` with ``SO_REUSEPORT``, not listening: it keeps the port for the workers."""
     async def reserve() -> socket.socket:
-        if host in (EVERY_ADDRESS, f"[{EVERY_ADDRESS}]"):
-            return listening.dual_stack_socket(port, reuse_port=True)
-        family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind(where)
-        except OSError:
-            sock.close()
-            raise
-        return sock
+        return listening.bound_socket(host, port, reuse_port=True)
     host_flag = "--host" if host is not WORKER_HOST else "--admin-host"
     return await bind(reserve(), host_flag, port_flag, host, port)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from .listening import EVERY_ADDRESS, dual_stack_socket
+from .listening import bound_socket
 
 FORWARD_TIMEOUT = 10.0
 ALL_WORKERS_GET = ("/readyz", "/status", "/metrics")
@@ -60,7 +59,7 @@ class WorkerAdmin:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT))
-        sock = dual_stack_socket(port) if host in (EVERY_ADDRESS, f"[{EVERY_ADDRESS}]") else _bound(host, port)
+        sock = bound_socket(host, port)
         site = web.SockSite(self._runner, sock)
         await site.start()
         return sock.getsockname()[1]
@@ -115,18 +114,6 @@ class _Answer:
     @property
     def text(self) -> str:
         return self.body.decode()
-
-
-def _bound(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(where)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def summed(documents: Sequence[Any], key: str = "") -> Any:
