@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -132,6 +133,19 @@ def test_workers_refuse_the_config_files_fleet_section(tmp_path):
     assert done.stderr.strip() == ("rollout-router serve: --workers 2: cannot be combined with the config's fleet "
                                    "section (the workers share sessions among themselves only; docs/fleet.md, "
                                    "'Several cores'): use --workers 1 in a fleet")
+
+
+def test_a_busy_admin_port_is_one_line_before_any_worker_starts():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(command("serve", "--workers", "2", "--port", "0", "--admin-port", str(port)),
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [f"rollout-router serve: --admin-port {port}: cannot listen on "
+                                                f"127.0.0.1:{port}: already in use (another process listens there; "
+                                                "pick another port, or 0 for any)"]
 
 
 def test_a_worker_that_dies_takes_the_pod_down(router):

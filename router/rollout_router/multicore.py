@@ -69,20 +69,23 @@ async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
     ports = [sock.getsockname()[1] for sock in held]
     urls = [f"http://{address(WORKER_HOST, sock.getsockname()[1])}" for sock in admins]
     workers: list[subprocess.Popen] = []
+    admin = WorkerAdmin(urls, workers)  # bound first: a busy --admin-port is refused before any worker starts
     try:
-        starting = [_spawn(argv, index, ports, urls, workers) for index in range(args.workers)]
-        for worker in starting:
-            worker.bound(START_TIMEOUT)
-        admin = WorkerAdmin(urls, workers)
         admin_port = await bind(admin.start(args.admin_host, args.admin_port), "--admin-host", "--admin-port",
                                 args.admin_host, args.admin_port)
+        starting = [_spawn(argv, index, ports, urls, workers) for index in range(args.workers)]
+        try:
+            for worker in starting:
+                worker.bound(START_TIMEOUT)
+        except (RuntimeError, TimeoutError) as error:  # the worker said why on stderr, which it shares
+            log.error("a worker did not start, so neither does the pod: %s", error)
+            return 1
         listening.announce("rollout-router", args.host, ports[0], ports[1] if len(ports) > 1 else None,
                            args.port_file, (args.admin_host, admin_port))
         log.info("%d workers serving on one port (pids %s)", len(workers), ", ".join(str(w.pid) for w in workers))
-        code = await _supervise(workers, args.drain_timeout)
-        await admin.close()
-        return code
+        return await _supervise(workers, args.drain_timeout)
     finally:
+        await admin.close()
         _stop_all(workers)
         for sock in held + admins:
             sock.close()
