@@ -9,9 +9,9 @@ client saw, added over direct. Two loads, one after the other in each round:
   SSE     --stream-rate streams/s (500), each 32 events + [DONE] from the replica
 
 Arms: direct (one raw replica), ours (sticky; margin 2; cost_affinity with margin 2; sticky with
-`--workers 2`: two processes sharing the sessions, docs/fleet.md "Several cores", with the owner worker
-forwarded to, or with `--ownership entry`: the worker a turn enters by pulls the pin), and the peers of
-benchmarks/peer_arms.py (vllm-router, SGLang router, HAProxy, nginx; each skipped with a note when not
+`--workers 2`, two processes sharing the sessions, docs/fleet.md "Several cores": a turn is forwarded to its
+owner worker, or with "2 entry workers" (`--ownership entry`) the worker it enters by pulls the pin), and the
+peers of benchmarks/peer_arms.py (vllm-router, SGLang router, HAProxy, nginx; each skipped with a note when not
 installed: `make bench-deps`). Rounds alternate the arms and rotate their order; the table shows the median
 and the [min-max] over rounds. Every arm is checked to forward (the replicas answered every session) and
 its sessions' spread over the two replicas is shown (0 split sessions = sticky).
@@ -52,7 +52,7 @@ STREAM = ('{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","conten
 OURS = {"ours (sticky)": ours(), "ours (margin 2)": ours("--affinity-break-margin", "2"),
         "ours (cost_affinity)": ours("--policy", "cost_affinity", "--affinity-break-margin", "2"),
         "ours (2 workers)": ours("--workers", "2"),  # sticky; the CPU of the parent and both workers
-        "ours (2 workers, entry)": ours("--workers", "2", "--ownership", "entry")}
+        "ours (2 entry workers)": ours("--workers", "2", "--ownership", "entry")}
 
 BASELINE = "ours (sticky, baseline src)"  # --baseline-src: runs whatever --arms says
 
