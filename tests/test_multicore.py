@@ -18,6 +18,7 @@ import pytest
 
 from rollout_router.localfleet import Service, command, spawn, spawn_replica, stop, wait_healthy
 from rollout_router.multicore_admin import summed, summed_metrics
+from rollout_router_operator.status import parse_report
 from tests.support import wait_until
 from tests.test_fleet import REPLICA_ARGS, Turn, fleet_load, quick_turn, status
 
@@ -88,6 +89,8 @@ def test_every_turn_of_a_session_stays_on_one_replica_whichever_worker_it_enters
     assert public["workers"] == 2 and public["sessions"] == SESSIONS
     assert public["new_sessions"] == SESSIONS and public["affinity_kept"] == SESSIONS * (TURNS - 1)
     assert public["fleet"]["forwarded"] == sum(d["fleet"]["forwarded"] for d in documents)
+    report = parse_report(json.dumps(public).encode())  # what the operator's status sums per pod
+    assert (report["new_sessions"], report["affinity_kept"]) == (SESSIONS, SESSIONS * (TURNS - 1))
 
 
 def test_each_workers_margin_sees_the_others_requests_in_flight(router):
