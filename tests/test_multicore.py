@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -20,7 +21,15 @@ from rollout_router.localfleet import Service, command, spawn, spawn_replica, st
 from rollout_router.multicore_admin import summed, summed_metrics
 from rollout_router_operator.status import parse_report
 from tests.support import wait_until
-from tests.test_fleet import REPLICA_ARGS, Turn, fleet_load, quick_turn, status
+from tests.test_fleet import (
+    REPLICA_ARGS,
+    Turn,
+    fleet_load,
+    grpc_replicas,  # noqa: F401  (a fixture)
+    grpc_turn,
+    quick_turn,
+    status,
+)
 
 SESSIONS, TURNS = 16, 4
 
@@ -156,6 +165,42 @@ def test_a_worker_that_dies_takes_the_pod_down(router):
     os.kill(first, signal.SIGKILL)
     assert router.process.wait(timeout=40) == 1  # never silently serving on fewer cores
     assert not alive(second)
+
+
+def start(args: list[str], processes: list[subprocess.Popen]) -> Service:
+    starting = spawn(["serve", "--workers", "2", "--log-level", "warning", *args], "127.0.0.1", into=processes)
+    return wait_healthy(starting.bound(60), "/readyz")
+
+
+def test_grpc_calls_of_a_session_stay_on_one_replica_whichever_worker_they_enter(grpc_replicas):
+    processes: list[subprocess.Popen] = []
+    try:
+        router = start([*(a for r in grpc_replicas for a in ("--backend", r.backend)), "--grpc-port", "0"], processes)
+        seen = {f"grpc-{index}": {grpc_turn(router, f"grpc-{index}") for _ in range(3)} for index in range(12)}
+        assert all(len(replicas) == 1 for replicas in seen.values()), seen  # a new channel (connection) per call
+        assert all(worker_status(url)["fleet"]["forwarded"] > 0 for url in workers(router))
+    finally:
+        for process in processes:
+            stop(process)
+
+
+def test_the_public_admin_port_wants_the_workers_token(replicas, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    processes: list[subprocess.Popen] = []
+    try:
+        router = start(["--backend", replicas[0].url, "--admin-token-file", str(token)], processes)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{router.admin_url}/status", timeout=5)
+        assert refused.value.code == 401
+        request = urllib.request.Request(f"{router.admin_url}/status", headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert json.load(answer)["workers"] == 2
+        with urllib.request.urlopen(f"{router.admin_url}/healthz", timeout=5) as answer:  # probes want none
+            assert json.load(answer)["status"] == "ok"
+    finally:
+        for process in processes:
+            stop(process)
 
 
 def test_status_documents_add_up_counts_and_keep_one_workers_view():
