@@ -47,15 +47,19 @@ def replicas() -> Iterator[list[Service]]:
 
 @pytest.fixture
 def router(replicas: list[Service]) -> Iterator[Service]:
-    """``serve --workers 2`` in front of the replicas; stopped (and checked gone) after the test."""
+    """``serve --workers 2`` in front of the replicas; stopped after the test."""
     processes: list[subprocess.Popen] = []
-    flags = [arg for replica in replicas for arg in ("--backend", replica.url)]
     try:
-        starting = spawn(["serve", "--workers", "2", "--log-level", "warning", *flags], "127.0.0.1", into=processes)
-        yield wait_healthy(starting.bound(60), "/readyz")
+        yield start([arg for replica in replicas for arg in ("--backend", replica.url)], processes)
     finally:
         for process in processes:
             stop(process)
+
+
+def start(args: list[str], processes: list[subprocess.Popen]) -> Service:
+    """``serve --workers 2 ARGS``, recorded in ``processes`` before it can be interrupted; once ready."""
+    starting = spawn(["serve", "--workers", "2", "--log-level", "warning", *args], "127.0.0.1", into=processes)
+    return wait_healthy(starting.bound(60), "/readyz")
 
 
 def workers(router: Service) -> list[str]:
@@ -165,11 +169,6 @@ def test_a_worker_that_dies_takes_the_pod_down(router):
     os.kill(first, signal.SIGKILL)
     assert router.process.wait(timeout=40) == 1  # never silently serving on fewer cores
     assert not alive(second)
-
-
-def start(args: list[str], processes: list[subprocess.Popen]) -> Service:
-    starting = spawn(["serve", "--workers", "2", "--log-level", "warning", *args], "127.0.0.1", into=processes)
-    return wait_healthy(starting.bound(60), "/readyz")
 
 
 def test_grpc_calls_of_a_session_stay_on_one_replica_whichever_worker_they_enter(grpc_replicas):
