@@ -8,8 +8,10 @@ client saw, added over direct. Two loads, one after the other in each round:
   chat    --rate req/s (2,000) of small chat completions, 32 keep-alive connections, 256 rotating sessions
   SSE     --stream-rate streams/s (500), each 32 events + [DONE] from the replica
 
-Arms: direct (one raw replica), ours (sticky; margin 2; cost_affinity with margin 2), and the peers of
-benchmarks/peer_arms.py (vllm-router, SGLang router, HAProxy, nginx; each skipped with a note when not
+Arms: direct (one raw replica), ours (sticky; margin 2; cost_affinity with margin 2; sticky with
+`--workers 2`, two processes sharing the sessions, docs/fleet.md "Several cores": a turn is forwarded to its
+owner worker, or with "2 entry workers" (`--ownership entry`) the worker it enters by pulls the pin), and the
+peers of benchmarks/peer_arms.py (vllm-router, SGLang router, HAProxy, nginx; each skipped with a note when not
 installed: `make bench-deps`). Rounds alternate the arms and rotate their order; the table shows the median
 and the [min-max] over rounds. Every arm is checked to forward (the replicas answered every session) and
 its sessions' spread over the two replicas is shown (0 split sessions = sticky).
@@ -48,7 +50,9 @@ CHAT = '{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":
 STREAM = ('{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":"hello"}],"max_tokens":32,'
           '"stream":true}')
 OURS = {"ours (sticky)": ours(), "ours (margin 2)": ours("--affinity-break-margin", "2"),
-        "ours (cost_affinity)": ours("--policy", "cost_affinity", "--affinity-break-margin", "2")}
+        "ours (cost_affinity)": ours("--policy", "cost_affinity", "--affinity-break-margin", "2"),
+        "ours (2 workers)": ours("--workers", "2"),  # sticky; the CPU of the parent and both workers
+        "ours (2 entry workers)": ours("--workers", "2", "--ownership", "entry")}
 
 BASELINE = "ours (sticky, baseline src)"  # --baseline-src: runs whatever --arms says
 

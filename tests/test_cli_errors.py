@@ -35,6 +35,12 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     (["operator", "--log-level", "chatty"], None, "argument --log-level: invalid choice: 'chatty'"),
     (["operator", "--status-interval", "often"], None, "argument --status-interval: must be a number > 0, got 'often'"),
     (["operator", "-n", "a", "--all-namespaces"], None, "not allowed with argument"),
+    (["serve", "--workers", "0"], None, "argument --workers: must be an integer >= 1, got '0'"),
+    (["serve", "--workers", "-1"], None, "argument --workers: must be an integer >= 1, got '-1'"),
+    (["serve", "--workers", "x"], None, "argument --workers: must be an integer >= 1, got 'x'"),
+    (["serve", "--workers", "2", "--peer", "http://127.0.0.1:9"], None, "--workers 2: cannot be combined with --peer"),
+    (["serve", "--workers", "3", "--peer-selector", "app=r"], None,
+     "--workers 3: cannot be combined with --peer-selector"),
 ])
 def test_a_mistake_is_one_line_and_exit_2(args, env, says):
     done = run(*args, env=env)

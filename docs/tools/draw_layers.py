@@ -27,6 +27,7 @@ ROLES = {
     "fleet": "owners, peers' loads", "health": "ejection, probes",
     "kube": "API client, watch", "discovery": "pods -> replicas", "balancer": "route + lease", "descriptors": "fd limit, caps",
     "addresses": "worker address policy", "tallies": "metrics read at scrape",
+    "multicore": "--workers N parent", "multicore_admin": "pod admin, summed",
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
     "listening": "sockets",
 }

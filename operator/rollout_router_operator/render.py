@@ -282,6 +282,30 @@ def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
             "--drain-timeout", str(ROUTER_DRAIN_SECONDS), *entry]
 
 
+def workers(spec: RolloutRouterSpec) -> int:
+    """Router processes per pod: ``spec.router.workers``, else the CPU limit rounded down (at least 1; no limit,
+    or session ownership across pods, which the workers do not share yet: 1)."""
+    router = spec.router
+    if router.workers is not None:
+        return router.workers
+    limit = router.resources.limits.get("cpu")
+    return 1 if router.session_ownership or limit is None else max(1, int(cores(limit)))
+
+
+def cores(quantity: int | str) -> float:
+    """A CPU quantity in cores: 2, "2", "1.5", "2500m" (the API server has checked its syntax)."""
+    text = str(quantity)
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)(m?)", text)
+    if match is None:
+        raise InvalidSpec(f"spec.router.resources.limits.cpu: {text!r} is not a CPU quantity (2, 1.5, 2500m)")
+    return float(match[1]) / (1000 if match[2] else 1)
+
+
+def _workers_args(spec: RolloutRouterSpec) -> list[str]:
+    count = workers(spec)
+    return ["--workers", str(count)] if count > 1 else []
+
+
 def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_image: str, token: bool) -> dict:
     """The router Deployment; ``token``: mount the admin token Secret and require it on the admin routes."""
     router = spec.router
@@ -310,7 +334,7 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
                     "--host", "::", "--port", str(ROUTER_PORT),  # every address: IPv4, IPv6 and dual-stack pods
                     "--admin-host", "::", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args, *token_args,
-                    *_fleet_args(name, spec)],
+                    *_fleet_args(name, spec), *_workers_args(spec)],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"}, *grpc_ports],
         "env": env,

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 EXPIRY_INTERVAL = 15.0
 EXPIRY_BATCH = 10_000  # pins dropped per turn of the event loop (about 5 ms), so expiry never stalls traffic
 RELOAD_INTERVAL = 2.0
+WORKER_HOST = "127.0.0.1"  # a worker's private traffic ports (``serve --workers N``)
 STOP_GRACE_SECONDS = 2.0  # gRPC calls in flight at stop are given this long
 
 
@@ -91,6 +92,7 @@ class Runtime:
             from .proxy.grpc import GrpcProxy  # loaded only by routers that serve gRPC
             self.grpc_proxy = GrpcProxy(self, self.http_proxy.budget)  # one budget of request bytes for both
         self.port: int | None = None
+        self._fleet_ports: tuple[int | None, int | None] = (None, None)  # a worker's private HTTP and gRPC ports
         self._discovery: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
         self._probing: asyncio.Task | None = None
@@ -177,6 +179,8 @@ class Runtime:
         limit = descriptors.raise_limit()
         cap = descriptors.connection_cap(self.settings.max_connections, limit, 1 + (self.grpc_proxy is not None))
         limit_connections(cap)
+        for listener in (self.http_proxy, self.admin, *([self.grpc_proxy] if self.grpc_proxy is not None else [])):
+            listener.reuse_port = self.peering.worker  # the parent holds these ports bound, not listening
         self.port = await bind(self.http_proxy.start(host, port), "--host", "--port", host, port)
         if self.admin_address is not None:
             self.admin_port = await bind(self.admin.start(*self.admin_address), "--admin-host", "--admin-port",
@@ -188,6 +192,9 @@ class Runtime:
             self.grpc_port = await bind(self.grpc_proxy.start(grpc_host.strip("[]"), int(grpc_port)), "--host",
                                         "--grpc-port", grpc_host, int(grpc_port))
         descriptors.say_cut(self.settings.max_connections, cap, limit)  # once bound: a bind error stays one line
+        if self.peering.worker:  # where the other workers forward to this one: the shared port could be any of them
+            self._fleet_ports = (await self.http_proxy.listen_privately(WORKER_HOST),
+                                 await self.grpc_proxy.listen_privately(WORKER_HOST) if self.grpc_proxy else None)
         if self.peering.wanted(self.settings):
             self._start_fleet()
         return self.port
@@ -201,10 +208,11 @@ class Runtime:
         self.rl.origin = self_id
         host = urlsplit(self_id).hostname or "127.0.0.1"
         token = self.admin.token
+        http_port, grpc_port = self._fleet_ports
         self.fleet = Fleet(self.replicas, self.balancer, self.clock, self.settings.fleet or FleetSettings(),
                            lambda: self.settings.session.idle_timeout_seconds, self_id,
-                           f"http://{address(host, self.port or 0)}",
-                           address(host, self.grpc_port) if self.grpc_port is not None else None,
+                           f"http://{address(host, http_port or self.port or 0)}",
+                           address(host, grpc_port or self.grpc_port) if self.grpc_port is not None else None,
                            lambda: token.current() if token is not None else None,
                            self.peering.peers, self.peering.selector, self.peering.namespace, self.peering.ownership,
                            self.rl)
@@ -254,6 +262,7 @@ class Peering:
     namespace: str | None = None
     advertise: str | None = None
     ownership: Ownership | None = None
+    worker: bool = False  # one of ``serve --workers N``'s processes: it shares the traffic ports (multicore.py)
 
     def wanted(self, settings: RouterSettings) -> bool:
         """Session ownership is on when any peer source is given (the config's ``fleet`` section is one)."""

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser(argv).parse_args(argv)
         require_extra(args.command)
+        args.argv = argv  # serve --workers N repeats it for its workers
         return importlib.import_module(args.module).run(args) or 0
     except UsageError as error:
         print(f"rollout-router {_chosen(argv)}: {error}", file=sys.stderr)

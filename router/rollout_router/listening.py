@@ -30,9 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              '({"http": PORT, "grpc": PORT or null, "admin": PORT or null}); useful with --port 0.')
 
 
-def dual_stack_socket(port: int) -> socket.socket:
+def dual_stack_socket(port: int, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to ``[::]:port`` that also takes IPv4 (``IPV6_V6ONLY`` off), or to ``0.0.0.0:port`` on a
-    machine without IPv6, for ``loop.create_server(sock=...)``."""
+    machine without IPv6, for ``loop.create_server(sock=...)``; ``reuse_port``: with ``SO_REUSEPORT``, so the
+    workers of ``serve --workers N`` (and their parent, which holds the port) bind it together."""
     for family, host in ((socket.AF_INET6, EVERY_ADDRESS), (socket.AF_INET, "0.0.0.0")):
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
@@ -44,6 +45,8 @@ def dual_stack_socket(port: int) -> socket.socket:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
         except OSError as error:
             sock.close()
@@ -52,6 +55,24 @@ def dual_stack_socket(port: int) -> socket.socket:
             raise
         return sock
     raise OSError(errno.EAFNOSUPPORT, "neither IPv6 nor IPv4 is available")
+
+
+def bound_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``::``: ``dual_stack_socket``), not listening yet; ``reuse_port``:
+    with ``SO_REUSEPORT`` (``serve --workers N``'s parent holds the workers' ports so)."""
+    if host in (EVERY_ADDRESS, f"[{EVERY_ADDRESS}]"):
+        return dual_stack_socket(port, reuse_port)
+    family, kind, proto, _, where = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(where)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def address(host: str, port: int) -> str:

@@ -116,7 +116,7 @@ def spawn(args: Sequence[str], host: str, log: IO[str] | None = None,
     """
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-")) / "ports.json"
     admin = ["--admin-port", "0"] if args[0] == "serve" and "--admin-port" not in args else []
-    with _interrupts_held():
+    with interrupts_held():
         process = subprocess.Popen(command(*args, *admin, "--host", host, "--port", "0", "--port-file", str(port_file)),
                                    stdout=log or subprocess.DEVNULL,
                                    stderr=subprocess.STDOUT if log else subprocess.PIPE,
@@ -127,7 +127,7 @@ def spawn(args: Sequence[str], host: str, log: IO[str] | None = None,
 
 
 @contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
+def interrupts_held() -> Iterator[None]:
     """Defer Ctrl-C (main thread only) while a child starts and is recorded; a deferred one is raised after.
 
     Without it a Ctrl-C landing inside ``Popen`` (after the fork) or before the caller records the process

@@ -116,6 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"to their new owners, its requests in flight finish; it exits after at most this long "
                         f"(default {DRAIN_TIMEOUT:g}; keep it below the pod's terminationGracePeriodSeconds). "
                         f"A second SIGTERM, or SIGINT, stops it at once.")
+    parser.add_argument("--workers", type=usage.at_least(1), default=1, metavar="N",
+                        help="Router processes (default 1): N > 1 uses N cores; they share the traffic ports "
+                        "(SO_REUSEPORT) and the sessions (each key owned by one worker, docs/fleet.md 'Several cores'); "
+                        "the admin port answers for all of them. Not with --peer or --peer-selector.")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by --workers' parent
     parser.add_argument("--log-level", default="info", type=peer_flags.log_level,
                         choices=["debug", "info", "warning", "error", "critical"], help="Log level (default info).")
 
@@ -172,9 +177,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollout-router serve: --admin-token-file {args.admin_token_file}: "
               f"{getattr(error, 'strerror', None) or error}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        from . import multicore  # the parent of the workers: it serves no traffic itself
+        multicore.refuse_peers(args, settings)
+        return multicore.run(args, multicore.main_argv(args))
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
-    peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise, args.ownership)
+    peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise, args.ownership,
+                      args.worker)
     runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
                       peering)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout))
@@ -197,7 +207,8 @@ async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None,
         admin = (runtime.admin_address[0], runtime.admin_port) if runtime.admin_address and runtime.admin_port else None
         listening.announce("rollout-router", host, port, runtime.grpc_port, port_file, admin)
         await _first(stopping.wait(), terminated.wait(), _warn_without_replicas(runtime))
-        if not stopping.is_set() and runtime.has_peers():
+        drains = runtime.has_peers() or runtime.peering.worker  # a worker drains even once the others have left
+        if not stopping.is_set() and drains:
             await _first(stopping.wait(), runtime.leave(drain_timeout))
     finally:
         await runtime.stop()

@@ -71,6 +71,7 @@ class Listener:
 
     name = "http"  # the ``listener`` label of its metrics
     refusal = "503"  # what a connection beyond ``max_connections`` is answered (in the log line)
+    reuse_port = False  # True in a worker of ``serve --workers N``: the workers bind the same port (SO_REUSEPORT)
 
     def __init__(self, context: RouterContext, budget: Budget | None = None):
         self.context = context
@@ -79,6 +80,7 @@ class Listener:
         self.budget = budget or Budget()  # bounded by ``Limits.max_buffered_bytes``
         self.buffered = 0  # this listener's share of the budget (its metric)
         self._server: asyncio.AbstractServer | None = None
+        self._private: asyncio.AbstractServer | None = None  # a worker's own port, where its fleet peers reach it
         self._sweeper: asyncio.Task | None = None
         self._at_limit = False
         metrics = context.metrics
@@ -94,11 +96,19 @@ class Listener:
         """Listen on ``host:port`` (0 picks a free port; ``::`` every IPv6 and IPv4 address); returns the port."""
         loop = asyncio.get_running_loop()
         if host in (EVERY_ADDRESS, f"[{EVERY_ADDRESS}]"):
-            self._server = await loop.create_server(self.connection, sock=dual_stack_socket(port), backlog=1024)
+            self._server = await loop.create_server(self.connection, sock=dual_stack_socket(port, self.reuse_port),
+                                                    backlog=1024)
         else:
-            self._server = await loop.create_server(self.connection, host, port, backlog=1024, reuse_address=True)
+            self._server = await loop.create_server(self.connection, host, port, backlog=1024, reuse_address=True,
+                                                    reuse_port=self.reuse_port or None)
         self._sweeper = loop.create_task(self._sweep(), name=f"{self.name}-sweep")
         return self._server.sockets[0].getsockname()[1]
+
+    async def listen_privately(self, host: str) -> int:
+        """Also listen on a port of this process alone (``host``, a free port; returns it): a worker of
+        ``serve --workers N`` shares its public port with the others, so a turn forwarded to it comes here."""
+        self._private = await asyncio.get_running_loop().create_server(self.connection, host, 0, backlog=1024)
+        return self._private.sockets[0].getsockname()[1]
 
     def connection(self) -> asyncio.Protocol:
         """A new client connection's protocol."""
@@ -106,12 +116,12 @@ class Listener:
 
     def stop_accepting(self) -> None:
         """Refuse new connections; those open are served until ``close``."""
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._private):
+            if server is not None:
+                server.close()
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self.stop_accepting()
         for client in list(self.clients):
             if client.transport is not None:
                 client.transport.close()
@@ -119,8 +129,9 @@ class Listener:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in (self._server, self._private):
+            if server is not None:
+                await server.wait_closed()
 
     def admit(self) -> bool:
         """Whether one more connection fits; the first refusal of an episode is logged."""

@@ -1,0 +1,167 @@
+"""``rollout-router serve --workers N``: N router processes behind one traffic port, sharing sessions as a fleet.
+
+One Python process uses one core, so a pod with N cores runs N routers (docs/fleet.md, "Several cores"):
+
+- this process, the parent, holds the ports: it binds the traffic (and gRPC) port with ``SO_REUSEPORT`` without
+  listening, and one loopback admin port per worker the same way, so port 0 is chosen once and nothing can
+  take a port between the parent choosing it and the workers binding it;
+- each worker is a plain ``serve`` process listening on those ports with ``SO_REUSEPORT`` (the kernel spreads
+  the connections over them), on its own loopback admin port, and on a private loopback traffic port where
+  the others forward to it; the workers are each other's ``--peer``: each session key has one owner worker
+  (the rendezvous hash), a turn entering another worker goes one hop on loopback to it, and every worker's
+  margin sees the others' requests in flight (``/fleet/v1/loads``);
+- the parent serves the public admin port (``multicore_admin``): probes, and ``/status`` and ``/metrics`` summed
+  over the workers, so the operator and Prometheus see one router per pod.
+
+A worker that exits unexpectedly takes the pod down (the others drain, the parent exits 1, the kubelet restarts
+the container): a pod silently running on fewer cores would be worse. SIGTERM drains every worker (their fleet's
+leave path); SIGINT or a second SIGTERM stops them at once; SIGHUP reloads them all. Routers in other pods are
+not members: ``--workers`` above 1 with ``--peer``, ``--peer-selector`` or a ``fleet`` section is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import listening
+from .listening import address
+from .localfleet import Starting, command, interrupts_held
+from .multicore_admin import WorkerAdmin
+from .settings import RouterSettings
+from .usage import UsageError, bind
+
+log = logging.getLogger(__name__)
+
+WORKER_HOST = "127.0.0.1"  # the workers' admin and private traffic ports: this pod only
+START_TIMEOUT = 60.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def refuse_peers(args: argparse.Namespace, settings: RouterSettings) -> None:
+    """``--workers`` > 1 makes the workers a fleet of their own: routers of other pods cannot join it (yet)."""
+    given = ("--peer" if args.peers else "--peer-selector" if args.peer_selector else
+             "the config's fleet section" if settings.fleet is not None else None)
+    if given:
+        raise UsageError(f"--workers {args.workers}: cannot be combined with {given} (the workers share sessions "
+                         f"among themselves only; docs/fleet.md, 'Several cores'): use --workers 1 in a fleet")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """Start ``args.workers`` workers from this command line (``argv``), serve the public admin port, supervise."""
+    return asyncio.run(_parent(args, argv))
+
+
+async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
+    held = [await _reserve(args.host, args.port, "--port")]
+    if args.grpc_port is not None:
+        held.append(await _reserve(args.host, args.grpc_port, "--grpc-port"))
+    admins = [await _reserve(WORKER_HOST, 0, "--admin-port") for _ in range(args.workers)]
+    ports = [sock.getsockname()[1] for sock in held]
+    urls = [f"http://{address(WORKER_HOST, sock.getsockname()[1])}" for sock in admins]
+    workers: list[subprocess.Popen] = []
+    admin = WorkerAdmin(urls, workers)  # bound first: a busy --admin-port is refused before any worker starts
+    try:
+        admin_port = await bind(admin.start(args.admin_host, args.admin_port), "--admin-host", "--admin-port",
+                                args.admin_host, args.admin_port)
+        starting = [_spawn(argv, index, ports, urls, workers) for index in range(args.workers)]
+        try:
+            for worker in starting:
+                worker.bound(START_TIMEOUT)
+        except (RuntimeError, TimeoutError) as error:  # the worker said why on stderr, which it shares
+            log.error("a worker did not start, so neither does the pod: %s", error)
+            return 1
+        listening.announce("rollout-router", args.host, ports[0], ports[1] if len(ports) > 1 else None,
+                           args.port_file, (args.admin_host, admin_port))
+        log.info("%d workers serving on one port (pids %s)", len(workers), ", ".join(str(w.pid) for w in workers))
+        return await _supervise(workers, args.drain_timeout)
+    finally:
+        await admin.close()
+        _stop_all(workers)
+        for sock in held + admins:
+            sock.close()
+
+
+async def _reserve(host: str, port: int, port_flag: str) -> socket.socket:
+    """A socket bound to ``host:port`` with ``SO_REUSEPORT``, not listening: it keeps the port for the workers."""
+    async def reserve() -> socket.socket:
+        return listening.bound_socket(host, port, reuse_port=True)
+    host_flag = "--host" if host is not WORKER_HOST else "--admin-host"
+    return await bind(reserve(), host_flag, port_flag, host, port)
+
+
+def _spawn(argv: list[str], index: int, ports: list[int], urls: list[str],
+           into: list[subprocess.Popen]) -> Starting:
+    """Worker ``index``: this command line, then the flags that make it a worker (later flags win in argparse)."""
+    port_file = Path(tempfile.mkdtemp(prefix="rollout-router-worker-")) / "ports.json"
+    own = ["--workers", "1", "--worker", "--port", str(ports[0]), *(["--grpc-port", str(ports[1])] if len(ports) > 1
+           else []), "--admin-host", WORKER_HOST, "--admin-port", urls[index].rpartition(":")[2],
+           "--advertise", urls[index], "--port-file", str(port_file),
+           *(arg for url in urls if url != urls[index] for arg in ("--peer", url))]
+    with interrupts_held():
+        into.append(subprocess.Popen(command(*argv, *own), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent))
+    return Starting(into[-1], WORKER_HOST, port_file)
+
+
+def _die_with_parent() -> None:
+    """In the worker: SIGTERM when the parent dies, even by SIGKILL, so a worker is never orphaned (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+async def _supervise(workers: list[subprocess.Popen], drain_timeout: float) -> int:
+    """Until SIGTERM/SIGINT (0 once every worker has stopped) or a worker's exit (1, the others drained)."""
+    loop = asyncio.get_running_loop()
+    stopping: asyncio.Future[signal.Signals] = loop.create_future()
+
+    def ask(signum: signal.Signals) -> None:
+        if not stopping.done():
+            stopping.set_result(signum)
+        else:  # a second SIGTERM, or SIGINT while draining: at once
+            _signal_all(workers, signal.SIGINT)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, ask, signum)
+    loop.add_signal_handler(signal.SIGHUP, _signal_all, workers, signal.SIGHUP)
+    exits = [asyncio.ensure_future(asyncio.to_thread(w.wait)) for w in workers]
+    waits: list[asyncio.Future[Any]] = [stopping, *exits]
+    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    died = None if stopping in done else next(w for w, e in zip(workers, exits, strict=True) if e in done)
+    if died is not None:
+        log.error("worker pid %d exited with %s: stopping the pod (the others drain first) rather than serve on "
+                  "fewer cores", died.pid, died.returncode)
+    _signal_all(workers, signal.SIGINT if stopping.done() and stopping.result() == signal.SIGINT else signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.gather(*exits), drain_timeout + 5)
+    except TimeoutError:
+        log.error("workers still running %g s after the drain began: killed", drain_timeout + 5)
+    return 0 if died is None else 1
+
+
+def _signal_all(workers: list[subprocess.Popen], signum: signal.Signals) -> None:
+    for worker in workers:
+        if worker.poll() is None:
+            worker.send_signal(signum)
+
+
+def _stop_all(workers: list[subprocess.Popen]) -> None:
+    """Whatever happened: no worker outlives the parent (SIGKILL for any still running)."""
+    for worker in workers:
+        if worker.poll() is None:
+            worker.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(timeout=10)
+
+
+def main_argv(args: argparse.Namespace) -> list[str]:
+    """The command line ``serve`` was started with (``cli.main`` records it), for the workers to repeat."""
+    return list(getattr(args, "argv", None) or sys.argv[1:])
