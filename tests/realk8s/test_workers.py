@@ -1,0 +1,38 @@
+"""A router pod given two cores runs two router processes (``serve --workers 2``) that act as one router: the
+operator's default when ``sessionOwnership`` is false and the CPU limit is above one core (docs/fleet.md,
+"Several cores"). A real API server, Deployment controller and scheduler; the node agent runs the pod.
+"""
+from __future__ import annotations
+
+import pytest
+
+from .cluster import eventually
+from .workloads import ADMIN_TOKENS, ROUTER_SELECTOR, admin_token, chat, router_status, rr_table, vllm_deployment
+
+pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
+
+
+def rollout_router(cpu: str) -> dict:
+    return {"apiVersion": "rolloutrouter.dev/v1alpha1", "kind": "RolloutRouter", "metadata": {"name": "rollouts"},
+            "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "affinityBreakMargin": 4,
+                     "router": {"sessionOwnership": False,
+                                "resources": {"limits": {"cpu": cpu, "memory": "1Gi"}}}}}
+
+
+def test_a_router_pod_with_two_cores_runs_two_workers_that_act_as_one_router(cluster, operator_release, namespace):
+    cluster.apply(vllm_deployment(3), namespace)
+    cluster.wait_ready_pods(namespace, "app=vllm", 3)
+    cluster.apply(rollout_router("2"), namespace)
+    ADMIN_TOKENS[namespace] = admin_token(cluster, namespace)
+    [pod] = cluster.wait_ready_pods(namespace, ROUTER_SELECTOR, 1, timeout=180)
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[command.index("--workers") + 1] == "2"
+    eventually(lambda: router_status(pod)["backends_ready"] == 3, 60, "the router sees 3 ready backends")
+    assert router_status(pod)["workers"] == 2
+    used = [chat(pod, f"conversation-{i}", turns=4) for i in range(8)]  # each turn a connection of its own
+    assert all(len(set(replicas)) == 1 for replicas in used), used  # one router's pins, whichever worker
+    status = router_status(pod)
+    assert status["affinity_kept"] == 8 * 3 and status["affinity_broken"] == 0 and status["total_inflight"] == 0
+    table = eventually(lambda: (lambda t: t if t.get("KEPT") == "24" else None)(rr_table(cluster, namespace)),
+                       60, "kubectl get rr shows the two workers' kept turns summed")
+    assert table["READY"] == "1/1" and table["BACKENDS"] == "3/3"
