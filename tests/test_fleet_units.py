@@ -290,3 +290,49 @@ def test_router_pods_are_members_while_ready_at_their_admin_port():
     assert pods.apply("MODIFIED", _pod("b", "10.0.0.2")) == \
         {"http://10.0.0.1:8081", "http://10.0.0.2:8081", "http://[fd00::4]:8081"}
     assert pods.apply("DELETED", _pod("a", "10.0.0.1")) == {"http://10.0.0.2:8081", "http://[fd00::4]:8081"}
+
+
+@pytest.mark.parametrize("ownership", ["rendezvous", "entry"])
+async def test_decided_here_is_true_exactly_when_via_owner_decides_here_with_nothing_to_wait_for(ownership):
+    """The fast path serves a fleet's request only when ``via_owner`` would neither forward it nor fetch a pin."""
+    from rollout_router.fleet.node import Fleet
+    from rollout_router.settings import parse_settings
+    me, a = ROUTERS[:2]
+    balancer, now = _balancer()
+    fleet_settings = parse_settings({"fleet": {"ownership": ownership}}).fleet
+    assert fleet_settings is not None
+    fleet = Fleet(balancer.replicas, balancer, lambda: now[0], fleet_settings, lambda: None, me,
+                  "http://127.0.0.1:1", None, lambda: None)
+    assert fleet.ownership == ownership
+    fleet.membership.set_source(STATIC, [a])
+    fleet.membership.answered(a, now=0.0)
+    fleet.history.update({me}, 0.0)
+    fleet.history.update({me, a}, 0.0)  # a joined a moment ago: keys may have pins at their previous owner
+    for key in KEYS[:20]:  # half pinned here
+        lease = balancer.acquire(key)[1]
+        lease.release()
+    waited: list[str] = []
+
+    async def attempt(member) -> bool:
+        waited.append("forward")
+        return True
+
+    async def fetch(key: str, believed: str | None = None) -> None:
+        waited.append("fetch")
+
+    async def lookup(key: str, peers: list[str], timeout: float) -> bool:
+        waited.append("lookup")
+        return True
+
+    fleet.handoff.fetch, fleet.handoff.lookup = fetch, lookup  # type: ignore[method-assign]
+    seen = set()
+    for key in KEYS[:40]:
+        for hopped in (False, True):
+            for leaving in (False, True):
+                fleet.leaving = leaving
+                waited.clear()
+                decided = fleet.decided_here(key, hopped)
+                forwarded = await fleet.via_owner(key, hopped, attempt)
+                assert decided == (not forwarded and not waited), (key, hopped, leaving, waited)
+                seen.add(decided)
+    assert seen == {True, False}

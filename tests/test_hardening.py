@@ -150,6 +150,19 @@ async def test_the_buffered_bytes_budget_refuses_with_503_and_recovers(raw):
         assert await metric(runtime, "rolloutrouter_request_errors_total", reason="buffer_full") == 2
 
 
+async def test_a_head_cut_across_reads_holds_its_bytes_in_the_budget_until_it_ends(raw):
+    """Heads are charged once, at their end or at the end of the read that brought part of them."""
+    async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES)) as (base, runtime):
+        host, port = base.removeprefix("http://").split(":")
+        _, holder = await asyncio.open_connection(host, int(port))
+        holder.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Pad: " + b"p" * 20_000 + b"\r\nX-M")  # the next line ends the header
+        await wait_for(lambda: runtime.http_proxy.buffered >= 20_000)
+        holder.close()
+        await wait_for(lambda: runtime.http_proxy.buffered == 0)
+        [(code, _, _)] = await exchange(base, post(b"{}"))
+        assert code == 200 and runtime.http_proxy.buffered == 0
+
+
 async def test_connections_beyond_the_bound_get_503_and_one_log_line(raw, caplog):
     caplog.set_level(logging.WARNING, logger="rollout_router.proxy.listener")
     async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES, max_connections=3)) as (base, runtime):

@@ -131,3 +131,23 @@ async def test_a_silent_replica_on_the_fast_path_times_out_by_the_sweep(tasks):
         await replica.stop()
     assert first[0] == 504 and "did not answer in time" in json.loads(first[2])["error"]["message"]
     assert second[0] == 504  # the replica is still held: its connection was cut, the next one waits as long
+
+
+async def test_with_a_fleet_a_key_this_router_decides_takes_the_fast_path(tasks):
+    """A fleet whose only live member is this router (its peer refuses): every key is decided here, no Task."""
+    from rollout_router.settings import FleetSettings
+    raw = RawReplica(lambda index, connection: OK)
+    url = await raw.start()
+    try:
+        settings = RouterSettings(backends=[url], health=NO_PROBES, fleet=FleetSettings(peers=["http://127.0.0.1:1"]))
+        async with running_router(settings) as (base, runtime):
+            assert runtime.fleet is not None
+            await exchange(base, post())
+            tasks.clear()
+            answers = await exchange(base, post() + post(), responses=2)
+            assert runtime.replicas.total_inflight() == 0 and runtime.http_proxy.answering == 0
+            assert runtime.fleet.forwarded == 0
+    finally:
+        await raw.stop()
+    assert [code for code, _, _ in answers] == [200, 200]
+    assert tasks == [] and raw.connections == 1

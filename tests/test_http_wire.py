@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from types import SimpleNamespace
 
 import pytest
 
+from rollout_router.proxy.http.relay import STREAMING, Exchange
 from rollout_router.proxy.http.server import MAX_HEAD, WRITE_HIGH_WATER
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
@@ -382,3 +384,22 @@ async def test_remembered_response_heads_follow_each_answer_and_stay_bounded():
         assert 0 < len(relay.HEADS) <= relay.HEADS_KEPT
     finally:
         await raw.stop()
+
+
+@pytest.mark.parametrize(("pieces", "seen"), [
+    ([b"data: {}\n\ndata: [DO", b"NE]\n\n"], True),  # split inside the marker
+    ([b"data: [DONE]", b"\n", b"\n"], True),  # the blank line in chunks of its own
+    ([b"d", b"a", b"t", b"a: [DONE]\n\n"], True),  # chunks shorter than the tail kept
+    ([b"x" * 100 + b"data: [DONE]\n\n"], True),
+    ([b"data: [DONE] and more\n\n"], False),
+    ([b"data: [DONE]\n\n" + b"data: {}\n\n"], False),
+])
+def test_a_streams_done_event_is_seen_at_its_end_however_the_replica_splits_it(pieces, seen):
+    """`data: [DONE]` at the end of what came so far, across reads of any size, and only there."""
+    exchange = Exchange(SimpleNamespace(), SimpleNamespace(), SimpleNamespace(), "r", SimpleNamespace(), True,
+                        on_done=lambda *_: None)
+    exchange.state, exchange.sse, exchange.chunked = STREAMING, True, True
+    for piece in pieces:
+        exchange.on_body(piece)
+    assert exchange.done_seen is seen
+    assert b"".join(exchange.out) == b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)

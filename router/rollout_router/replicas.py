@@ -282,7 +282,8 @@ class ReplicaSet:
             return
         load = replica.inflight + replica.external
         self._http.move(replica.id, load)
-        self._grpc.move(replica.id, load)
+        if replica.grpc_target is not None:  # else not in the gRPC index (``_index``, after every change of it)
+            self._grpc.move(replica.id, load)
 
     def _index(self, replica: Replica) -> None:
         """Put a replica in (or out of) each protocol's index by its state: down, probe verdicts, addresses."""

@@ -224,6 +224,17 @@ class Fleet:
             owner_id = self._owners[key] = owner(key, members)
         return None if owner_id == self.self_id else self.membership.get(owner_id)
 
+    def decided_here(self, key: str, hopped: bool) -> bool:
+        """Whether ``via_owner`` would return False at once, with nothing to wait for: no owner to forward to
+        and no pin to fetch or look up first (the traffic listener's fast path serves such a request)."""
+        owner = self.owner_of(key)
+        if owner is not None and (not hopped or self.leaving):
+            return False
+        if self.ownership == "entry":
+            return not self._to_ask(key)
+        believed = owner.id if owner is not None and hopped else None
+        return not ((owner is None or believed) and self.handoff.needed(key, believed))
+
     async def via_owner(self, key: str, hopped: bool, attempt: Callable[[Member], Awaitable[bool]]) -> bool:
         """Send a keyed request through its owner: True when an owner answered it, False to decide here.
 
@@ -256,11 +267,15 @@ class Fleet:
     async def _look_up(self, key: str) -> None:
         """Entry ownership: pull ``key``'s pin from whichever peer holds it (leaving peers included, not those
         that handed every pin over); with none found and a peer silent, the session is decided here uninformed."""
-        if self.balancer.pinned(key) is not None:
-            return
-        peers = [m.id for m in self.live_peers() if m.id not in self.handoff.departed]
+        peers = self._to_ask(key)
         if peers and not await self.handoff.lookup(key, peers, self.settings.lookup_timeout_seconds):
             self.owner_unreachable += 1
+
+    def _to_ask(self, key: str) -> list[str]:
+        """Entry ownership: the peers to ask for ``key``'s pin (none when it is pinned here)."""
+        if self.balancer.pinned(key) is not None:
+            return []
+        return [m.id for m in self.live_peers() if m.id not in self.handoff.departed]
 
     def unreachable(self, member: Member, gone: bool) -> None:
         """Forwarding to ``member`` failed before any byte came back; ``gone``: refused or reset, not slow."""

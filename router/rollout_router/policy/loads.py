@@ -2,7 +2,8 @@
 
 ``LoadIndex`` is a read-only ``Mapping`` of replica -> load for the policies
 (``Request.loads``) that the replica set keeps up to date as requests start
-and end (loads move by one, so the minimum is kept in O(1)). It adds
+and end (loads move by one, so the minimum is kept in O(1), and a move is a few dict operations: the
+replicas at a load are sorted only when ``least`` reads them). It adds
 ``min()``, ``least(key)``, ``total()`` and ``ordered()``; ``lowest``,
 ``least_loaded``, ``total`` and ``ordered`` in ``hashing`` use them when given
 an index and fall back to a scan for a plain dict (the simulator and the
@@ -10,7 +11,6 @@ tests), so a policy reads the same either way.
 """
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator, Mapping
 
 from .hashing import tie_break
@@ -21,7 +21,8 @@ class LoadIndex(Mapping[str, int]):
 
     def __init__(self) -> None:
         self._load: dict[str, int] = {}
-        self._at: dict[int, list[str]] = {}  # load -> the replicas at that load, sorted
+        self._at: dict[int, dict[str, None]] = {}  # load -> the replicas at that load (a set, kept in order)
+        self._sorted: dict[int, list[str]] = {}  # load -> its replicas sorted, as ``least`` last read them
         self._min = 0
         self._total = 0
         self._ordered: tuple[str, ...] | None = ()  # the replicas by name; None until re-sorted
@@ -48,7 +49,11 @@ class LoadIndex(Mapping[str, int]):
 
     def least(self, key: str) -> str:
         """A replica at the lowest load, tied replicas chosen as ``hashing.least_loaded`` chooses them."""
-        return tie_break(key, self._at[self.min()])
+        low = self.min()
+        tied = self._sorted.get(low)
+        if tied is None:
+            tied = self._sorted[low] = sorted(self._at[low])
+        return tie_break(key, tied)
 
     def total(self) -> int:
         """The sum of the loads, kept as loads move."""
@@ -66,34 +71,37 @@ class LoadIndex(Mapping[str, int]):
     # kept up to date by the replica set
     def set(self, replica: str, load: int) -> None:
         """Add ``replica`` at ``load``, or move it there."""
-        old = self._load.get(replica)
-        if old != load:
-            self._place(replica, old, load)
+        if replica in self._load:
+            return self.move(replica, load)
+        self._ordered = None
+        self._load[replica] = 0
+        self._at.setdefault(0, {})[replica] = None
+        self._sorted.pop(0, None)
+        if len(self._load) == 1 or self._min > 0:
+            self._min = 0
+        self.move(replica, load)
 
     def move(self, replica: str, load: int) -> None:
         """Move ``replica`` to ``load`` if it is in the index (the replica set, as a request starts or ends:
-        one call and one lookup, not a membership test and then ``set``)."""
+        one call, a lookup and a few dict operations, not a membership test and then ``set``)."""
         old = self._load.get(replica)
-        if old is not None and old != load:
-            self._place(replica, old, load)
-
-    def _place(self, replica: str, old: int | None, load: int) -> None:
-        """Put ``replica`` (at ``old``, None when new) at ``load``: its bucket, the total, the minimum."""
-        if old is not None:
-            self._leave(replica, old)
-        else:
-            self._ordered = None
-        self._total += load - (old or 0)
-        self._load[replica] = load
-        tied = self._at.get(load)
+        if old is None or old == load:
+            return
+        self._leave(replica, old)
+        at = self._at
+        tied = at.get(load)
         if tied is None:
-            self._at[load] = [replica]
+            at[load] = {replica: None}
         else:
-            bisect.insort(tied, replica)
-        if len(self._load) == 1 or load < self._min:
+            tied[replica] = None
+        if load in self._sorted:
+            del self._sorted[load]
+        self._total += load - old
+        self._load[replica] = load
+        if load < self._min:
             self._min = load
-        elif old == self._min and self._min not in self._at:
-            self._min = min(self._at) if load > old + 1 else load
+        elif old == self._min and old not in at:
+            self._min = min(at) if load > old + 1 else load
 
     def discard(self, replica: str) -> None:
         old = self._load.pop(replica, None)
@@ -106,6 +114,8 @@ class LoadIndex(Mapping[str, int]):
 
     def _leave(self, replica: str, load: int) -> None:
         tied = self._at[load]
-        del tied[bisect.bisect_left(tied, replica)]
+        del tied[replica]
         if not tied:
             del self._at[load]
+        if load in self._sorted:
+            del self._sorted[load]

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 BUFFER_LIMIT = 1 << 20  # non-streaming bodies of known length up to this size are relayed in one piece
 SSE_DONE = b"data: [DONE]"
+DONE_TAIL = len(SSE_DONE) + 4  # the stream's last bytes kept to find SSE_DONE (and the blank line after it)
 CLIENT_CLOSED = 499  # nginx's code for "client went away", used in metrics only
 STALE = "stale"  # result of an attempt whose reused connection was closed before any answer
 UNREACHED = "unreached"  # result of a forward to the session's owner router that closed before any byte
@@ -143,14 +144,20 @@ class Exchange:
         if self.state == BUFFERING:
             self.buffer.append(body)
             return
-        self.out.append(wire.chunk(body) if self.chunked else body)
+        # wire.chunk's framing, written here: this runs for every event of a stream
+        self.out.append(b"%x\r\n%s\r\n" % (len(body), body) if self.chunked else body)
         if self.usage_tail is not None:
             self.usage_tail = (self.usage_tail + body)[-TAIL_BYTES:]
         if self.sse and not self.done_seen:
             # The client has the whole answer at `data: [DONE]`: OpenAI clients hang up right there,
-            # before the replica's end of body, and that is a success, not a 499.
-            self.tail = (self.tail + body)[-len(SSE_DONE) - 4:]
-            self.done_seen = self.tail.rstrip().endswith(SSE_DONE)
+            # before the replica's end of body, and that is a success, not a 499. Only the stream's last
+            # DONE_TAIL bytes are read: the chunk's own, joined to the tail before it only when it is shorter.
+            tail = body[-DONE_TAIL:]
+            if len(tail) < DONE_TAIL:
+                tail = (self.tail + body)[-DONE_TAIL:]
+            self.tail = tail
+            if b"[DONE]" in tail:
+                self.done_seen = tail.rstrip().endswith(SSE_DONE)
 
     def on_message_complete(self) -> None:
         if self.interim:

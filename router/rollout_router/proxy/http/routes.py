@@ -62,8 +62,9 @@ def normalise(request: HttpRequest) -> str:
     """
     raw, mark, query = request.target.partition(b"?")
     path = normalise_path(raw)
-    request.target = path + mark + query
-    request.path = path.decode("utf-8", "surrogateescape")
+    if path is not raw:  # the usual path is already in its normal form, and ``request.path`` is its text
+        request.target = path + mark + query
+        request.path = path.decode("utf-8", "surrogateescape")
     return request.path
 
 

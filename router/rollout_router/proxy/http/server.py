@@ -27,7 +27,8 @@ import httptools
 from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS
 from . import wire
-from .routes import HOP_BY_HOP, connection_tokens
+from .request import CONNECTION, EXPECT, HOST, KEY, LENGTH, TRANSFER, TYPE, HttpRequest, head_error, header_kinds
+from .routes import connection_tokens
 
 if TYPE_CHECKING:
     from ..listener import Limits
@@ -40,29 +41,6 @@ LINGER_SECONDS = 2.0  # after a last answer, unread request bytes are drained th
 MAX_QUEUED = 16  # pipelined requests waiting before reading pauses
 WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's stream and the next request wait
 WRITE_STALL_SECONDS = 60.0  # writes paused this long without the client draining: cut (nginx's send_timeout)
-
-
-class HttpRequest:
-    """One parsed request: what forwarding needs and nothing more."""
-
-    __slots__ = ("method", "target", "path", "headers", "keys", "content_type", "content_encoding", "body", "size",
-                 "keep_alive", "head_only", "error", "close_after", "connection", "limit", "expect", "charged",
-                 "http10", "hosts", "has_body")
-
-    def __init__(self, limit: int) -> None:
-        self.target = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.keys: dict[bytes, bytes] | None = None  # session-key headers seen, by lower-cased name
-        self.content_type: bytes | None = None
-        self.content_encoding: bytes | None = None
-        self.charged = 0  # bytes counted against the listener's budget until this request is answered
-        self.connection: bytes | None = None
-        self.body: list[bytes] | bytes = []
-        self.size, self.limit = 0, limit
-        self.error: RouterError | None = None
-        self.close_after = self.expect = self.http10 = self.has_body = False
-        self.hosts = 0  # Host headers seen: an HTTP/1.1 request needs exactly one
-        self.method, self.path, self.keep_alive, self.head_only = b"GET", "/", True, False
 
 
 class ClientConnection(asyncio.Protocol):
@@ -79,7 +57,8 @@ class ClientConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._queue: collections.deque[HttpRequest] = collections.deque()
         self._request: HttpRequest | None = None
-        self._key_names: frozenset[bytes] = frozenset()
+        self._key_names: frozenset[bytes] | None = None  # the listener's, when ``_kinds`` was built
+        self._kinds: dict[bytes, int] = {}
         self._max_buffered = 0  # the budget's bound for the request being read
         self._busy = self._read_paused = self._broken = self._lingering = False
         self.active_at = listener.now  # the sweep's clock at the last byte read or answer written
@@ -139,6 +118,8 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._reject(RouterError(400, f"malformed HTTP request: {error}"))
             return
+        if self._in_head and self._request is not None and self._request.head:
+            self._charge(self._request, 0)  # a head cut across reads holds what came so far
         if self._in_head and self._head_bytes > MAX_HEAD:
             self._reject(RouterError(431, f"request head exceeds {MAX_HEAD} bytes"))
 
@@ -147,56 +128,63 @@ class ClientConnection(asyncio.Protocol):
         limits = self.listener.limits()
         self._request = HttpRequest(limits.max_body_bytes)
         self._max_buffered = limits.max_buffered_bytes
-        self._key_names = self.listener.key_names()[1]
+        names = self.listener.key_names()[1]
+        if names is not self._key_names:
+            self._key_names, self._kinds = names, header_kinds(names)
         self._head_at = self.listener.now
 
     def on_url(self, url: bytes) -> None:
-        assert self._request is not None
-        self._request.target += url
-        self._charge(self._request, len(url))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
         request = self._request
         assert request is not None
-        if not self._charge(request, len(name) + len(value)):
-            return
+        request.target += url
+        request.head += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Keep what forwarding needs: one lookup sorts the name (most are none of these: kept as they came)."""
+        request = self._request
+        assert request is not None
+        request.head += len(name) + len(value)
         lower = name.lower()
-        if lower in HOP_BY_HOP:  # Host among them: the replica gets its own
-            if lower == b"host":
-                request.hosts += 1
-            elif lower == b"connection":
-                request.connection = value if request.connection is None else request.connection + b"," + value
-            elif lower == b"transfer-encoding":
-                request.has_body = True
-                if value.strip().lower() != b"chunked":
-                    request.error = RouterError(400, f"unsupported Transfer-Encoding {value.decode('latin-1')!r}; "
-                                                     "only chunked is accepted")
-            elif lower == b"expect":
-                request.expect = value.strip().lower() == b"100-continue"
-            elif lower == b"content-length":
-                request.has_body = value.strip() != b"0"
-                self._check_length(request, int(value))
-            return
-        request.headers.append((name, value))
-        if lower in self._key_names:
-            if request.keys is None:
-                request.keys = {}
-            request.keys.setdefault(lower, value)
-        elif lower == b"content-type":
-            request.content_type = value
-        elif lower == b"content-encoding":
-            request.content_encoding = value
+        kind = self._kinds.get(lower)
+        if kind is None:
+            request.headers.append((name, value))
+        elif kind >= KEY:  # forwarded, and read
+            request.headers.append((name, value))
+            if kind == KEY:
+                if request.keys is None:
+                    request.keys = {}
+                request.keys.setdefault(lower, value)
+            elif kind == TYPE:
+                request.content_type = value
+            else:
+                request.content_encoding = value
+        elif kind == HOST:  # hop-by-hop from here on, Host among them: the replica gets its own
+            request.hosts += 1
+        elif kind == CONNECTION:
+            request.connection = value if request.connection is None else request.connection + b"," + value
+        elif kind == TRANSFER:
+            request.has_body = True
+            if value.strip().lower() != b"chunked":
+                request.error = RouterError(400, f"unsupported Transfer-Encoding {value.decode('latin-1')!r}; "
+                                                 "only chunked is accepted")
+        elif kind == EXPECT:
+            request.expect = value.strip().lower() == b"100-continue"
+        elif kind == LENGTH:
+            request.has_body = value.strip() != b"0"
+            self._check_length(request, int(value))
 
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None
+        if request.head:
+            self._charge(request, 0)
         self._in_head, self._head_at, self._body_at = False, None, self.listener.now
         parser = self._parser
         request.method = parser.get_method()
         request.head_only = request.method == b"HEAD"
         request.keep_alive = parser.should_keep_alive()
         request.path = request.target.partition(b"?")[0].decode("utf-8", "surrogateescape")
-        request.error = request.error or self._head_error(request)
+        request.error = request.error or head_error(request, parser)
         if request.connection is not None:
             named = connection_tokens(request.connection)
             if named:
@@ -206,21 +194,6 @@ class ClientConnection(asyncio.Protocol):
             self._stop_reading()
         elif request.expect and not self._busy and not self._queue and parser.get_http_version() == "1.1":
             self.write(wire.CONTINUE)  # the body is read here before any replica is chosen
-
-    def _head_error(self, request: HttpRequest) -> RouterError | None:
-        """What RFC 9112 makes a head wrong beyond llhttp's checks: the version, the target form, Host."""
-        version = self._parser.get_http_version()
-        request.http10 = version == "1.0"
-        if version not in ("1.1", "1.0"):
-            return RouterError(505, f"HTTP/{version} is not supported on this port; send HTTP/1.1")
-        if not request.target.startswith(b"/"):
-            return RouterError(400, "request target must be an absolute path")
-        if request.hosts != 1 and not request.http10:
-            return RouterError(400, f"an HTTP/1.1 request needs exactly one Host header, not {request.hosts}")
-        if request.has_body and self._parser.should_upgrade():  # llhttp ends the message before its body
-            return RouterError(400, "a request with a body and Connection: Upgrade is refused: the router does not "
-                                    "switch protocols; send it without Upgrade")
-        return None
 
     def on_body(self, body: bytes) -> None:
         request = self._request
@@ -245,15 +218,18 @@ class ClientConnection(asyncio.Protocol):
         """Refuse a declared body that cannot fit before reading any of it."""
         if length > request.limit:
             request.error = RouterError(413, f"request body of {length} bytes exceeds maxBodyBytes={request.limit}")
-        elif self.listener.budget.held + length > self._max_buffered:  # the bound read in on_message_begin
+        elif self.listener.budget.held + request.head + length > self._max_buffered:  # bound: on_message_begin
             request.error = self._budget_error()
 
     def _charge(self, request: HttpRequest, size: int) -> bool:
-        """Count ``size`` bytes held for ``request``; when the budget is full, mark it 503 instead.
+        """Count ``size`` bytes held for ``request``, and its head bytes not counted yet (``request.head``: a
+        head is charged at its end, or at the end of a read that brings part of it); when the budget is full,
+        mark it 503 instead.
 
         ``Listener.charge`` inlined, with the bound read once per request (``on_message_begin``): this runs for
-        the target and every header of every request.
+        each head and each piece of body.
         """
+        size, request.head = size + request.head, 0
         error = request.error
         if error is not None and error.reason == "buffer_full":
             return False

@@ -58,17 +58,20 @@ class HttpProxy(HttpListener):
 
     def _fast(self, client: ClientConnection, request: HttpRequest) -> bool:
         """Forward ``request`` from the parser's callbacks, its answer relayed and recorded from the replica
-        connection's (``Forwarding.done``), when nothing needs a wait: no fleet, no RL pause, a forwarded path.
+        connection's (``Forwarding.done``), when nothing needs a wait: no RL pause, a forwarded path, and with a
+        fleet, a key this router decides with no hop or pin fetch first (``Fleet.decided_here``).
         False leaves the request to ``handle``: a probe, a refusal (its keys, no replica), or any of those.
         Routed but with no idle connection to the replica, it goes to ``handle`` with its routing."""
-        context = self.context
-        if request.error is not None or context.fleet is not None or context.rl.paused or client.gone:
+        context, fleet = self.context, self.context.fleet
+        if request.error is not None or context.rl.paused or client.gone or (fleet is not None and fleet.leaving):
             return False
         try:
             path = normalise(request)
             if not forwarded(path):
                 return False
             key, group = (None, None) if unkeyed(path) else self._keys(request)
+            if fleet is not None and key is not None and not fleet.decided_here(key, _hopped(request)):
+                return False  # to its owner router, or a pin to fetch first: ``handle``
             routed = route(context, key, group=group)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
             return False
@@ -122,7 +125,7 @@ class HttpProxy(HttpListener):
         forwarding = Forwarding(self, client, request, key, group)
         fleet = self.context.fleet
         if fleet is not None and key is not None and await fleet.via_owner(
-                key, bool(request.keys and HOP in request.keys),
+                key, _hopped(request),
                 lambda owner: to_owner(self, fleet, client, request, forwarding.headers, owner)):
             return
         await self._send(forwarding)
@@ -234,6 +237,11 @@ class HttpProxy(HttpListener):
                 limit += FORWARD_SLACK_SECONDS  # the owner router times its replica out first, and says so
             if limit is not None and exchange.silent >= limit:
                 exchange.timeout()
+
+
+def _hopped(request: HttpRequest) -> bool:
+    """Another router of the fleet sent this request here (its hop header)."""
+    return bool(request.keys and HOP in request.keys)
 
 
 def write_admin(listener: HttpListener, client: ClientConnection, request: HttpRequest, answer: admin.AdminAnswer,
