@@ -4,12 +4,12 @@ The picture is read from the contract that `make test` checks (``lint-imports``)
 layering the code does not keep. Highest layer on top; a module imports only from its own box's
 joined neighbours (":") and from the rows below it. Needs matplotlib (the [sim] extra):
 
-    .venv/bin/python docs/tools/draw_layers.py
+    .venv/bin/python docs/tools/draw_layers.py [-o PNG]
 """
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 import tomllib
 from pathlib import Path
 
@@ -71,4 +71,6 @@ def draw(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    draw(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", type=Path, default=OUT, help=f"the PNG to write (default {OUT})")
+    draw(parser.parse_args().output)
