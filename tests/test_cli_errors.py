@@ -19,6 +19,10 @@ from rollout_router import usage
 from rollout_router.localfleet import free_port
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
+# Runs the command after it (exec: the same pid) with Ctrl-C at its default: a test run started in the background
+# by a non-interactive shell inherits SIGINT ignored, and so would the command.
+SIGINT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                                        "os.execv(sys.argv[1], sys.argv[1:])"]
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -230,7 +234,7 @@ def test_ctrl_c_ends_quietly_and_leaves_no_replica_running():
 
     The demo runs in its own session, so a replica it orphaned would still carry that session id.
     """
-    proc = subprocess.Popen([SCRIPT, "demo", "--replicas", "1", "--prompts", "1", "--samples", "1"],
+    proc = subprocess.Popen([*SIGINT_DEFAULT, SCRIPT, "demo", "--replicas", "1", "--prompts", "1", "--samples", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert "simulated vLLM replicas" in proc.stdout.readline()  # started: the replicas are coming up
