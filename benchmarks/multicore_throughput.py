@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from proxy_cost import CHAT, OURS, Arm, build_loadgen, figure, load, seen, spread
+from proxy_cost import CHAT, OURS, Arm, build_loadgen, figure, load, seen, spread, stop
 from proxy_overhead import start_raw_replica
 
 ARMS = ("ours (sticky)", "ours (2 workers)")
@@ -55,10 +55,7 @@ def main() -> int:
             print(f"| {arm.name} | {figure(chat, 'per_second')} | {figure(chat, 'cpu_us')} | {bad} "
                   f"| {spread(arm, sets)} |")
     finally:
-        for arm in arms:
-            arm.service.stop()
-        for backend in backends:
-            backend.stop()
+        stop(arms, backends)
     return 0
 
 

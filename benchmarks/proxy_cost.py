@@ -223,11 +223,14 @@ def main() -> int:
         for note in notes:
             print(note)
     finally:
-        for arm in arms[1:]:
-            arm.service.stop()
-        for backend in backends:
-            backend.stop()
+        stop(arms[1:], backends)  # arm 0, direct, is a backend
     return 0
+
+
+def stop(arms: list[Arm], backends: list[Service]) -> None:
+    """Stop the routers, then the replicas they forward to."""
+    for service in [arm.service for arm in arms] + backends:
+        service.stop()
 
 
 if __name__ == "__main__":
