@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from rollout_router import listening
 from rollout_router.localfleet import Service, command, spawn, spawn_replica, stop, wait_healthy
 from rollout_router.multicore_admin import summed, summed_metrics
 from rollout_router_operator.status import parse_report
@@ -104,6 +105,40 @@ def test_every_turn_of_a_session_stays_on_one_replica_whichever_worker_it_enters
     assert public["fleet"]["forwarded"] == sum(d["fleet"]["forwarded"] for d in documents)
     report = parse_report(json.dumps(public).encode())  # what the operator's status sums per pod
     assert (report["new_sessions"], report["affinity_kept"]) == (SESSIONS, SESSIONS * (TURNS - 1))
+
+
+def test_a_worker_is_not_ready_before_it_sees_its_sibling(replicas):
+    """Ready alone, a worker would relay a key its sibling owns: the key's next turn, entering the sibling, would
+    go to the owner's replica and the session would sit on two. So its /readyz waits for the sibling."""
+    admins = [listening.bound_socket("127.0.0.1", 0, reuse_port=True) for _ in range(2)]  # held, as the parent does
+    urls = [f"http://127.0.0.1:{sock.getsockname()[1]}" for sock in admins]
+    processes: list[subprocess.Popen] = []
+
+    def worker(index: int) -> None:
+        spawn(["serve", "--worker", "--log-level", "warning", "--admin-port", urls[index].rpartition(":")[2],
+               "--advertise", urls[index], "--peer", urls[1 - index],
+               *(arg for replica in replicas for arg in ("--backend", replica.url))], "127.0.0.1", into=processes
+              ).bound(60)
+
+    def readyz(url: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as answer:
+                return answer.status, json.load(answer)
+        except urllib.error.HTTPError as refused:
+            return refused.code, json.load(refused)
+    try:
+        worker(0)
+        code, body = readyz(urls[0])
+        assert code == 503 and "sees 1 of the 2 workers" in body["error"]["message"], body
+        worker(1)
+        for url in urls:
+            wait_until(lambda url=url: readyz(url)[0] == 200, f"{url} ready once it sees its sibling")
+            assert len(worker_status(url)["fleet"]["members"]) == 2
+    finally:
+        for process in processes:
+            stop(process)
+        for sock in admins:
+            sock.close()
 
 
 def test_each_workers_margin_sees_the_others_requests_in_flight(router):

@@ -59,7 +59,7 @@ class Fleet:
                  settings: FleetSettings, idle_timeout: Callable[[], float | None], self_id: str, http_url: str,
                  grpc_target: str | None, token: Callable[[], bytes | None], cli_peers: Sequence[str] = (),
                  peer_selector: str | None = None, peer_namespace: str | None = None,
-                 ownership: Ownership | None = None, rl: RlState | None = None):
+                 ownership: Ownership | None = None, rl: RlState | None = None, quorum: int = 1):
         self.replicas, self.balancer, self.clock, self._idle_timeout = replicas, balancer, clock, idle_timeout
         self.self_id = self_id.rstrip("/")
         self.http_url, self.grpc_target = http_url, grpc_target
@@ -75,6 +75,7 @@ class Fleet:
         self.forwarded = self.owner_unreachable = 0
         self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
         self.pushed = 0  # pins handed to their new owners while leaving
+        self.quorum = quorum  # members (this one included) to see before /readyz says ready: N for a --workers N worker
         self._owners: dict[str, str] = {}
         self._polls: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
@@ -146,6 +147,12 @@ class Fleet:
 
     def members(self) -> frozenset[str]:
         return self.history.current
+
+    def quorate(self) -> bool:
+        """Whether it sees the members it waits for: a ``--workers N`` worker ready alone would route a key it
+        does not own (its siblings not seen yet) here, while its sibling, seeing both, sends the key's next turn
+        to the owner: one session on two replicas."""
+        return len(self.history.current) >= self.quorum
 
     async def _poll(self, peer_id: str) -> None:
         while (member := self.membership.get(peer_id)) is not None:

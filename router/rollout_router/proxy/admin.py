@@ -86,9 +86,13 @@ def healthz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
 
 def readyz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     """Ready once some replica can take a request, so Services skip an empty router; not while it leaves
-    its fleet (SIGTERM), so Services stop sending it new traffic."""
+    its fleet (SIGTERM), so Services stop sending it new traffic; a ``--workers`` worker not before it sees its
+    siblings (``Fleet.quorate``)."""
     if context.fleet is not None and context.fleet.leaving:
         return error(503, "this router is leaving its fleet: its sessions are handed to the other routers")
+    if context.fleet is not None and not context.fleet.quorate():
+        return error(503, f"this worker sees {len(context.fleet.members())} of the {context.fleet.quorum} workers "
+                          "of its pod (serve --workers): not ready until it sees them all")
     ready = context.replicas.ready_count()
     if ready == 0:
         return error(503, "no replica is ready")
