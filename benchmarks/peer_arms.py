@@ -8,6 +8,8 @@ generator sends too):
                                 to the backends (``http-reuse always``)
   nginx                         Debian's 1.22, one worker, ``hash $http_x_session_id consistent``, upstream
                                 ``keepalive``, no response buffering (SSE passes through as it comes)
+  raw asyncio proxy             not a peer: benchmarks/raw_proxy.py, uvloop + httptools with a keep-alive pool and
+                                no router feature, the floor for a Python proxy
 
 Each start function returns a ``Service`` once the arm answers; ``None`` when its program is not installed
 (``make bench-deps`` installs them all). Configuration files go to a temporary directory.
@@ -132,9 +134,16 @@ http {{
     return _started([binary, "-p", str(work), "-c", str(work / "nginx.conf")], port)
 
 
+def raw_proxy(backends: list[str]) -> Service:
+    port = free_port()
+    return _started([sys.executable, str(Path(__file__).with_name("raw_proxy.py")), "127.0.0.1", str(port),
+                     *backends], port)
+
+
 PEERS: dict[str, Callable[[list[str]], Service | None]] = {
     "vllm-router consistent_hash": vllm_router,
     "SGLang router manual": sglang_router,
     "HAProxy 2.6 (one thread)": haproxy,
     "nginx 1.22 (one worker)": nginx,
+    "raw asyncio proxy (floor)": raw_proxy,
 }
