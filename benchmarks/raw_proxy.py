@@ -20,23 +20,27 @@ import uvloop
 
 
 class Upstream(asyncio.Protocol):
-    """One pooled connection to a replica: relays the response to ``client`` until it is complete."""
+    """One pooled connection to a replica: relays the response to its client until it is complete."""
 
     def __init__(self, pool: list[Upstream]) -> None:
-        self.pool, self.client, self.transport = pool, None, None
+        self.pool = pool
+        self.client: Client | None = None
+        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # a TCP transport
 
     def data_received(self, data: bytes) -> None:
-        self.client.transport.write(data)
+        if self.client is not None and self.client.transport is not None:
+            self.client.transport.write(data)
         self.parser.feed_data(data)
 
     def on_message_complete(self) -> None:
         client, self.client = self.client, None
         self.pool.append(self)
-        client.answered()
+        if client is not None:
+            client.answered()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self in self.pool:
@@ -47,11 +51,16 @@ class Client(asyncio.Protocol):
     """One client connection: each request goes to the replica its X-Session-ID hashes to, in order."""
 
     def __init__(self, replicas: list[tuple[str, int]], pools: list[list[Upstream]]) -> None:
-        self.replicas, self.pools, self.queue, self.busy = replicas, pools, deque(), False
+        self.replicas, self.pools, self.busy = replicas, pools, False
+        self.queue: deque[tuple[int, bytes]] = deque()
+        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
+        self.headers: list[bytes] = []
+        self.body: list[bytes] = []
+        self.key = self.url = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # a TCP transport
 
     def data_received(self, data: bytes) -> None:
         self.parser.feed_data(data)
@@ -93,7 +102,8 @@ class Client(asyncio.Protocol):
 
     def send(self, upstream: Upstream, request: bytes) -> None:
         upstream.client = self
-        upstream.transport.write(request)
+        if upstream.transport is not None:
+            upstream.transport.write(request)
 
     def answered(self) -> None:
         self.busy = False
@@ -101,11 +111,14 @@ class Client(asyncio.Protocol):
             self.next()
 
 
-async def main(host: str, port: int, backends: list[str]) -> None:
-    replicas = [(urlsplit(url).hostname, urlsplit(url).port) for url in backends]
+async def serve(host: str, port: int, backends: list[str]) -> asyncio.Server:
+    replicas = [(urlsplit(url).hostname or "", urlsplit(url).port or 80) for url in backends]
     pools: list[list[Upstream]] = [[] for _ in replicas]
-    server = await asyncio.get_running_loop().create_server(lambda: Client(replicas, pools), host, port)
-    await server.serve_forever()
+    return await asyncio.get_running_loop().create_server(lambda: Client(replicas, pools), host, port)
+
+
+async def main(host: str, port: int, backends: list[str]) -> None:
+    await (await serve(host, port, backends)).serve_forever()
 
 
 if __name__ == "__main__":

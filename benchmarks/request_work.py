@@ -14,6 +14,9 @@ session id cycling over 256 (so they are sticky hits after the first lap). Count
                  they were sent, per request (the replica's share, one bytes object each, is the same for every
                  tree). Python 3.11 has no count of blocks allocated and freed, so this is the churn one can see:
                  what waiting costs (a Task, its coroutine frames and future, or the fast path's record)
+  bytecodes      bytecode instructions executed outside the client's code and asyncio's own loop (the router
+                 runs on uvloop, whose loop is C), by module: what the interpreter does for the router, the
+                 measure that explains its CPU (a CPython 3.11 instruction costs some 20-40 ns here)
   CPU            process time per request over a second, unprofiled pass (router and this client together;
                  the client's share is the same for every tree, so differences are the router's)
 
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+import raw_proxy
 from proxy_overhead import start_raw_replica
 
 import rollout_router
@@ -56,6 +60,31 @@ class Counting:
                 self.python += 1
             elif event == "c_call":
                 self.c += 1
+
+
+class Opcodes:
+    """A trace hook counting the bytecode instructions each module executes (``f_trace_opcodes``)."""
+
+    SKIPPED = (*CLIENT, str(Path(asyncio.__file__).parent), "selectors.py")
+
+    def __init__(self) -> None:
+        self.by_module: dict[str, int] = {}
+
+    def __call__(self, frame: FrameType, event: str, _arg: object) -> object:
+        filename = frame.f_code.co_filename
+        if filename.startswith(self.SKIPPED) or filename.endswith("selectors.py"):
+            return None
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        module = (filename.removeprefix(PACKAGE + "/") if filename.startswith(PACKAGE)
+                  else filename.rpartition("site-packages/")[2] if "site-packages/" in filename
+                  else Path(filename).name).removesuffix(".py")
+        by_module = self.by_module
+
+        def count(_frame: FrameType, event: str, _arg: object) -> object:
+            if event == "opcode":
+                by_module[module] = by_module.get(module, 0) + 1
+            return count
+        return count
 
 
 async def send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
@@ -132,10 +161,13 @@ async def held_blocks() -> float:
         server.close()
 
 
-async def run(url: str, requests: int) -> tuple[float, float, float, float]:
-    settings = RouterSettings(backends=[url])
-    runtime = Runtime(settings)
-    port = await runtime.start("127.0.0.1", 0)
+async def run(url: str, requests: int, raw: bool) -> tuple[float, float, float, float, dict[str, float]]:
+    if raw:  # benchmarks/raw_proxy.py in this process instead: the floor, counted the same way
+        raw_server = await raw_proxy.serve("127.0.0.1", 0, [url])
+        port = raw_server.sockets[0].getsockname()[1]
+    else:
+        runtime = Runtime(RouterSettings(backends=[url]))
+        port = await runtime.start("127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for index in range(512):  # warm: every session pinned, the connections pooled, the caches filled
@@ -150,32 +182,47 @@ async def run(url: str, requests: int) -> tuple[float, float, float, float]:
         sys.setprofile(None)
         retained = sys.getallocatedblocks() - blocks
         gc.enable()
+        opcodes = Opcodes()
+        sys.settrace(opcodes)  # type: ignore[arg-type]  # a trace function returning the local one
+        for index in range(requests):
+            await send(reader, writer, index)
+        sys.settrace(None)
         started = time.process_time()
         for index in range(requests):
             await send(reader, writer, index)
         cpu = (time.process_time() - started) * 1e6 / requests
-        return counting.python / requests, counting.c / requests, retained / requests, cpu
+        return counting.python / requests, counting.c / requests, retained / requests, cpu, {
+            module: count / requests for module, count in opcodes.by_module.items()}
     finally:
         writer.close()
-        await runtime.stop()
+        if raw:
+            raw_server.close()
+        else:
+            await runtime.stop()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests counted (default 2000)")
+    parser.add_argument("--raw", action="store_true", help="count benchmarks/raw_proxy.py, the floor, instead")
     args = parser.parse_args()
     if args.requests <= 0:
         parser.error(f"--requests must be positive, got {args.requests}")
     replica = start_raw_replica("127.0.0.21")
     try:
-        python, c, blocks, cpu = asyncio.run(run(replica.url, args.requests))
-        held = asyncio.run(held_blocks())
+        python, c, blocks, cpu, opcodes = asyncio.run(run(replica.url, args.requests, args.raw))
+        held = None if args.raw else asyncio.run(held_blocks())
     finally:
         replica.stop()
-    print(f"rollout_router from {PACKAGE}, {args.requests} sticky requests on one keep-alive connection")
+    print(f"{'benchmarks/raw_proxy.py' if args.raw else f'rollout_router from {PACKAGE}'}, {args.requests} sticky requests on one keep-alive connection")
     print(f"per request: {python:.1f} Python calls, {c:.1f} C calls, {blocks:+.2f} blocks retained, "
           f"{cpu:.0f} µs CPU (router and client)")
-    print(f"held in flight: {held:.1f} memory blocks per request ({HELD} requests waiting on their replica at once)")
+    ranked = sorted(opcodes.items(), key=lambda item: -item[1])
+    print(f"bytecodes per request: {sum(opcodes.values()):.0f}; by module: "
+          + ", ".join(f"{module} {count:.0f}" for module, count in ranked if count >= 1))
+    if held is not None:
+        print(f"held in flight: {held:.1f} memory blocks per request ({HELD} requests waiting on their replica "
+              "at once)")
     return 0
 
 
