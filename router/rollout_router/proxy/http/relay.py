@@ -54,13 +54,14 @@ class Exchange:
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
-                 "turn", "usage_tail", "on_done")
+                 "turn", "usage_tail", "on_done", "stamp")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None,
                  on_done: Callable[[Exchange, str | None], None] | None = None) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
         self.turn = turn  # stamped with the first body byte; its answer's tail is read when it is measured
+        self.stamp = turn is not None  # until the first body byte (then the turn is stamped)
         self.usage_tail: bytes | None = b"" if turn is not None and turn.measure else None
         self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
         self.conn, self.reused = conn, reused
@@ -138,26 +139,27 @@ class Exchange:
                 self.pause_upstream()
 
     def on_body(self, body: bytes) -> None:
-        turn = self.turn
-        if turn is not None and turn.first_byte is None:
-            turn.first(time.monotonic())  # the first body byte: a stream's first event, not its early head
+        """Runs for every event of a stream: the first-byte stamp is a flag read, not worked out per event."""
+        if self.stamp:
+            self.stamp = False
+            self.turn.first(time.monotonic())  # type: ignore[union-attr]  # a stream's first event, not its head
         if self.state == BUFFERING:
             self.buffer.append(body)
             return
-        # wire.chunk's framing, written here: this runs for every event of a stream
+        # wire.chunk's framing, written here
         self.out.append(b"%x\r\n%s\r\n" % (len(body), body) if self.chunked else body)
         if self.usage_tail is not None:
             self.usage_tail = (self.usage_tail + body)[-TAIL_BYTES:]
         if self.sse and not self.done_seen:
             # The client has the whole answer at `data: [DONE]`: OpenAI clients hang up right there,
             # before the replica's end of body, and that is a success, not a 499. Only the stream's last
-            # DONE_TAIL bytes are read: the chunk's own, joined to the tail before it only when it is shorter.
-            tail = body[-DONE_TAIL:]
-            if len(tail) < DONE_TAIL:
-                tail = (self.tail + body)[-DONE_TAIL:]
-            self.tail = tail
-            if b"[DONE]" in tail:
-                self.done_seen = tail.rstrip().endswith(SSE_DONE)
+            # DONE_TAIL bytes are read: the chunk's own (kept whole, not sliced: the next chunk, when shorter than
+            # DONE_TAIL, is joined to it), or with the tail before it; most chunks have no [DONE] at all.
+            if len(body) < DONE_TAIL:
+                body = (self.tail[-DONE_TAIL:] + body)[-DONE_TAIL:]
+            self.tail = body
+            if b"[DONE]" in body and body[-DONE_TAIL:].rstrip().endswith(SSE_DONE):
+                self.done_seen = True
 
     def on_message_complete(self) -> None:
         if self.interim:
