@@ -23,7 +23,7 @@ session id cycling over 256 (so they are sticky hits after the first lap). Count
 The counts are deterministic for a given tree, so two trees compare exactly (``PYTHONPATH=OLD/router``
 runs an older checkout's package). CPU time per request is benchmarks/proxy_cost.py's job.
 
-    .venv/bin/python benchmarks/request_work.py [--requests 2000]
+    .venv/bin/python benchmarks/request_work.py [--requests 2000] [--stream] [--raw]
     PYTHONPATH=/tmp/old/router .venv/bin/python benchmarks/request_work.py
 """
 from __future__ import annotations
@@ -46,6 +46,7 @@ from rollout_router.settings import RouterSettings
 PACKAGE = str(Path(rollout_router.__file__).parent)
 CLIENT = (__file__, asyncio.streams.__file__)  # the client's side of the exchange, not counted
 BODY = b'{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":4}'
+STREAM_BODY = b'{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":32,"stream":true}'
 
 
 class Counting:
@@ -87,11 +88,15 @@ class Opcodes:
         return count
 
 
-async def send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+async def send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int, stream: bool = False) -> None:
+    body = STREAM_BODY if stream else BODY
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
-                 b"X-Session-ID: s%d\r\nContent-Length: %d\r\n\r\n%s" % (index % 256, len(BODY), BODY))
+                 b"X-Session-ID: s%d\r\nContent-Length: %d\r\n\r\n%s" % (index % 256, len(body), body))
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
+    if stream:  # chunked: read to the last chunk
+        await reader.readuntil(b"\r\n0\r\n\r\n")
+        return
     length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
     await reader.readexactly(length)
 
@@ -161,7 +166,7 @@ async def held_blocks() -> float:
         server.close()
 
 
-async def run(url: str, requests: int, raw: bool) -> tuple[float, float, float, float, dict[str, float]]:
+async def run(url: str, requests: int, raw: bool, stream: bool) -> tuple[float, float, float, float, dict[str, float]]:
     if raw:  # benchmarks/raw_proxy.py in this process instead: the floor, counted the same way
         raw_server = await raw_proxy.serve("127.0.0.1", 0, [url])
         port = raw_server.sockets[0].getsockname()[1]
@@ -171,25 +176,25 @@ async def run(url: str, requests: int, raw: bool) -> tuple[float, float, float, 
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for index in range(512):  # warm: every session pinned, the connections pooled, the caches filled
-            await send(reader, writer, index)
+            await send(reader, writer, index, stream)
         counting = Counting()
         gc.collect()
         gc.disable()
         blocks = sys.getallocatedblocks()
         sys.setprofile(counting)
         for index in range(requests):
-            await send(reader, writer, index)
+            await send(reader, writer, index, stream)
         sys.setprofile(None)
         retained = sys.getallocatedblocks() - blocks
         gc.enable()
         opcodes = Opcodes()
         sys.settrace(opcodes)  # type: ignore[arg-type]  # a trace function returning the local one
         for index in range(requests):
-            await send(reader, writer, index)
+            await send(reader, writer, index, stream)
         sys.settrace(None)
         started = time.process_time()
         for index in range(requests):
-            await send(reader, writer, index)
+            await send(reader, writer, index, stream)
         cpu = (time.process_time() - started) * 1e6 / requests
         return counting.python / requests, counting.c / requests, retained / requests, cpu, {
             module: count / requests for module, count in opcodes.by_module.items()}
@@ -204,21 +209,25 @@ async def run(url: str, requests: int, raw: bool) -> tuple[float, float, float, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests counted (default 2000)")
+    parser.add_argument("--stream", action="store_true", help="SSE streams (32 events and [DONE]) instead of "
+                        "small JSON answers: the counts are per stream")
     parser.add_argument("--raw", action="store_true", help="count benchmarks/raw_proxy.py, the floor, instead")
     args = parser.parse_args()
     if args.requests <= 0:
         parser.error(f"--requests must be positive, got {args.requests}")
     replica = start_raw_replica("127.0.0.21")
     try:
-        python, c, blocks, cpu, opcodes = asyncio.run(run(replica.url, args.requests, args.raw))
+        python, c, blocks, cpu, opcodes = asyncio.run(run(replica.url, args.requests, args.raw, args.stream))
         held = None if args.raw else asyncio.run(held_blocks())
     finally:
         replica.stop()
-    print(f"{'benchmarks/raw_proxy.py' if args.raw else f'rollout_router from {PACKAGE}'}, {args.requests} sticky requests on one keep-alive connection")
-    print(f"per request: {python:.1f} Python calls, {c:.1f} C calls, {blocks:+.2f} blocks retained, "
+    unit = "stream" if args.stream else "request"
+    print(f"{'benchmarks/raw_proxy.py' if args.raw else f'rollout_router from {PACKAGE}'}, {args.requests} sticky "
+          f"{unit}s on one keep-alive connection")
+    print(f"per {unit}: {python:.1f} Python calls, {c:.1f} C calls, {blocks:+.2f} blocks retained, "
           f"{cpu:.0f} µs CPU (router and client)")
     ranked = sorted(opcodes.items(), key=lambda item: -item[1])
-    print(f"bytecodes per request: {sum(opcodes.values()):.0f}; by module: "
+    print(f"bytecodes per {unit}: {sum(opcodes.values()):.0f}; by module: "
           + ", ".join(f"{module} {count:.0f}" for module, count in ranked if count >= 1))
     if held is not None:
         print(f"held in flight: {held:.1f} memory blocks per request ({HELD} requests waiting on their replica "
