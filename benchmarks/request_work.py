@@ -66,7 +66,7 @@ class Counting:
 class Opcodes:
     """A trace hook counting the bytecode instructions each module executes (``f_trace_opcodes``)."""
 
-    SKIPPED = (*CLIENT, str(Path(asyncio.__file__).parent), "selectors.py")
+    SKIPPED = (*CLIENT, str(Path(asyncio.__file__).parent))  # and selectors.py, the stdlib loop's
 
     def __init__(self) -> None:
         self.by_module: dict[str, int] = {}

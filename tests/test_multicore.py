@@ -31,6 +31,7 @@ from tests.test_fleet import (
     quick_turn,
     status,
 )
+from tests.test_workers_peers import call
 
 SESSIONS, TURNS = 16, 4
 
@@ -120,19 +121,13 @@ def test_a_worker_is_not_ready_before_it_sees_its_sibling(replicas):
                *(arg for replica in replicas for arg in ("--backend", replica.url))], "127.0.0.1", into=processes
               ).bound(60)
 
-    def readyz(url: str) -> tuple[int, dict]:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as answer:
-                return answer.status, json.load(answer)
-        except urllib.error.HTTPError as refused:
-            return refused.code, json.load(refused)
     try:
         worker(0)
-        code, body = readyz(urls[0])
+        code, body = call(urls[0], "GET", "/readyz")
         assert code == 503 and "sees 1 of the 2 workers" in body["error"]["message"], body
         worker(1)
         for url in urls:
-            wait_until(lambda url=url: readyz(url)[0] == 200, f"{url} ready once it sees its sibling")
+            wait_until(lambda url=url: call(url, "GET", "/readyz")[0] == 200, f"{url} ready once it sees its sibling")
             assert len(worker_status(url)["fleet"]["members"]) == 2
     finally:
         for process in processes:

@@ -153,8 +153,7 @@ class Exchange:
         if self.sse and not self.done_seen:
             # The client has the whole answer at `data: [DONE]`: OpenAI clients hang up right there,
             # before the replica's end of body, and that is a success, not a 499. Only the stream's last
-            # DONE_TAIL bytes are read: the chunk's own (kept whole, not sliced: the next chunk, when shorter than
-            # DONE_TAIL, is joined to it), or with the tail before it; most chunks have no [DONE] at all.
+            # DONE_TAIL bytes count: a chunk shorter than that is joined to the last bytes before it.
             if len(body) < DONE_TAIL:
                 body = (self.tail[-DONE_TAIL:] + body)[-DONE_TAIL:]
             self.tail = body
