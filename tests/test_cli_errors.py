@@ -43,8 +43,10 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     (["serve", "--workers", "-1"], None, "argument --workers: must be an integer >= 1, got '-1'"),
     (["serve", "--workers", "x"], None, "argument --workers: must be an integer >= 1, got 'x'"),
     (["serve", "--workers", "2", "--peer", "http://127.0.0.1:9"], None, "--workers 2: cannot be combined with --peer"),
-    (["serve", "--workers", "3", "--peer-selector", "app=r"], None,
-     "--workers 3: cannot be combined with --peer-selector"),
+    (["serve", "--workers", "2", "--advertise", "http://127.0.0.1:9"], None,
+     "--workers 2: cannot be combined with --advertise"),
+    (["serve", "--workers", "3", "--peer-selector", "app=r", "--admin-port", "0"], None,
+     "--workers 3 with --peer-selector: give a fixed --admin-port (worker i listens on --admin-port + 1 + i"),
 ])
 def test_a_mistake_is_one_line_and_exit_2(args, env, says):
     done = run(*args, env=env)

@@ -14,7 +14,7 @@ from rollout_router.fleet.loadview import PeerLoads, vllm_load
 from rollout_router.fleet.membership import PODS, STATIC, Membership
 from rollout_router.fleet.node import advertised
 from rollout_router.fleet.ownership import History, owner
-from rollout_router.fleet.peerpods import admin_url
+from rollout_router.fleet.peerpods import PodPeers, admin_urls
 from rollout_router.policy import LiveConfig
 from rollout_router.replicas import ReplicaSet
 
@@ -119,7 +119,22 @@ def test_a_pod_names_itself_as_its_peers_find_it(monkeypatch, pod_ip, member):
     monkeypatch.setenv("POD_IP", pod_ip)
     pod = {"status": {"podIP": pod_ip, "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
            "spec": {"containers": [{"ports": [{"name": "admin", "containerPort": 8081}]}]}}
-    assert advertised("::", 8081) == admin_url(pod) == member
+    assert [advertised("::", 8081)] == admin_urls(pod) == [member]
+
+
+def test_a_pod_running_workers_names_each_as_the_worker_names_itself(monkeypatch):
+    """``serve --workers 2`` in a pod: the members are its fleet-0 and fleet-1 ports (by index, whatever their order
+    in the spec), not its admin port (the parent's), and each is the id that worker advertises (multicore)."""
+    monkeypatch.setenv("POD_IP", "fd00::7")
+    ports = [{"name": "admin", "containerPort": 8081}, {"name": "fleet-1", "containerPort": 8083},
+             {"name": "fleet-0", "containerPort": 8082}, {"name": "fleetx", "containerPort": 9}]
+    pod = {"metadata": {"name": "router-0"}, "spec": {"containers": [{"ports": ports}]},
+           "status": {"podIP": "fd00::7", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    assert admin_urls(pod) == [advertised("::", 8082), advertised("::", 8083)] == \
+        ["http://[fd00::7]:8082", "http://[fd00::7]:8083"]
+    pods = PodPeers()
+    assert pods.reset([pod]) == {"http://[fd00::7]:8082", "http://[fd00::7]:8083"}
+    assert pods.apply("DELETED", pod) == set()
 
 
 def _balancer() -> tuple[Balancer, list[float]]:
@@ -282,7 +297,6 @@ def _pod(name: str, ip: str | None, ready: bool = True, port_name: str = "admin"
 
 
 def test_router_pods_are_members_while_ready_at_their_admin_port():
-    from rollout_router.fleet.peerpods import PodPeers
     pods = PodPeers()
     assert pods.reset([_pod("a", "10.0.0.1"), _pod("b", "10.0.0.2", ready=False), _pod("c", None),
                        _pod("d", "fd00::4"), _pod("e", "10.0.0.5", port_name="metrics")]) == \

@@ -177,8 +177,8 @@ def test_workers_refuse_the_config_files_fleet_section(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == ("rollout-router serve: --workers 2: cannot be combined with the config's fleet "
-                                   "section (the workers share sessions among themselves only; docs/fleet.md, "
-                                   "'Several cores'): use --workers 1 in a fleet")
+                                   "section (each worker is a router of its own to the fleet; docs/fleet.md, "
+                                   "'Several cores'): use --peer-selector, or --workers 1")
 
 
 def test_a_busy_admin_port_is_one_line_before_any_worker_starts():

@@ -239,7 +239,8 @@ def _affinity(spec: RolloutRouterSpec) -> dict:
 def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
     """Ingress to the router pods from the declared clients (traffic ports), Prometheus and admin peers (admin port),
     and with session ownership from the resource's other router pods (traffic ports: forwarded requests; admin
-    port: /fleet/v1 loads and pin handoffs).
+    port: /fleet/v1 loads and pin handoffs; with several workers a pod, every port: each worker's private traffic
+    ports, where forwarded requests come, are free ports chosen as it starts).
 
     Egress is left open: the routers reach the vLLM pods, named by a selector that may change, and the API server.
     """
@@ -255,7 +256,9 @@ def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
         rules.append({"from": peers(policy.clients), "ports": traffic})
     if admin:
         rules.append({"from": peers(admin), "ports": [{"protocol": "TCP", "port": ROUTER_ADMIN_PORT}]})
-    if spec.router.session_ownership:
+    if spec.router.session_ownership and fleet_ports(spec):  # workers: their private traffic ports are any free one
+        rules.append({"from": [{"podSelector": {"matchLabels": router_labels(name)}}]})
+    elif spec.router.session_ownership:
         rules.append({"from": [{"podSelector": {"matchLabels": router_labels(name)}}],
                       "ports": [*traffic, {"protocol": "TCP", "port": ROUTER_ADMIN_PORT}]})
     return {"podSelector": {"matchLabels": router_labels(name)}, "policyTypes": ["Ingress"], "ingress": rules}
@@ -284,12 +287,24 @@ def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
 
 def workers(spec: RolloutRouterSpec) -> int:
     """Router processes per pod: ``spec.router.workers``, else the CPU limit rounded down (at least 1; no limit,
-    or session ownership across pods, which the workers do not share yet: 1)."""
+    or ``sessionOwner: Entry``, under which a session's pin would follow its connections between the workers: 1)."""
     router = spec.router
     if router.workers is not None:
         return router.workers
     limit = router.resources.limits.get("cpu")
-    return 1 if router.session_ownership or limit is None else max(1, int(cores(limit)))
+    entry = router.session_ownership and router.session_owner == "Entry"
+    return 1 if entry or limit is None else max(1, int(cores(limit)))
+
+
+def fleet_ports(spec: RolloutRouterSpec) -> list[dict]:
+    """With session ownership and several workers, each worker's admin port, where the other pods reach it as a
+    member of their fleet (``rollout_router.fleet.peerpods``: named ``fleet-<i>``; ``serve`` binds worker i's at
+    the admin port + 1 + i)."""
+    count = workers(spec)
+    if not spec.router.session_ownership or count == 1:
+        return []
+    return [{"name": f"fleet-{i}", "containerPort": ROUTER_ADMIN_PORT + 1 + i, "protocol": "TCP"}
+            for i in range(count)]
 
 
 def cores(quantity: int | str) -> float:
@@ -336,7 +351,8 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
                     "--admin-host", "::", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args, *token_args,
                     *_fleet_args(name, spec), *_workers_args(spec)],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
-                  {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"}, *grpc_ports],
+                  {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"}, *grpc_ports,
+                  *fleet_ports(spec)],
         "env": env,
         "resources": router.resources.dump(),
         "livenessProbe": probe,

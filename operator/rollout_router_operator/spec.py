@@ -87,18 +87,12 @@ class EnvVar(Model):
         return self
 
 
-WORKERS_RULE = "!has(self.workers) || self.workers == 1 || !self.sessionOwnership"
-WORKERS_MESSAGE = ("workers above 1 needs sessionOwnership false (the workers of several pods do not share "
-                   "sessions yet)")
-
-
 class RouterDeploymentSpec(Model):
     """How the router runs; changing these rolls the Deployment (replicas only scales it)."""
 
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
         cel("self.sessionOwner == 'Rendezvous' || self.sessionOwnership",
             "sessionOwner Entry needs sessionOwnership true", ".sessionOwner"),
-        cel(WORKERS_RULE, WORKERS_MESSAGE, ".workers"),
     ]}}
 
     replicas: StrictInt = Field(1, ge=0, le=100, description="Router pods; a PodDisruptionBudget is added above 1.")
@@ -133,17 +127,16 @@ class RouterDeploymentSpec(Model):
         "spec.networkPolicy guards the admin port."))
 
     workers: StrictInt | None = Field(None, ge=1, le=64, description=(
-        "Router processes per pod (the router's --workers): they share the pod's ports and its sessions, so a "
-        "pod uses that many cores (docs/fleet.md, 'Several cores'). Unset: the router container's CPU limit "
-        "rounded down (at least 1; no CPU limit: 1) when sessionOwnership is false, else 1. Above 1 needs "
-        "sessionOwnership false: the workers of several pods do not share sessions yet."))
+        "Router processes per pod (the router's --workers): they share the pod's ports, so a pod uses that many "
+        "cores; with sessionOwnership each worker is a member of the pods' fleet, at the pod's container port "
+        "fleet-<i> (docs/fleet.md, 'Several cores'). Unset: the router container's CPU limit rounded down (at "
+        "least 1; no CPU limit: 1), except with sessionOwner Entry: 1 (the pin would move between a pod's "
+        "workers with the connections)."))
 
     @model_validator(mode="after")
     def _entry_needs_ownership(self) -> RouterDeploymentSpec:
         if self.session_owner == "Entry" and not self.session_ownership:
             raise ValueError("sessionOwner Entry needs sessionOwnership true")
-        if (self.workers or 1) > 1 and self.session_ownership:
-            raise ValueError(WORKERS_MESSAGE)
         return self
 
 

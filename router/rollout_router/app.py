@@ -193,8 +193,10 @@ class Runtime:
                                         "--grpc-port", grpc_host, int(grpc_port))
         descriptors.say_cut(self.settings.max_connections, cap, limit)  # once bound: a bind error stays one line
         if self.peering.worker:  # where the other workers forward to this one: the shared port could be any of them
-            self._fleet_ports = (await self.http_proxy.listen_privately(WORKER_HOST),
-                                 await self.grpc_proxy.listen_privately(WORKER_HOST) if self.grpc_proxy else None)
+            # (a fleet of pods: the other pods' routers too, on the admin listener's addresses: docs/fleet.md)
+            private = self.admin_address[0] if self.peering.selector and self.admin_address else WORKER_HOST
+            self._fleet_ports = (await self.http_proxy.listen_privately(private),
+                                 await self.grpc_proxy.listen_privately(private) if self.grpc_proxy else None)
         if self.peering.wanted(self.settings):
             self._start_fleet()
         return self.port

@@ -15,8 +15,13 @@ One Python process uses one core, so a pod with N cores runs N routers (docs/fle
 
 A worker that exits unexpectedly takes the pod down (the others drain, the parent exits 1, the kubelet restarts
 the container): a pod silently running on fewer cores would be worse. SIGTERM drains every worker (their fleet's
-leave path); SIGINT or a second SIGTERM stops them at once; SIGHUP reloads them all. Routers in other pods are
-not members: ``--workers`` above 1 with ``--peer``, ``--peer-selector`` or a ``fleet`` section is refused.
+leave path); SIGINT or a second SIGTERM stops them at once; SIGHUP reloads them all.
+
+With ``--peer-selector`` (router pods sharing sessions) every worker is a member of the pods' fleet: worker i's
+admin listener is on the ``--admin-host`` at ``--admin-port`` + 1 + i, the port the other pods find as the pod's
+container port named ``fleet-i`` (``fleet.peerpods``), its id the pod's address there, its private traffic ports
+on the ``--admin-host`` too. ``--peer``, ``--advertise`` and a ``fleet`` section stay refused: they name one
+router, not N.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import listening
+from .fleet.node import advertised
 from .listening import address
 from .localfleet import Starting, command, interrupts_held
 from .multicore_admin import WorkerAdmin
@@ -48,12 +54,30 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def refuse_peers(args: argparse.Namespace, settings: RouterSettings) -> None:
-    """``--workers`` > 1 makes the workers a fleet of their own: routers of other pods cannot join it (yet)."""
-    given = ("--peer" if args.peers else "--peer-selector" if args.peer_selector else
+    """What ``--workers`` > 1 cannot honour: peers and an id that name one router (the workers join other routers
+    through ``--peer-selector`` only), and a ``--peer-selector`` without the fixed admin port the workers' are
+    counted from."""
+    given = ("--peer" if args.peers else "--advertise" if args.advertise else
              "the config's fleet section" if settings.fleet is not None else None)
     if given:
-        raise UsageError(f"--workers {args.workers}: cannot be combined with {given} (the workers share sessions "
-                         f"among themselves only; docs/fleet.md, 'Several cores'): use --workers 1 in a fleet")
+        raise UsageError(f"--workers {args.workers}: cannot be combined with {given} (each worker is a router of "
+                         f"its own to the fleet; docs/fleet.md, 'Several cores'): use --peer-selector, or --workers 1")
+    if args.peer_selector and not args.admin_port:
+        raise UsageError(f"--workers {args.workers} with --peer-selector: give a fixed --admin-port (worker i "
+                         f"listens on --admin-port + 1 + i, where the other pods find it), not 0")
+
+
+def _worker_admin(args: argparse.Namespace, index: int) -> tuple[str, int]:
+    """Where worker ``index``'s admin listener binds: loopback, any free port; in a fleet of pods, the admin host
+    at ``--admin-port`` + 1 + ``index`` (the pod's container port ``fleet-<index>``)."""
+    if args.peer_selector:
+        return args.admin_host, args.admin_port + 1 + index
+    return WORKER_HOST, 0
+
+
+def _local(host: str) -> str:
+    """Where this process reaches a listener bound to ``host`` (an any-address: loopback, which it includes)."""
+    return WORKER_HOST if host.strip("[]") in ("", "0.0.0.0", "::") else host
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -65,15 +89,18 @@ async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
     held = [await _reserve(args.host, args.port, "--port")]
     if args.grpc_port is not None:
         held.append(await _reserve(args.host, args.grpc_port, "--grpc-port"))
-    admins = [await _reserve(WORKER_HOST, 0, "--admin-port") for _ in range(args.workers)]
+    admins = [await _reserve(*_worker_admin(args, index), "--admin-port", "--admin-host")
+              for index in range(args.workers)]
     ports = [sock.getsockname()[1] for sock in held]
-    urls = [f"http://{address(WORKER_HOST, sock.getsockname()[1])}" for sock in admins]
+    admin_host = _worker_admin(args, 0)[0]
+    urls = [f"http://{address(_local(admin_host), sock.getsockname()[1])}" for sock in admins]  # the parent's way
+    ids = [advertised(admin_host, sock.getsockname()[1]) for sock in admins]  # the fleet's names for them
     workers: list[subprocess.Popen] = []
     admin = WorkerAdmin(urls, workers)  # bound first: a busy --admin-port is refused before any worker starts
     try:
         admin_port = await bind(admin.start(args.admin_host, args.admin_port), "--admin-host", "--admin-port",
                                 args.admin_host, args.admin_port)
-        starting = [_spawn(argv, index, ports, urls, workers) for index in range(args.workers)]
+        starting = [_spawn(argv, index, ports, admin_host, ids, workers) for index in range(args.workers)]
         try:
             for worker in starting:
                 worker.bound(START_TIMEOUT)
@@ -91,22 +118,22 @@ async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
             sock.close()
 
 
-async def _reserve(host: str, port: int, port_flag: str) -> socket.socket:
+async def _reserve(host: str, port: int, port_flag: str, host_flag: str = "--host") -> socket.socket:
     """A socket bound to ``host:port`` with ``SO_REUSEPORT``, not listening: it keeps the port for the workers."""
     async def reserve() -> socket.socket:
         return listening.bound_socket(host, port, reuse_port=True)
-    host_flag = "--host" if host is not WORKER_HOST else "--admin-host"
     return await bind(reserve(), host_flag, port_flag, host, port)
 
 
-def _spawn(argv: list[str], index: int, ports: list[int], urls: list[str],
+def _spawn(argv: list[str], index: int, ports: list[int], admin_host: str, ids: list[str],
            into: list[subprocess.Popen]) -> Starting:
-    """Worker ``index``: this command line, then the flags that make it a worker (later flags win in argparse)."""
+    """Worker ``index``: this command line, then the flags that make it a worker (later flags win in argparse);
+    its siblings are its ``--peer``s, by the ids the fleet knows them by (``ids``)."""
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-worker-")) / "ports.json"
     own = ["--workers", "1", "--worker", "--port", str(ports[0]), *(["--grpc-port", str(ports[1])] if len(ports) > 1
-           else []), "--admin-host", WORKER_HOST, "--admin-port", urls[index].rpartition(":")[2],
-           "--advertise", urls[index], "--port-file", str(port_file),
-           *(arg for url in urls if url != urls[index] for arg in ("--peer", url))]
+           else []), "--admin-host", admin_host, "--admin-port", ids[index].rpartition(":")[2],
+           "--advertise", ids[index], "--port-file", str(port_file),
+           *(arg for url in ids if url != ids[index] for arg in ("--peer", url))]
     with interrupts_held():
         into.append(subprocess.Popen(command(*argv, *own), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent))

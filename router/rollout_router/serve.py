@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sessions, each key owned by one of them (docs/fleet.md). Adds to the config's fleet.peers.")
     parser.add_argument("--peer-selector", metavar="LABELS",
                         help="In a cluster: the Ready pods matching these labels (k=v,...) are the other routers; "
-                        "each is reached at its container port named 'admin'.")
+                        "each is reached at its container port named 'admin', or one member per worker at its ports named 'fleet-<i>'.")
     parser.add_argument("--peer-namespace", metavar="NS", help="Namespace of --peer-selector's pods "
                         "(default: $POD_NAMESPACE, then the service account's).")
     parser.add_argument("--advertise", metavar="URL", help="This router's admin URL as its peers name it "
@@ -119,7 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=usage.at_least(1), default=1, metavar="N",
                         help="Router processes (default 1): N > 1 uses N cores; they share the traffic ports "
                         "(SO_REUSEPORT) and the sessions (each key owned by one worker, docs/fleet.md 'Several cores'); "
-                        "the admin port answers for all of them. Not with --peer or --peer-selector.")
+                        "the admin port answers for all of them. With --peer-selector each worker is a member of the pods' fleet, "
+                        "its admin port --admin-port + 1 + i. Not with --peer or --advertise.")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by --workers' parent
     parser.add_argument("--log-level", default="info", type=peer_flags.log_level,
                         choices=["debug", "info", "warning", "error", "critical"], help="Log level (default info).")

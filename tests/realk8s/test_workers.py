@@ -1,6 +1,7 @@
 """A router pod given two cores runs two router processes (``serve --workers 2``) that act as one router: the
-operator's default when ``sessionOwnership`` is false and the CPU limit is above one core (docs/fleet.md,
-"Several cores"). A real API server, Deployment controller and scheduler; the node agent runs the pod.
+operator's default when the CPU limit is above one core (docs/fleet.md, "Several cores"), without session
+ownership and with it, where every worker of every router pod is a member of the pods' fleet. A real API server,
+Deployment controller and scheduler; the node agent runs the pods.
 """
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from .workloads import ADMIN_TOKENS, ROUTER_SELECTOR, admin_token, chat, router_
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
 
 
-def rollout_router(cpu: str) -> dict:
+def rollout_router(cpu: str, ownership: bool = False, pods: int = 1) -> dict:
     return {"apiVersion": "rolloutrouter.dev/v1alpha1", "kind": "RolloutRouter", "metadata": {"name": "rollouts"},
             "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "affinityBreakMargin": 4,
-                     "router": {"sessionOwnership": False,
+                     "router": {"sessionOwnership": ownership, "replicas": pods,
                                 "resources": {"limits": {"cpu": cpu, "memory": "1Gi"}}}}}
 
 
@@ -36,3 +37,32 @@ def test_a_router_pod_with_two_cores_runs_two_workers_that_act_as_one_router(clu
     table = eventually(lambda: (lambda t: t if t.get("KEPT") == "24" else None)(rr_table(cluster, namespace)),
                        60, "kubectl get rr shows the two workers' kept turns summed")
     assert table["READY"] == "1/1" and table["BACKENDS"] == "3/3"
+
+
+def test_two_router_pods_of_two_workers_each_are_one_fleet_of_four(cluster, operator_release, namespace):
+    cluster.apply(vllm_deployment(3), namespace)
+    cluster.wait_ready_pods(namespace, "app=vllm", 3)
+    cluster.apply(rollout_router("2", ownership=True, pods=2), namespace)
+    ADMIN_TOKENS[namespace] = admin_token(cluster, namespace)
+    pods = cluster.wait_ready_pods(namespace, ROUTER_SELECTOR, 2, timeout=180)
+    container = pods[0]["spec"]["containers"][0]
+    assert container["command"][container["command"].index("--workers") + 1] == "2"
+    assert "--peer-selector" in container["command"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}.items() >= {"fleet-0": 8082,
+                                                                                 "fleet-1": 8083}.items()
+    members = sorted(f"http://{p['status']['podIP']}:{port}" for p in pods for port in (8082, 8083))
+    for pod in pods:
+        eventually(lambda pod=pod: sorted(router_status(pod)["fleet"]["members"]) == members, 60,
+                   "each pod's workers see the 4 workers of the 2 pods")
+    used: dict[str, set[str]] = {}
+    for turn in range(4):  # each turn by the other pod, on a connection of its own
+        for index in range(8):
+            used.setdefault(f"conversation-{index}", set()).update(chat(pods[(index + turn) % 2], f"conversation-{index}",
+                                                                        turns=1))
+    assert all(len(replicas) == 1 for replicas in used.values()), used
+    statuses = [router_status(pod) for pod in pods]
+    assert [s["workers"] for s in statuses] == [2, 2]
+    assert sum(s["affinity_kept"] for s in statuses) == 8 * 3 and sum(s["new_sessions"] for s in statuses) == 8
+    assert sum(s["fleet"]["forwarded"] for s in statuses) > 0 and sum(s["total_inflight"] for s in statuses) == 0
+    eventually(lambda: (lambda t: t if t.get("KEPT") == "24" else None)(rr_table(cluster, namespace)),
+               60, "kubectl get rr shows the four workers' kept turns summed")

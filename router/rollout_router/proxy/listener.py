@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import time
 
-from ..listening import EVERY_ADDRESS, dual_stack_socket
+from ..listening import EVERY_ADDRESS, bound_socket, dual_stack_socket
 from ..settings import RouterSettings
 from .context import RouterContext
 
@@ -105,9 +105,11 @@ class Listener:
         return self._server.sockets[0].getsockname()[1]
 
     async def listen_privately(self, host: str) -> int:
-        """Also listen on a port of this process alone (``host``, a free port; returns it): a worker of
-        ``serve --workers N`` shares its public port with the others, so a turn forwarded to it comes here."""
-        self._private = await asyncio.get_running_loop().create_server(self.connection, host, 0, backlog=1024)
+        """Also listen on a port of this process alone (``host``, a free port; ``::`` IPv6 and IPv4; returns it):
+        a worker of ``serve --workers N`` shares its public port with the others, so a turn forwarded to it comes
+        here (from its siblings on loopback, or in a fleet of pods from the other pods, on the pod's address)."""
+        self._private = await asyncio.get_running_loop().create_server(self.connection, sock=bound_socket(host, 0),
+                                                                       backlog=1024)
         return self._private.sockets[0].getsockname()[1]
 
     def connection(self) -> asyncio.Protocol:
