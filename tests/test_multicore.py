@@ -59,9 +59,14 @@ def router(replicas: list[Service]) -> Iterator[Service]:
 
 
 def start(args: list[str], processes: list[subprocess.Popen]) -> Service:
-    """``serve --workers 2 ARGS``, recorded in ``processes`` before it can be interrupted; once ready."""
+    """``serve --workers 2 ARGS``, recorded in ``processes`` before it can be interrupted; once every worker is
+    ready (the public admin port's /readyz: the traffic port's is the one worker a connection reaches, which
+    can see its sibling before the sibling sees it)."""
     starting = spawn(["serve", "--workers", "2", "--log-level", "warning", *args], "127.0.0.1", into=processes)
-    return wait_healthy(starting.bound(60), "/readyz")
+    router = wait_healthy(starting.bound(60), "/readyz")
+    assert router.admin_url is not None
+    wait_until(lambda: call(router.admin_url, "GET", "/readyz")[0] == 200, "every worker ready")
+    return router
 
 
 def workers(router: Service) -> list[str]:
