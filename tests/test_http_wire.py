@@ -366,10 +366,10 @@ async def test_a_client_that_reads_nothing_for_the_stall_timeout_is_cut(monkeypa
 
 
 async def test_remembered_response_heads_follow_each_answer_and_stay_bounded():
-    """The client's head is built once per shape of the replica's head (relay.HEADS): an answer whose head
+    """The client's head is built once per shape of the replica's head (heads.HEADS): an answer whose head
     differs (a new Date every request here) gets its own head, and the memory of shapes stays bounded."""
-    from rollout_router.proxy.http import relay
-    count = relay.HEADS_KEPT + 44
+    from rollout_router.proxy.http import heads
+    count = heads.HEADS_KEPT + 44
 
     def answer(index: int, connection: int) -> bytes:
         return b"HTTP/1.1 200 OK\r\nDate: d%d\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}" % index
@@ -381,7 +381,7 @@ async def test_remembered_response_heads_follow_each_answer_and_stay_bounded():
             answers = await exchange(base, post() * count, responses=count)
         assert [headers["date"] for _, headers, _ in answers] == [f"d{i}" for i in range(count)]
         assert all(code == 200 and body == b"{}" and headers["x-rolloutrouter-replica"] == url for code, headers, body in answers)
-        assert 0 < len(relay.HEADS) <= relay.HEADS_KEPT
+        assert 0 < len(heads.HEADS) <= heads.HEADS_KEPT
     finally:
         await raw.stop()
 

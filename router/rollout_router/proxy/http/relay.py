@@ -1,7 +1,8 @@
 """One attempt on one replica: the request's bytes out, the response relayed to the client as it arrives.
 
-The response head is parsed once (llhttp); body bytes pass through untouched
-for Content-Length responses and are re-framed as chunks otherwise. A small
+The response head is parsed once (llhttp) and the client's built once per shape
+(``heads``); body bytes pass through untouched for Content-Length responses and
+are re-framed as chunks otherwise. A small
 non-streaming answer of known length is held until complete and written in
 one piece, so a replica that breaks off mid-body still gets the client a JSON
 502; anything else streams, and a stream that breaks ends with an SSE error
@@ -28,7 +29,7 @@ from ..attempts import Refused, refused_or_short
 from ..errors import error_body
 from ..turns import TAIL_BYTES, Turn
 from . import wire
-from .routes import HOP_BY_HOP, REPLICA_HEADER, WEIGHT_VERSION_HEADER
+from .heads import HEADS, HEADS_KEPT, client_head, lines
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class Exchange:
         if status < 200:
             self.interim = True
             if status != 100:  # the body went out with the head; 103 and the like are the client's
-                self.client.interim(wire.status_line(status, self.reason) + _lines(headers) + b"\r\n")
+                self.client.interim(wire.status_line(status, self.reason) + lines(headers) + b"\r\n")
             return
         self.status = status
         request = self.request
@@ -120,7 +121,7 @@ class Exchange:
         if built is None:
             if len(HEADS) >= HEADS_KEPT:
                 HEADS.clear()
-            built = HEADS[shape] = _client_head(status, self.reason, headers, upstream_keeps, request,
+            built = HEADS[shape] = client_head(status, self.reason, headers, upstream_keeps, request,
                                                 None if self.forwarded else self.replica, version)
         head, length, self.sse, self.chunked, self.until_close, close_after = built
         request.close_after = close_after
@@ -287,56 +288,6 @@ class Exchange:
         if self.paused and self.conn.transport is not None:
             self.paused = False
             self.conn.transport.resume_reading()
-
-
-REPLICA_HEADER_BYTES = REPLICA_HEADER.encode()
-WEIGHT_VERSION_HEADER_BYTES = WEIGHT_VERSION_HEADER.encode()
-HEADS_KEPT = 256  # response shapes remembered (HEADS); cleared when full, so a churn of Dates cannot grow it
-HEADS: dict[tuple, tuple[bytes, int | None, bool, bool, bool, bool]] = {}
-
-
-def _client_head(status: int, reason: bytes, headers: list[tuple[bytes, bytes]], upstream_keeps: bool,
-                 request: HttpRequest, replica: str | None, version: str | None
-                 ) -> tuple[bytes, int | None, bool, bool, bool, bool]:
-    """The client's response head for a replica's head (hop-by-hop headers out, the framing and replica headers
-    in; ``replica`` None for a forward to the owner router, whose head names it already), and what relaying it
-    needs: (head, Content-Length, SSE, re-chunked, body ends at the close, the client connection closes after).
-    A pure function of its arguments, so ``on_headers_complete`` can remember its results."""
-    length: bytes | None = None
-    sse = False
-    kept: list[tuple[bytes, bytes]] = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower == b"content-length":
-            length = value
-        elif lower == b"content-type":
-            sse = value.startswith(b"text/event-stream")
-        if lower not in HOP_BY_HOP:
-            kept.append((name, value))
-    no_body = request.head_only or status in (204, 304)
-    chunked, close_after = False, request.close_after
-    if length is not None:
-        kept.append((b"Content-Length", length))
-    elif not no_body and request.keep_alive and not close_after and not request.http10:
-        chunked = True  # chunked or read-until-close upstream: re-framed as chunks
-        kept.append((b"Transfer-Encoding", b"chunked"))
-    until_close = length is None and not upstream_keeps
-    if replica is not None:
-        kept.append((REPLICA_HEADER_BYTES, replica.encode()))
-        if version is not None:  # a trainer drops samples of stale weights by it
-            kept.append((WEIGHT_VERSION_HEADER_BYTES, version.encode()))
-    if not chunked and length is None and not no_body:
-        close_after = True  # the end of the body is the close (always so for an HTTP/1.0 client)
-    if close_after or not request.keep_alive:
-        kept.append((b"Connection", b"close"))
-    elif request.http10:
-        kept.append((b"Connection", b"keep-alive"))  # an HTTP/1.0 client closes unless told
-    head = wire.status_line(status, reason) + _lines(kept) + b"\r\n"
-    return head, None if length is None else int(length), sse, chunked, until_close, close_after
-
-
-def _lines(headers: list[tuple[bytes, bytes]]) -> bytes:
-    return b"".join([b"%s: %s\r\n" % pair for pair in headers])
 
 
 def request_bytes(request: HttpRequest, pool: ReplicaPool, headers: bytes) -> bytes:
