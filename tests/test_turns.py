@@ -105,3 +105,31 @@ def test_backend_labels_beyond_the_cap_share_one_overflow_label():
               if "backend" in s.labels}
     assert len(labels) == 4 and OTHER in labels
     assert metrics.per_backend(lambda r: 1)[OTHER] == 2
+
+
+def test_the_labels_of_replicas_that_left_go_to_new_replicas_once_all_are_taken():
+    """Pods that come back on new addresses: a drained replica's label (and its series) goes to a new replica when
+    the cap is reached; a replica still draining, or still in the set, keeps its own."""
+    replicas = ReplicaSet()
+    old = [f"http://10.0.0.{i}:8000" for i in range(3)]
+    replicas.replace([(url, None) for url in old])
+    settings = RouterSettings(metrics={"maxBackendLabels": 3})
+    metrics = Metrics(Balancer(replicas, "affinity", LiveConfig()), replicas, lambda: settings, lambda: None,
+                      clock=lambda: 0.0)
+    for url in old:
+        metrics.observe(url, 200, 0.1)
+        metrics.retried(url)
+        metrics.ejected(url, "timeout")
+    lease = replicas.acquire(old[1])  # in flight while it is removed: draining
+    replicas.replace([(old[2], None), ("http://10.0.0.7:8000", None), ("http://10.0.0.8:8000", None)])
+    metrics.observe("http://10.0.0.7:8000", 200, 0.1)  # old[0] drained: its label is the new replica's
+
+    def backends() -> set[str]:
+        return {s.labels["backend"] for family in metrics.registry.collect() for s in family.samples
+                if "backend" in s.labels and not s.name.startswith("rolloutrouter_backend_")}  # not the live gauges
+    assert backends() == {old[1], old[2], "http://10.0.0.7:8000"}
+    metrics.observe("http://10.0.0.8:8000", 200, 0.1)  # old[1] still draining: no label to give
+    assert backends() == {old[1], old[2], "http://10.0.0.7:8000", OTHER}
+    lease.release()
+    metrics.observe("http://10.0.0.8:8000", 200, 0.1)
+    assert backends() == {old[2], "http://10.0.0.7:8000", "http://10.0.0.8:8000", OTHER}

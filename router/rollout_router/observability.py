@@ -157,8 +157,8 @@ class Metrics:
                                ["backend"], LATENCY_BUCKETS)
         self.registry.register(self.requests)
         self.registry.register(self.duration)
-        self.retries = Counter("rolloutrouter_upstream_retries", "Requests retried on another replica after a refused connection.",
-                               ["backend"], registry=self.registry)
+        self.retries = Tally("rolloutrouter_upstream_retries", "Requests retried on another replica after a refused "
+                             "connection.", ["backend"])
         self.errors = Counter("rolloutrouter_request_errors", "Requests answered by the router itself with an error, by reason.",
                               ["reason"], registry=self.registry)
         self.connections_rejected = Counter("rolloutrouter_connections_rejected",
@@ -175,12 +175,14 @@ class Metrics:
                                     "Request bytes (heads and bodies) held now, per listener; bounded by maxBufferedBytes.",
                                     ["listener"], registry=self.registry)
 
-        self.ejections = Counter("rolloutrouter_replica_ejections", "Replicas ejected after failures in a row, "
-                                 "by the last failure: timeout, invalid_response, closed.",
-                                 ["backend", "reason"], registry=self.registry)
-        self.probe_failures = Counter("rolloutrouter_health_probe_failures", "Failed health probes, by why: "
-                                      "timeout, connection_failed, bad_status, invalid_response, closed, router.",
-                                      ["backend", "reason"], registry=self.registry)
+        self.ejections = Tally("rolloutrouter_replica_ejections", "Replicas ejected after failures in a row, "
+                               "by the last failure: timeout, invalid_response, closed.", ["backend", "reason"])
+        self.probe_failures = Tally("rolloutrouter_health_probe_failures", "Failed health probes, by why: "
+                                    "timeout, connection_failed, bad_status, invalid_response, closed, router.",
+                                    ["backend", "reason"])
+        self._per_backend = (self.requests, self.duration, self.retries, self.ejections, self.probe_failures)
+        for family in self._per_backend[2:]:
+            self.registry.register(family)
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
         self.rl: RlState | None = None  # the RL step's state (app.py sets it): /status's "rl"
@@ -190,14 +192,29 @@ class Metrics:
         balancer.on_break = self.margin.broke  # the balancer sees each break's loads; the meter counts them
 
     def backend_label(self, backend: str) -> str:
-        """``backend`` as a label value: the first ``maxBackendLabels`` replicas seen keep their URL, the rest
-        share ``other``, so a churning fleet cannot grow the series without bound."""
+        """``backend`` as a label value: at most ``maxBackendLabels`` replicas keep their URL, the rest share
+        ``other``, so a churning fleet cannot grow the series without bound. When the labels are all taken, those
+        of replicas that have left (drained) are given up first, with their series (``_reclaim``)."""
         label = self._labels.get(backend)
         if label is None:
-            if len(self._labels) >= self.settings().metrics.max_backend_labels:
+            cap = self.settings().metrics.max_backend_labels
+            if len(self._labels) >= cap and self._reclaim() >= cap:
                 return OTHER  # not remembered either: a churning fleet grows no table here
             label = self._labels[backend] = backend
         return label
+
+    def _reclaim(self) -> int:
+        """Give up the labels of replicas no longer in the set (nor draining) and drop their series: a fleet whose
+        pods come back on new addresses keeps per-replica metrics for the replicas it has. Returns the labels kept."""
+        gone = {backend for backend in self._labels if not self.replicas.known(backend)}
+        if gone:
+            for backend in gone:
+                del self._labels[backend]
+            for family in self._per_backend:
+                for values in [v for v in family.children if v[0] in gone]:
+                    del family.children[values]
+            self._children = {key: value for key, value in self._children.items() if key[0] not in gone}
+        return len(self._labels)
 
     def per_backend(self, value: Callable[[Replica], int], grpc: bool = False) -> dict[str, int]:
         """``value`` of each replica (with a gRPC target, when ``grpc``) by backend label; ``other`` sums."""
@@ -209,13 +226,13 @@ class Metrics:
         return result
 
     def ejected(self, backend: str, reason: str) -> None:
-        self.ejections.labels(self.backend_label(backend), reason).inc()
+        self.ejections.child(self.backend_label(backend), reason).inc()
 
     def probe_failed(self, backend: str, reason: str) -> None:
-        self.probe_failures.labels(self.backend_label(backend), reason).inc()
+        self.probe_failures.child(self.backend_label(backend), reason).inc()
 
     def retried(self, backend: str) -> None:
-        self.retries.labels(self.backend_label(backend)).inc()
+        self.retries.child(self.backend_label(backend)).inc()
 
     def sample_kept(self) -> bool:
         """Whether this kept turn's answer is read (settings.metrics.keptPrefillSampleRate)."""

@@ -195,6 +195,10 @@ class ReplicaSet:
     def get(self, replica_id: str) -> Replica | None:
         return self._live.get(replica_id)
 
+    def known(self, replica_id: str) -> bool:
+        """Live, or removed with requests still in flight (draining): a request may still be counted against it."""
+        return replica_id in self._live or replica_id in self._draining
+
     def mark_down(self, replica_id: str, seconds: float) -> None:
         """Skip a replica that refused a connection for a while."""
         replica = self._live.get(replica_id)
