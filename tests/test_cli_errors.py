@@ -47,6 +47,12 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
      "--workers 2: cannot be combined with --advertise"),
     (["serve", "--workers", "3", "--peer-selector", "app=r", "--admin-port", "0"], None,
      "--workers 3 with --peer-selector: give a fixed --admin-port (worker i listens on --admin-port + 1 + i"),
+    (["serve", "--workers", "2", "--peer-selector", "app=r", "--admin-port", "65535"], None,
+     "the workers' admin ports 65536-65537 (--admin-port + 1 + i) go past 65535"),
+    (["serve", "--workers", "2", "--peer-selector", "app=r", "--port", "9002", "--admin-port", "9000"], None,
+     "the workers' admin ports 9001-9002 (--admin-port + 1 + i) include --port 9002"),
+    (["serve", "--workers", "2", "--peer-selector", "app=r", "--admin-host", "::"], None,
+     "--workers 2 with --peer-selector and --admin-host ::: set $POD_IP"),
 ])
 def test_a_mistake_is_one_line_and_exit_2(args, env, says):
     done = run(*args, env=env)

@@ -350,3 +350,38 @@ async def test_decided_here_is_true_exactly_when_via_owner_decides_here_with_not
                 assert decided == (not forwarded and not waited), (key, hopped, leaving, waited)
                 seen.add(decided)
     assert seen == {True, False}
+
+
+def _worker_fleet(siblings: list[str]):
+    from rollout_router.fleet.node import Fleet
+    from rollout_router.settings import FleetSettings
+    balancer, now = _balancer()
+    return Fleet(balancer.replicas, balancer, lambda: now[0], FleetSettings(), lambda: None, ROUTERS[0],
+                 "http://127.0.0.1:1", None, lambda: None, siblings=siblings)
+
+
+def test_a_worker_is_ready_once_it_sees_its_siblings_whatever_other_pods_it_sees():
+    """Four workers of other pods seen are no quorum: the worker waits for its own pod's (``Fleet.quorate``)."""
+    me, sibling, others = ROUTERS[0], ROUTERS[1], ROUTERS[2:6]
+    fleet = _worker_fleet([sibling + "/"])
+    fleet.history.update({me, *others}, 0.0)
+    assert not fleet.quorate() and fleet.siblings_seen() == 0
+    fleet.history.update({me, sibling, *others}, 1.0)
+    assert fleet.quorate() and fleet.siblings_seen() == 1
+
+
+async def test_a_leaving_worker_hands_its_pins_to_other_pods_never_to_its_siblings(monkeypatch):
+    """The workers of a pod leave together: a pin handed to a sibling after it pushed its own would be lost."""
+    from rollout_router.fleet import leaving
+    me, sibling, others = ROUTERS[0], ROUTERS[1], ROUTERS[2:4]
+    fleet = _worker_fleet([sibling])
+    fleet.history.update({me, sibling, *others}, 0.0)
+    for key in KEYS[:200]:
+        fleet.balancer.acquire(key)[1].release()
+    handed: dict[str, int] = {}
+
+    async def push_to(_fleet, peer: str, pins: list) -> None:
+        handed[peer] = len(pins)
+    monkeypatch.setattr(leaving, "_push_to", push_to)
+    await leaving.push(fleet)
+    assert set(handed) == set(others) and sum(handed.values()) == 200

@@ -19,7 +19,7 @@ import pytest
 
 from rollout_router import listening
 from rollout_router.localfleet import Service, command, spawn, spawn_replica, stop, wait_healthy
-from rollout_router.multicore_admin import summed, summed_metrics
+from rollout_router.multicore_admin import rl_summed, summed, summed_metrics
 from rollout_router_operator.status import parse_report
 from tests.support import wait_until
 from tests.test_fleet import (
@@ -257,3 +257,13 @@ def test_metrics_add_up_series_over_the_workers():
             "rolloutrouter_fleet_members 2.0\n")
     merged = summed_metrics([text.format(3.0), text.format(4.0)]).decode()
     assert "rolloutrouter_forwarded_total 7.0" in merged and "rolloutrouter_fleet_members 2.0" in merged
+
+
+def test_the_pods_rl_section_adds_each_workers_queue_and_cleared_pins_and_keeps_the_fleets_state_once():
+    def rl(queued: int, cleared: int) -> dict:
+        return {"rl": {"paused": True, "mode": "queue", "epoch": [3, 1], "weightVersion": "7", "queued": queued,
+                       "queue": {"queued": queued, "dispatched": 0, "full": 0, "timeout": 0},
+                       "pinsCleared": cleared, "updates": 2, "last": None, "versions": {"r1": "7"}}}
+    pod = rl_summed([rl(2, 5), rl(1, 4)])["rl"]
+    assert (pod["queued"], pod["queue"]["queued"], pod["pinsCleared"]) == (3, 3, 9)
+    assert (pod["paused"], pod["epoch"], pod["weightVersion"], pod["updates"]) == (True, [3, 1], "7", 2)

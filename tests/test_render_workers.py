@@ -20,7 +20,8 @@ def workers(router: dict) -> int:
 
 
 @pytest.mark.parametrize(("cpu", "expected"), [
-    (None, 1), (1, 1), ("1", 1), ("1500m", 1), ("2", 2), (2, 2), ("2.5", 2), ("4000m", 4), ("500m", 1), ("0.5", 1)])
+    (None, 1), (1, 1), ("1", 1), ("1500m", 1), ("2", 2), (2, 2), ("2.5", 2), ("4000m", 4), ("500m", 1), ("0.5", 1),
+    ("96", 64)])
 def test_the_cpu_limit_rounded_down_is_the_default_without_session_ownership(cpu, expected):
     limits = {"memory": "1Gi", **({"cpu": cpu} if cpu is not None else {})}
     assert workers({"sessionOwnership": False, "resources": {"limits": limits}}) == expected

@@ -19,6 +19,7 @@ from tests.k8s.stack import loopback_address
 from tests.support import wait_until
 from tests.test_fleet import REPLICA_ARGS, quick_turn, status
 from tests.test_multicore import worker_status
+from tests.test_workers_peers import call
 
 ADMIN = 18081  # each pod's --admin-port; its workers' admin ports are the two after it
 LABELS = {"app": "rr-workers"}
@@ -73,3 +74,5 @@ def test_every_worker_of_every_pod_is_a_member_and_each_session_stays_on_one_rep
     assert sum(p["new_sessions"] for p in public) == SESSIONS
     assert sum(p["affinity_kept"] for p in public) == SESSIONS * (TURNS - 1)
     assert sum(p["total_inflight"] for p in public) == 0
+    code, body = call(pods[0].admin_url, "GET", "/fleet/v1/info")  # the parent is no member: it says where they are
+    assert code == 404 and "container port fleet-<i>" in body["error"]["message"], body

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from rollout_router.kube.selectors import labels_query, matches
 from rollout_router.settings import DiscoverySettings, PolicySettings, RouterSettings
 
-from .spec import DEFAULT_IMAGE, GROUP, KIND, VERSION, RolloutRouterSpec
+from .spec import DEFAULT_IMAGE, GROUP, KIND, MAX_WORKERS, VERSION, RolloutRouterSpec
 
 CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
 ROUTER_PORT = 8080
@@ -286,14 +286,15 @@ def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
 
 
 def workers(spec: RolloutRouterSpec) -> int:
-    """Router processes per pod: ``spec.router.workers``, else the CPU limit rounded down (at least 1; no limit,
+    """Router processes per pod: ``spec.router.workers``, else the CPU limit rounded down (at least 1, at most
+    ``MAX_WORKERS``, the spec field's bound; no limit,
     or ``sessionOwner: Entry``, under which a session's pin would follow its connections between the workers: 1)."""
     router = spec.router
     if router.workers is not None:
         return router.workers
     limit = router.resources.limits.get("cpu")
     entry = router.session_ownership and router.session_owner == "Entry"
-    return 1 if entry or limit is None else max(1, int(cores(limit)))
+    return 1 if entry or limit is None else min(MAX_WORKERS, max(1, int(cores(limit))))
 
 
 def fleet_ports(spec: RolloutRouterSpec) -> list[dict]:

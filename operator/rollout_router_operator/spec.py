@@ -87,6 +87,9 @@ class EnvVar(Model):
         return self
 
 
+MAX_WORKERS = 64  # router processes per pod: spec.router.workers' bound, and the CPU limit's default's
+
+
 class RouterDeploymentSpec(Model):
     """How the router runs; changing these rolls the Deployment (replicas only scales it)."""
 
@@ -126,7 +129,7 @@ class RouterDeploymentSpec(Model):
         "a Prometheus scraping /metrics needs it too (docs/security.md). false: no token; only "
         "spec.networkPolicy guards the admin port."))
 
-    workers: StrictInt | None = Field(None, ge=1, le=64, description=(
+    workers: StrictInt | None = Field(None, ge=1, le=MAX_WORKERS, description=(
         "Router processes per pod (the router's --workers): they share the pod's ports, so a pod uses that many "
         "cores; with sessionOwnership each worker is a member of the pods' fleet, at the pod's container port "
         "fleet-<i> (docs/fleet.md, 'Several cores'). Unset: the router container's CPU limit rounded down (at "

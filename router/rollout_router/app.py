@@ -217,7 +217,7 @@ class Runtime:
                            address(host, grpc_port or self.grpc_port) if self.grpc_port is not None else None,
                            lambda: token.current() if token is not None else None,
                            self.peering.peers, self.peering.selector, self.peering.namespace, self.peering.ownership,
-                           self.rl, quorum=1 + len(self.peering.peers) if self.peering.worker else 1)
+                           self.rl, siblings=self.peering.peers if self.peering.worker else ())
         self.fleet.start()
 
     def has_peers(self) -> bool:

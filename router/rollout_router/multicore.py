@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -62,9 +63,29 @@ def refuse_peers(args: argparse.Namespace, settings: RouterSettings) -> None:
     if given:
         raise UsageError(f"--workers {args.workers}: cannot be combined with {given} (each worker is a router of "
                          f"its own to the fleet; docs/fleet.md, 'Several cores'): use --peer-selector, or --workers 1")
-    if args.peer_selector and not args.admin_port:
-        raise UsageError(f"--workers {args.workers} with --peer-selector: give a fixed --admin-port (worker i "
-                         f"listens on --admin-port + 1 + i, where the other pods find it), not 0")
+    if args.peer_selector:
+        _refuse_worker_ports(args)
+
+
+def _refuse_worker_ports(args: argparse.Namespace) -> None:
+    """The workers' admin ports (``--admin-port`` + 1 + i) must exist, miss the traffic ports, and be named by an
+    address the other pods can reach."""
+    flags = f"--workers {args.workers} with --peer-selector"
+    if not args.admin_port:
+        raise UsageError(f"{flags}: give a fixed --admin-port (worker i listens on --admin-port + 1 + i, where the "
+                         f"other pods find it), not 0")
+    ports = range(args.admin_port + 1, args.admin_port + 1 + args.workers)
+    if ports[-1] > 65535:
+        raise UsageError(f"{flags}: the workers' admin ports {ports[0]}-{ports[-1]} (--admin-port + 1 + i) go "
+                         f"past 65535: lower --admin-port")
+    taken = [f"{flag} {port}" for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port))
+             if port in ports]
+    if taken:
+        raise UsageError(f"{flags}: the workers' admin ports {ports[0]}-{ports[-1]} (--admin-port + 1 + i) include "
+                         f"{taken[0]}: move one of them")
+    if args.admin_host.strip("[]") in ("", "0.0.0.0", "::") and not os.environ.get("POD_IP"):
+        raise UsageError(f"{flags} and --admin-host {args.admin_host}: set $POD_IP (the pod's address, by which the "
+                         f"other pods name its workers) or give --admin-host that address")
 
 
 def _worker_admin(args: argparse.Namespace, index: int) -> tuple[str, int]:

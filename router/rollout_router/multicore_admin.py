@@ -11,6 +11,8 @@ listeners, with the client's ``Authorization`` header (each worker checks the to
   replica's health or the fleet's members, is worker 0's);
 - changes to the replica set (``/add_worker``, ``/remove_worker``, ``/workers``) and ``DELETE /v1/sessions/KEY``
   go to every worker; the first success is the answer;
+- ``/fleet/v1/*``: 404; the parent is no member of a fleet, its workers are (each at its own admin port): a router
+  that took it for one would count worker 0 twice;
 - anything else (the RL routes, which a worker fans out to its fleet itself) goes to worker 0.
 """
 from __future__ import annotations
@@ -28,14 +30,17 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from .listening import bound_socket
+from .proxy.errors import error_body
 
 FORWARD_TIMEOUT = 10.0
 ALL_WORKERS_GET = ("/readyz", "/status", "/metrics")
 ALL_WORKERS_CHANGE = ("/add_worker", "/remove_worker", "/workers", "/v1/sessions/")
+FLEET_PREFIX = "/fleet/v1/"  # the routes routers of a fleet call each other on: the workers', not the parent's
 # /status keys whose value is one router's view, not a count to add
 NOT_SUMMED = frozenset({"affinity_break_margin", "backends_ready", "backends_ready_http", "backends_ready_grpc",
                         "backends_ejected", "fleet_inflight", "ejected_until", "consecutive_failures", "mean",
                         "break_gap_mean", "rl", "peerLoadAgeSeconds", "pushed"})
+RL_SUMMED = ("queued", "queue", "pinsCleared")  # the rl section's counts of each worker's own
 # /metrics families that are one router's view of the pod (settings, replica health, members), not counts to add
 NOT_SUMMED_FAMILIES = frozenset({
     "rolloutrouter_affinity_break_margin", "rolloutrouter_backend_grpc_healthy", "rolloutrouter_backend_healthy",
@@ -76,6 +81,10 @@ class WorkerAdmin:
             alive = all(p.poll() is None for p in self.processes)
             return web.json_response({"status": "ok" if alive else "a worker exited", "workers": len(self.urls)},
                                      status=200 if alive else 503)
+        if path.startswith(FLEET_PREFIX):
+            return web.json_response(error_body(404, f"{path}: this admin port is the parent of the pod's workers, "
+                                                     "not a fleet member; each worker is one, at the pod's container "
+                                                     "port fleet-<i> (docs/fleet.md, 'Several cores')"), status=404)
         every = (path in ALL_WORKERS_GET and method == "GET") or (
             method in ("POST", "DELETE") and path.startswith(ALL_WORKERS_CHANGE))
         body = await request.read()
@@ -84,7 +93,7 @@ class WorkerAdmin:
         failed = next((a for a in answers if a.status >= 300), None)
         if path == "/status" and method == "GET" and failed is None:
             documents = [json.loads(a.body) for a in answers]
-            return web.json_response({**summed(documents), "workers": len(documents)})
+            return web.json_response({**summed(documents), **rl_summed(documents), "workers": len(documents)})
         if path == "/metrics" and method == "GET" and failed is None:
             return web.Response(body=summed_metrics([a.text for a in answers]),
                                 headers={"Content-Type": answers[0].content_type})
@@ -134,6 +143,16 @@ def summed(documents: Sequence[Any], key: str = "") -> Any:
     if all(isinstance(d, list) and len(d) == len(first) for d in documents):
         return [summed(items, key) for items in zip(*documents, strict=True)]
     return first
+
+
+def rl_summed(documents: Sequence[Any]) -> dict[str, Any]:
+    """The ``rl`` section: worker 0's (the pause, the versions and the updates are the fleet's, seen by every
+    worker alike), with what each worker counts of its own added: its queue and the pins it cleared."""
+    sections = [d.get("rl") for d in documents]
+    if not all(isinstance(section, dict) for section in sections):
+        return {}
+    return {"rl": {**sections[0], **{k: summed([section.get(k, 0) for section in sections], k) for k in RL_SUMMED
+                                     if k in sections[0]}}}
 
 
 def summed_metrics(texts: Sequence[str]) -> bytes:

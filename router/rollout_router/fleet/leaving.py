@@ -82,8 +82,9 @@ async def announce(fleet: Fleet, done: bool) -> None:
 
 
 async def push(fleet: Fleet) -> int:
-    """Send every pin held here to its owner among the other members; returns how many are still held."""
-    others = fleet.members() - {fleet.self_id}
+    """Send every pin held here to its owner among the other members, this router's sibling workers aside (they
+    leave with it: a pin handed to one after it pushed its own would be lost); returns how many are still held."""
+    others = fleet.members() - {fleet.self_id} - fleet.siblings
     pins = fleet.balancer.pins()
     if not others:
         return len(pins)

@@ -44,9 +44,9 @@ DEFAULT_WINDOW = 3600.0  # how long a previous member set is asked for pins when
 
 def advertised(admin_host: str, admin_port: int) -> str:
     """The default member id: the admin listener's URL, with an any-address replaced by ``$POD_IP`` (in brackets
-    when it is IPv6, as peers find it from the pod's status: ``peerpods.admin_url``)."""
+    when it is IPv6, as peers find it from the pod's status: ``peerpods.admin_urls``)."""
     host = admin_host
-    if host in ("0.0.0.0", "::", "") and os.environ.get("POD_IP"):
+    if host.strip("[]") in ("0.0.0.0", "::", "") and os.environ.get("POD_IP"):
         host = os.environ["POD_IP"]
     return f"http://{address(host, admin_port)}"
 
@@ -59,7 +59,7 @@ class Fleet:
                  settings: FleetSettings, idle_timeout: Callable[[], float | None], self_id: str, http_url: str,
                  grpc_target: str | None, token: Callable[[], bytes | None], cli_peers: Sequence[str] = (),
                  peer_selector: str | None = None, peer_namespace: str | None = None,
-                 ownership: Ownership | None = None, rl: RlState | None = None, quorum: int = 1):
+                 ownership: Ownership | None = None, rl: RlState | None = None, siblings: Sequence[str] = ()):
         self.replicas, self.balancer, self.clock, self._idle_timeout = replicas, balancer, clock, idle_timeout
         self.self_id = self_id.rstrip("/")
         self.http_url, self.grpc_target = http_url, grpc_target
@@ -75,7 +75,9 @@ class Fleet:
         self.forwarded = self.owner_unreachable = 0
         self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
         self.pushed = 0  # pins handed to their new owners while leaving
-        self.quorum = quorum  # members (this one included) to see before /readyz says ready: N for a --workers N worker
+        # A --workers N worker: the other workers of its pod. Seen before /readyz says ready (``quorate``); never
+        # handed pins when leaving, since they leave with it (``leaving.push``).
+        self.siblings = frozenset(sibling.rstrip("/") for sibling in siblings)
         self._owners: dict[str, str] = {}
         self._polls: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
@@ -149,10 +151,13 @@ class Fleet:
         return self.history.current
 
     def quorate(self) -> bool:
-        """Whether it sees the members it waits for: a ``--workers N`` worker ready alone would route a key it
-        does not own (its siblings not seen yet) here, while its sibling, seeing both, sends the key's next turn
-        to the owner: one session on two replicas."""
-        return len(self.history.current) >= self.quorum
+        """Whether it sees its siblings: a ``--workers N`` worker ready without them would route a key a sibling
+        owns here, while the sibling, seeing both, sends the key's next turn to the owner: one session on two
+        replicas. Its siblings, not a head count: in a fleet of pods, other pods' workers are members too."""
+        return self.siblings <= self.history.current
+
+    def siblings_seen(self) -> int:
+        return len(self.siblings & self.history.current)
 
     async def _poll(self, peer_id: str) -> None:
         while (member := self.membership.get(peer_id)) is not None:

@@ -91,7 +91,8 @@ def readyz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     if context.fleet is not None and context.fleet.leaving:
         return error(503, "this router is leaving its fleet: its sessions are handed to the other routers")
     if context.fleet is not None and not context.fleet.quorate():
-        return error(503, f"this worker sees {len(context.fleet.members())} of the {context.fleet.quorum} workers "
+        return error(503, f"this worker sees {1 + context.fleet.siblings_seen()} of the "
+                          f"{1 + len(context.fleet.siblings)} workers "
                           "of its pod (serve --workers): not ready until it sees them all")
     ready = context.replicas.ready_count()
     if ready == 0:
