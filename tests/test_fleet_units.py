@@ -385,3 +385,13 @@ async def test_a_leaving_worker_hands_its_pins_to_other_pods_never_to_its_siblin
     monkeypatch.setattr(leaving, "_push_to", push_to)
     await leaving.push(fleet)
     assert set(handed) == set(others) and sum(handed.values()) == 200
+
+
+def test_a_worker_asks_who_owned_a_key_before_its_pod_joined_not_a_sibling_that_joined_with_it():
+    """A new pod's workers join at once: the runner-up of a key is its owner among the pods that were there."""
+    me, sibling, before = ROUTERS[0], ROUTERS[1], ROUTERS[2:5]
+    history = History(me, 60.0, frozenset({sibling}))
+    history.update({me, sibling, *before}, 0.0)
+    keys = KEYS[:200]
+    assert any(owner(key, {sibling, *before}) == sibling for key in keys)  # what a head count would have asked
+    assert all(history.previous_owners(key, 1.0) == [owner(key, before)] for key in keys)

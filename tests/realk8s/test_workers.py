@@ -5,14 +5,11 @@ Deployment controller and scheduler; the node agent runs the pods.
 """
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from rollout_router.listening import address
 
 from .cluster import eventually
-from .test_fleet import fleet_totals, routers
 from .workloads import ADMIN_TOKENS, ROUTER_SELECTOR, admin_token, chat, router_status, rr_table, vllm_deployment
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
@@ -68,24 +65,6 @@ def test_two_router_pods_of_two_workers_each_are_one_fleet_of_four(cluster, oper
     assert sum(s["fleet"]["forwarded"] for s in statuses) > 0 and sum(s["total_inflight"] for s in statuses) == 0
     eventually(lambda: (lambda t: t if t.get("KEPT") == "24" else None)(rr_table(cluster, namespace)),
                60, "kubectl get rr shows the four workers' kept turns summed")
-    pins = {key: replicas.pop() for key, replicas in used.items()}
-
-    # A rolling update: each pod's workers leave together and hand their pins to the other pod's (never to each
-    # other), so every session keeps its replica on the new pods and none is placed anew.
-    cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
-                    "-p", json.dumps({"spec": {"router": {"podAnnotations": {"rolled": "1"}}}}))
-    eventually(lambda: (cluster.get("deployment", "rollouts-router", "-n", namespace)["spec"]["template"]
-                        ["metadata"].get("annotations") or {}).get("rolled") == "1", 60,
-               "the operator to apply the new pod template")
-    cluster.kubectl("rollout", "status", "deployment/rollouts-router", "-n", namespace, "--timeout=300s")
-    new = eventually(lambda: (lambda p: p if len(p) == 2 else None)(routers(cluster, namespace)), 120,
-                     "two ready router pods")
-    assert not {p["metadata"]["uid"] for p in new} & {p["metadata"]["uid"] for p in pods}
-    wait_for_four(new)
-    after = {key: chat(new[index % 2], key, turns=1)[0] for index, key in enumerate(pins)}
-    totals = fleet_totals(new)
-    assert after == pins, (after, pins)
-    assert totals["replaced"] == 0 and totals["handoffs"] >= len(pins), totals
 
 
 def wait_for_four(pods: list[dict]) -> None:

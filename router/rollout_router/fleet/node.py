@@ -67,17 +67,18 @@ class Fleet:
         self._cli_ownership = ownership  # --ownership: wins over fleet.ownership
         self.rl = rl  # the RL pause state: a peer's newer one (in its loads answer) is adopted
         self.settings = settings
+        # A --workers N worker: the other workers of its pod. Seen before /readyz says ready (``quorate``); never
+        # handed pins when leaving, since they leave with it (``leaving.push``); never taken for who owned a key
+        # before it joined, since they joined with it (``History``).
+        self.siblings = frozenset(sibling.rstrip("/") for sibling in siblings)
         self.membership = Membership(self.self_id)
-        self.history = History(self.self_id, self._window())
+        self.history = History(self.self_id, self._window(), self.siblings)
         self.client = PeerClient(token, self.settings.peer_timeout_seconds)
         self.loads = loadview.PeerLoads(replicas)
         self.handoff = Handoff(self.history, balancer, self._ask, clock)
         self.forwarded = self.owner_unreachable = 0
         self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
         self.pushed = 0  # pins handed to their new owners while leaving
-        # A --workers N worker: the other workers of its pod. Seen before /readyz says ready (``quorate``); never
-        # handed pins when leaving, since they leave with it (``leaving.push``).
-        self.siblings = frozenset(sibling.rstrip("/") for sibling in siblings)
         self._owners: dict[str, str] = {}
         self._polls: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []

@@ -23,13 +23,14 @@ class History:
     ``previous_owners`` lists whom a key's pin may be held by when it is not
     here: the key's owner under each earlier member set, newest first, then,
     for ``window`` after this router first saw a peer, its owner among the
-    current members but this router (the "runner-up": who owned the key before
-    this router joined, whose member set it never saw), without this router
-    and without repeats.
+    current members but this router and the ``siblings`` it joined with (the
+    other workers of its pod, which started with it: the "runner-up", who owned
+    the key before they joined, whose member set it never saw), without this
+    router and without repeats.
     """
 
-    def __init__(self, self_id: str, window: float):
-        self.self_id, self.window = self_id, window
+    def __init__(self, self_id: str, window: float, siblings: frozenset[str] = frozenset()):
+        self.self_id, self.window, self.siblings = self_id, window, siblings
         self.current: frozenset[str] = frozenset({self_id})
         self._earlier: list[tuple[frozenset[str], float]] = []  # (member set, when it ended)
         self._joined: float | None = None  # when this router first saw a peer
@@ -57,6 +58,7 @@ class History:
             if now - ended > self.window:
                 break
             found.append(owner(key, members))
-        if self._joined is not None and now - self._joined <= self.window and len(self.current) > 1:
-            found.append(owner(key, self.current - {self.self_id}))
+        before = self.current - {self.self_id} - self.siblings
+        if self._joined is not None and now - self._joined <= self.window and before:
+            found.append(owner(key, before))
         return [m for i, m in enumerate(found) if m != self.self_id and m not in found[:i]]
