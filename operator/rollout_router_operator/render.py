@@ -256,7 +256,7 @@ def _network_policy_spec(name: str, spec: RolloutRouterSpec) -> dict:
         rules.append({"from": peers(policy.clients), "ports": traffic})
     if admin:
         rules.append({"from": peers(admin), "ports": [{"protocol": "TCP", "port": ROUTER_ADMIN_PORT}]})
-    if spec.router.session_ownership and fleet_ports(spec):  # workers: their private traffic ports are any free one
+    if fleet_ports(spec):  # workers (with session ownership): their private traffic ports are any free one
         rules.append({"from": [{"podSelector": {"matchLabels": router_labels(name)}}]})
     elif spec.router.session_ownership:
         rules.append({"from": [{"podSelector": {"matchLabels": router_labels(name)}}],

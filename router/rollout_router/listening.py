@@ -75,6 +75,11 @@ def bound_socket(host: str, port: int, reuse_port: bool = False) -> socket.socke
     return sock
 
 
+def any_address(host: str) -> bool:
+    """Whether ``host`` binds every address (``::``, ``0.0.0.0``, or none given), which is no address to be named by."""
+    return host.strip("[]") in ("", "0.0.0.0", EVERY_ADDRESS)
+
+
 def address(host: str, port: int) -> str:
     """``host:port``, IPv6 hosts in brackets."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

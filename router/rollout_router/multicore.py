@@ -41,7 +41,7 @@ from typing import Any
 
 from . import listening
 from .fleet.node import advertised
-from .listening import address
+from .listening import address, any_address
 from .localfleet import Starting, command, interrupts_held
 from .multicore_admin import WorkerAdmin
 from .settings import RouterSettings
@@ -83,7 +83,7 @@ def _refuse_worker_ports(args: argparse.Namespace) -> None:
     if taken:
         raise UsageError(f"{flags}: the workers' admin ports {ports[0]}-{ports[-1]} (--admin-port + 1 + i) include "
                          f"{taken[0]}: move one of them")
-    if args.admin_host.strip("[]") in ("", "0.0.0.0", "::") and not os.environ.get("POD_IP"):
+    if any_address(args.admin_host) and not os.environ.get("POD_IP"):
         raise UsageError(f"{flags} and --admin-host {args.admin_host}: set $POD_IP (the pod's address, by which the "
                          f"other pods name its workers) or give --admin-host that address")
 
@@ -98,7 +98,7 @@ def _worker_admin(args: argparse.Namespace, index: int) -> tuple[str, int]:
 
 def _local(host: str) -> str:
     """Where this process reaches a listener bound to ``host`` (an any-address: loopback, which it includes)."""
-    return WORKER_HOST if host.strip("[]") in ("", "0.0.0.0", "::") else host
+    return WORKER_HOST if any_address(host) else host
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -155,8 +155,6 @@ class Metrics:
         self.duration = Spread("rolloutrouter_request_duration_seconds",
                                "Time from dispatch to the end of the response, per replica.",
                                ["backend"], LATENCY_BUCKETS)
-        self.registry.register(self.requests)
-        self.registry.register(self.duration)
         self.retries = Tally("rolloutrouter_upstream_retries", "Requests retried on another replica after a refused "
                              "connection.", ["backend"])
         self.errors = Counter("rolloutrouter_request_errors", "Requests answered by the router itself with an error, by reason.",
@@ -181,7 +179,7 @@ class Metrics:
                                     "timeout, connection_failed, bad_status, invalid_response, closed, router.",
                                     ["backend", "reason"])
         self._per_backend = (self.requests, self.duration, self.retries, self.ejections, self.probe_failures)
-        for family in self._per_backend[2:]:
+        for family in self._per_backend:
             self.registry.register(family)
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status

@@ -23,7 +23,7 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..listening import address
+from ..listening import address, any_address
 from ..settings import FleetSettings, Ownership
 from . import loadview
 from .client import PeerClient, PeerError, Unreachable
@@ -46,7 +46,7 @@ def advertised(admin_host: str, admin_port: int) -> str:
     """The default member id: the admin listener's URL, with an any-address replaced by ``$POD_IP`` (in brackets
     when it is IPv6, as peers find it from the pod's status: ``peerpods.admin_urls``)."""
     host = admin_host
-    if host.strip("[]") in ("0.0.0.0", "::", "") and os.environ.get("POD_IP"):
+    if any_address(host) and os.environ.get("POD_IP"):
         host = os.environ["POD_IP"]
     return f"http://{address(host, admin_port)}"
 
