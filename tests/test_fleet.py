@@ -374,6 +374,38 @@ def test_an_added_router_takes_its_sessions_with_their_pins(replicas, workdir):
             router.stop()
 
 
+def test_pins_pushed_by_a_view_that_lacks_the_owner_are_relayed_to_it(replicas, workdir):
+    """A rolling update's race: the leaving router ``a`` has not seen the new router ``c`` yet, so it pushes every
+    pin to ``b``; ``b`` sees ``c`` and hands the pins that ``c`` owns on to it. Without that, ``c`` (whose view
+    names ``a`` as the keys' previous owner, and ``a`` said it handed everything over) would place them anew."""
+    a, b = start_router_fleet(2, replicas, workdir)
+    c = spawn_fleet_router(2, replicas, workdir)
+    routers = [a, b, c]
+    try:
+        fleet_config(workdir / "router-1.json", replicas, [a.admin_url, c.admin_url])
+        fleet_config(workdir / "router-2.json", replicas, [a.admin_url, b.admin_url])
+        for router in (b, c):
+            router.process.send_signal(signal.SIGHUP)
+        wait_until(lambda: fleet_members(b) == fleet_members(c) == sorted(r.admin_url for r in routers),
+                   "b and c to see all three")
+        wait_until(lambda: fleet_members(a) == sorted([a.admin_url, b.admin_url]), "a to see b alone")
+        keys = [k for k in (f"relay-{n}" for n in range(2000))
+                if owner(k, [a.admin_url, b.admin_url]) == a.admin_url
+                and owner(k, [b.admin_url, c.admin_url]) == c.admin_url][:6]
+        first = {key: quick_turn(a, key).replica for key in keys}  # a owns them in its view: pinned there
+        placed = fleet_sum([b, c], "new_sessions")
+        a.process.send_signal(signal.SIGTERM)
+        assert a.process.wait(timeout=30) == 0
+        wait_until(lambda: status(c)["fleet"]["handoffs"] == len(keys), "c to be handed its pins")
+        assert status(b)["fleet"]["relayed"] == len(keys) and status(c)["fleet"]["relayed"] == 0
+        for i, key in enumerate(keys):
+            assert quick_turn([b, c][i % 2], key).replica == first[key], key
+        assert fleet_sum([b, c], "new_sessions") == placed and fleet_sum([b, c], "replaced") == 0
+    finally:
+        for router in routers:
+            router.stop()
+
+
 def test_grpc_calls_are_forwarded_to_the_owner(workdir, grpc_replicas):
     routers = start_router_fleet(2, grpc_replicas, workdir, grpc=True)
     try:
@@ -413,7 +445,9 @@ def test_fleet_routes_want_the_admin_token_and_ownership(workdir, replicas):
                                    ("adopt", {"pins": {}}, "pins"),
                                    ("adopt", {"pins": [{"key": "k", "replica": "http://r", "idleSeconds": 0},
                                                        {"key": "k", "replica": "http://r", "idleSeconds": -1}]},
-                                    "pins[1]")):
+                                    "pins[1]"),
+                                   ("adopt", {"pins": [{"key": "k", "replica": "http://r", "idleSeconds": 0}],
+                                              "relayed": "yes"}, "relayed")):
             bad = urllib.request.Request(f"{member.admin_url}/fleet/v1/{route}", data=json.dumps(body).encode(),
                                          method="POST", headers={"Authorization": "Bearer s3cret"})
             with pytest.raises(urllib.error.HTTPError) as invalid:

@@ -380,9 +380,10 @@ async def test_a_leaving_worker_hands_its_pins_to_other_pods_never_to_its_siblin
         fleet.balancer.acquire(key)[1].release()
     handed: dict[str, int] = {}
 
-    async def push_to(_fleet, peer: str, pins: list) -> None:
+    async def push_to(_fleet, peer: str, pins: list) -> int:
         handed[peer] = len(pins)
-    monkeypatch.setattr(leaving, "_push_to", push_to)
+        return len(pins)
+    monkeypatch.setattr(leaving, "push_to", push_to)
     await leaving.push(fleet)
     assert set(handed) == set(others) and sum(handed.values()) == 200
 
@@ -395,3 +396,75 @@ def test_a_worker_asks_who_owned_a_key_before_its_pod_joined_not_a_sibling_that_
     keys = KEYS[:200]
     assert any(owner(key, {sibling, *before}) == sibling for key in keys)  # what a head count would have asked
     assert all(history.previous_owners(key, 1.0) == [owner(key, before)] for key in keys)
+
+
+async def test_a_pin_a_leaving_peer_is_pushing_here_is_asked_of_it_first():
+    """The race of a rolling update: the old router ``c`` is leaving and pushing its pins to this new one; a turn
+    arrives here first. Its previous owners (the set before ``c`` left names this router, the runner-up is
+    ``n1``) do not hold the pin: only ``c`` does, until its push lands. Asked first, ``c`` hands it over; asked
+    not at all, the turn was placed anew and the push that landed after it was dropped."""
+    me, c, n1 = ROUTERS[:3]
+    balancer, now = _balancer()
+    history = History(me, 60.0)
+    history.update({me, c, n1}, 0.0)
+    history.update({me, n1}, 1.0)  # c said it is leaving
+    key = next(k for k in KEYS if owner(k, {me, c, n1}) == me and owner(k, {c, n1}) == c)
+    held = {c: {key: "r2"}, n1: {}}
+    asked: list[str] = []
+
+    async def ask(peer: str, key: str, timeout: float | None) -> tuple[str, float] | None:
+        asked.append(peer)
+        replica = held[peer].pop(key, None)
+        return None if replica is None else (replica, 1.0)
+
+    handoff = Handoff(history, balancer, ask, lambda: now[0], leaving=lambda: [c])
+    now[0] = 2.0
+    assert handoff.needed(key)
+    await handoff.fetch(key)
+    decision, lease = balancer.acquire(key)  # the turn is routed: by the pin, or placed anew without one
+    lease.release()
+    assert handoff.receive([(key, "r2", 1.0)]) == 0  # c's push lands: the pin here is newer
+    assert asked == [c] and decision.replica == "r2" and handoff.handoffs == 1 and handoff.replaced == 0
+
+
+async def test_a_leaving_peer_that_never_owned_the_key_and_does_not_answer_is_no_loss():
+    me, c, n1 = ROUTERS[:3]
+    balancer, now = _balancer()
+    history = History(me, 60.0)
+    history.update({me, n1}, 0.0)
+    key = next(k for k in KEYS if owner(k, {me, n1}) == me)
+
+    async def ask(peer: str, key: str, timeout: float | None) -> tuple[str, float] | None:
+        if peer == c:
+            raise Unreachable("refused")
+        return None
+
+    handoff = Handoff(history, balancer, ask, lambda: now[0], leaving=lambda: [c])
+    await handoff.fetch(key)
+    assert handoff.replaced == 0 and c in handoff.gone
+
+
+async def test_a_router_is_settled_once_the_pods_are_listed_and_each_was_polled_once():
+    """Ready only after hearing from its fleet: before, it would place the sessions it owns with no pins."""
+    import socket
+
+    from rollout_router.fleet.node import Fleet
+    from rollout_router.settings import FleetSettings
+    with socket.socket() as closed:  # a loopback port nobody listens on: the poll is refused
+        closed.bind(("127.0.0.1", 0))
+        peer = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    balancer, now = _balancer()
+    fleet = Fleet(balancer.replicas, balancer, lambda: now[0], FleetSettings(), lambda: None,
+                  "http://127.0.0.1:2", "http://127.0.0.1:3", None, lambda: None, peer_selector="app=router")
+    try:
+        assert not fleet.settled()  # the pods not listed yet
+        fleet.set_peers(PODS, [peer])
+        assert not fleet.settled() and fleet.unasked() == 1
+        async with asyncio.timeout(10):
+            while not fleet.settled():
+                await asyncio.sleep(0.01)
+        assert fleet.unasked() == 0 and fleet.members() == {"http://127.0.0.1:2"}
+        fleet.set_peers(PODS, [peer, peer.replace("127.0.0.1", "127.0.0.2")])
+        assert fleet.settled() and fleet.unasked() == 1  # a pod joining later keeps it ready
+    finally:
+        await fleet.stop()

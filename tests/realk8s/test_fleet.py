@@ -53,6 +53,17 @@ def turn(cluster, namespace: str, session: str, entry: int) -> str:
     raise AssertionError(f"session {session}: no router pod took the turn")
 
 
+def roll_routers(cluster, namespace: str) -> None:
+    """A rolling update of the ``rollouts`` router pods (a new pod annotation), waited for to its end."""
+    cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"spec": {"router": {"podAnnotations": {"rolled": "1"}}}}))
+    # The operator applies the new template in its own time: wait for it before waiting for the rollout.
+    eventually(lambda: (cluster.get("deployment", "rollouts-router", "-n", namespace)["spec"]["template"]
+                        ["metadata"].get("annotations") or {}).get("rolled") == "1", 60,
+               "the operator to apply the new pod template")
+    cluster.kubectl("rollout", "status", "deployment/rollouts-router", "-n", namespace, "--timeout=300s")
+
+
 def fleet_totals(pods: list[dict]) -> dict[str, int]:
     statuses = [router_status(p) for p in pods]
     totals = {name: sum(s["fleet"][name] for s in statuses) for name in FLEET}
@@ -94,13 +105,7 @@ def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod
     worker = threading.Thread(target=traffic)
     worker.start()
     try:
-        cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
-                        "-p", json.dumps({"spec": {"router": {"podAnnotations": {"rolled": "1"}}}}))
-        # The operator applies the new template in its own time: wait for it before waiting for the rollout.
-        eventually(lambda: (cluster.get("deployment", "rollouts-router", "-n", namespace)["spec"]["template"]
-                            ["metadata"].get("annotations") or {}).get("rolled") == "1", 60,
-                   "the operator to apply the new pod template")
-        cluster.kubectl("rollout", "status", "deployment/rollouts-router", "-n", namespace, "--timeout=300s")
+        roll_routers(cluster, namespace)
         new = converged(cluster, namespace, 3)
     finally:
         done.set()

@@ -10,6 +10,7 @@ import pytest
 from rollout_router.listening import address
 
 from .cluster import eventually
+from .test_fleet import fleet_totals, roll_routers, routers
 from .workloads import ADMIN_TOKENS, ROUTER_SELECTOR, admin_token, chat, router_status, rr_table, vllm_deployment
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
@@ -65,6 +66,20 @@ def test_two_router_pods_of_two_workers_each_are_one_fleet_of_four(cluster, oper
     assert sum(s["fleet"]["forwarded"] for s in statuses) > 0 and sum(s["total_inflight"] for s in statuses) == 0
     eventually(lambda: (lambda t: t if t.get("KEPT") == "24" else None)(rr_table(cluster, namespace)),
                60, "kubectl get rr shows the four workers' kept turns summed")
+    pins = {key: replicas.pop() for key, replicas in used.items()}
+
+    # A rolling update: each pod's workers leave together and hand their pins to the other pods' workers (never
+    # to each other), so every session keeps its replica on the new pods and none is placed anew.
+    roll_routers(cluster, namespace)
+    new = eventually(lambda: (lambda p: p if len(p) == 2 else None)(routers(cluster, namespace)), 120,
+                     "two ready router pods")
+    assert not {p["metadata"]["uid"] for p in new} & {p["metadata"]["uid"] for p in pods}
+    wait_for_four(new)
+    after = {key: chat(new[index % 2], key, turns=1)[0] for index, key in enumerate(pins)}
+    totals = fleet_totals(new)
+    print(f"\nrolling update of pods of workers: the new pods' counters {totals}")
+    assert after == pins, (after, pins)
+    assert totals["replaced"] == 0 and totals["handoffs"] >= len(pins), totals
 
 
 def wait_for_four(pods: list[dict]) -> None:

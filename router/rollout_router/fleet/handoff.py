@@ -1,8 +1,9 @@
 """Pins follow ownership: a new owner asks the previous owner for a session's pin before placing it anew.
 
 When the member set changes, the keys whose owner changed arrive at their new
-owner without a pin. Before routing such a key, the owner asks the key's owner
-under each recent member set (``ownership.History``, newest first) with
+owner without a pin. Before routing such a key, the owner asks every peer that is
+leaving the fleet (it may be pushing that pin), then the key's owner under each
+recent member set (``ownership.History``, newest first), with
 ``POST /fleet/v1/handoff``; the first that holds the pin gives it up and the
 session keeps its replica (a handoff). Only when no one holds it and some
 previous owner could not be reached (gone for good: refused, reset, silent)
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from ..balancer import Balancer
 from .client import PeerError, Unreachable
@@ -38,8 +39,12 @@ Ask = Callable[[str, str, float | None], Awaitable[tuple[str, float] | None]]
 
 
 class Handoff:
-    def __init__(self, history: History, balancer: Balancer, ask: Ask, clock: Callable[[], float]):
-        self.history, self.balancer, self._ask, self._clock = history, balancer, ask, clock
+    """Given ``leaving``: the peers that said they are leaving the fleet (they may still hold pins, or be pushing
+    them)."""
+
+    def __init__(self, history: History, balancer: Balancer, ask: Ask, clock: Callable[[], float],
+                 leaving: Callable[[], Iterable[str]] = tuple):
+        self.history, self.balancer, self._ask, self._clock, self._leaving = history, balancer, ask, clock, leaving
         self.handoffs = self.replaced = 0
         self.lookups = 0  # entry ownership: keys without a pin here that every peer was asked for
         self.gone: set[str] = set()  # previous owners that could not be reached: not asked again
@@ -104,19 +109,20 @@ class Handoff:
 
     async def _fetch(self, key: str, believed: str | None) -> bool:
         lost = False
-        candidates = self.history.previous_owners(key, self._clock())
-        for previous in ([believed] if believed else []) + [c for c in candidates if c != believed]:
+        owners = self.history.previous_owners(key, self._clock())
+        owners = ([believed] if believed else []) + [c for c in owners if c != believed]
+        for previous in self._asking_order(owners):
             if previous in self.departed:
                 continue
             if previous in self.gone:
-                lost = True
+                lost = lost or previous in owners
                 continue
             try:
                 answer = await self._ask(previous, key, None)
             except Unreachable as error:
                 log.warning("previous owner %s is unreachable (%s): its sessions are placed anew", previous, error)
                 self.gone.add(previous)
-                lost = True
+                lost = lost or previous in owners
                 continue
             except PeerError as error:
                 log.warning("previous owner %s did not hand over session %r: %s", previous, key, error)
@@ -127,6 +133,14 @@ class Handoff:
         if lost:
             self.replaced += 1
         return True
+
+    def _asking_order(self, owners: list[str]) -> list[str]:
+        """The leaving peers first, then ``owners``. A leaving peer pushing a pin keeps it until the peer it
+        pushes to (one of ``owners``, or this router) has taken it: asked first, it either gives the pin up or
+        the pin has landed already. Asked after, the pin could land behind the question and be missed. A leaving
+        peer that never owned the key and does not answer is no loss."""
+        leaving = [peer for peer in self._leaving() if peer != self.history.self_id]
+        return leaving + [o for o in owners if o not in leaving]
 
     def receive(self, pins: list[tuple[str, str, float]]) -> int:
         """Pins pushed by a router leaving the fleet, as (key, replica, seconds since last use); a pin held

@@ -91,28 +91,34 @@ async def push(fleet: Fleet) -> int:
     by_owner: dict[str, list[tuple[str, str, float]]] = {}
     for pin in pins:
         by_owner.setdefault(owner(pin[0], others), []).append(pin)
-    await asyncio.gather(*(_push_to(fleet, peer, held) for peer, held in by_owner.items()))
+    taken = await asyncio.gather(*(push_to(fleet, peer, held) for peer, held in by_owner.items()))
+    fleet.pushed += sum(taken)
     return len(fleet.balancer.pins())
 
 
-async def _push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]]) -> None:
-    """``pins`` to ``peer``, ``BATCH`` at a time; each batch it took is dropped here (unless re-pinned since)."""
+async def push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]], relayed: bool = False) -> int:
+    """``pins`` to ``peer``, ``BATCH`` at a time; each batch it took is dropped here (unless re-pinned since).
+    ``relayed``: pins pushed here that this router hands on once (``Fleet.adopt``). Returns how many it took."""
     balancer, clock = fleet.balancer, fleet.clock
+    taken = 0
     for start in range(0, len(pins), BATCH):
         batch = pins[start:start + BATCH]
         now = clock()
-        body = {"from": fleet.self_id,
-                "pins": [{"key": key, "replica": replica, "idleSeconds": round(max(0.0, now - used), 3)}
-                         for key, replica, used in batch]}
+        body: dict = {"from": fleet.self_id,
+                      "pins": [{"key": key, "replica": replica, "idleSeconds": round(max(0.0, now - used), 3)}
+                               for key, replica, used in batch]}
+        if relayed:
+            body["relayed"] = True
         try:
             await fleet.client.call("POST", f"{peer}/fleet/v1/adopt", body)
         except (Unreachable, PeerError) as error:
             log.warning("%d pins not handed to %s: %s; it may still ask for them", len(pins) - start, peer, error)
-            return
+            break
         for key, replica, _ in batch:
             if balancer.pinned(key) == replica:
                 balancer.surrender(key)
-        fleet.pushed += len(batch)
+        taken += len(batch)
+    return taken
 
 
 async def until_idle(busy: Callable[[], int]) -> None:

@@ -28,6 +28,7 @@ class Member:
     answered: float | None = None  # clock of its last answer
     live: bool = False
     leaving: bool = False  # it said it is leaving: no longer an owner, still a handoff source
+    asked: bool = False  # its first poll has ended, answered or not
 
 
 class Membership:

@@ -28,6 +28,7 @@ from ..settings import FleetSettings, Ownership
 from . import loadview
 from .client import PeerClient, PeerError, Unreachable
 from .handoff import Handoff
+from .leaving import push_to
 from .membership import PODS, STATIC, Member, Membership
 from .ownership import History, owner
 
@@ -75,14 +76,18 @@ class Fleet:
         self.history = History(self.self_id, self._window(), self.siblings)
         self.client = PeerClient(token, self.settings.peer_timeout_seconds)
         self.loads = loadview.PeerLoads(replicas)
-        self.handoff = Handoff(self.history, balancer, self._ask, clock)
+        self.handoff = Handoff(self.history, balancer, self._ask, clock, self._leaving_peers)
         self.forwarded = self.owner_unreachable = 0
         self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
         self.pushed = 0  # pins handed to their new owners while leaving
+        self.relayed = 0  # pins pushed here and handed on to their owner in this router's view (``adopt``)
+        self._relays: set[asyncio.Task] = set()
         self._owners: dict[str, str] = {}
         self._polls: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._scraper: asyncio.Task | None = None
+        self._pods_listed = False  # --peer-selector: the router pods were listed once
+        self._settled = False  # every first candidate was asked once (``settled``)
 
     # lifecycle
     def start(self) -> None:
@@ -94,7 +99,8 @@ class Fleet:
                 name="peer-discovery"))
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._polls.values(), *([self._scraper] if self._scraper else [])]:
+        for task in [*self._tasks, *self._polls.values(), *self._relays,
+                     *([self._scraper] if self._scraper else [])]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -136,6 +142,7 @@ class Fleet:
     # membership
     def set_peers(self, source: str, ids: Sequence[str] | set[str]) -> None:
         added, dropped = self.membership.set_source(source, ids)
+        self._pods_listed = self._pods_listed or source == PODS
         for member in dropped:
             task = self._polls.pop(member.id, None)
             if task is not None:
@@ -147,6 +154,9 @@ class Fleet:
 
     def live_peers(self) -> list[Member]:
         return [m for m in self.membership.peers.values() if m.live]
+
+    def _leaving_peers(self) -> list[str]:
+        return [m.id for m in self.live_peers() if m.leaving]
 
     def members(self) -> frozenset[str]:
         return self.history.current
@@ -160,6 +170,19 @@ class Fleet:
     def siblings_seen(self) -> int:
         return len(self.siblings & self.history.current)
 
+    def settled(self) -> bool:
+        """Whether it has heard from its fleet: the router pods listed (``--peer-selector``) and each candidate
+        peer polled once, answered or not. A router ready before would place the sessions it takes as a fleet of
+        one, while their owner holds their pins. Once settled it stays so: a pod joining later is no reason to
+        stop taking traffic."""
+        if not self._settled:
+            self._settled = (self._pods_listed or not self._selector) and all(
+                m.asked for m in self.membership.peers.values())
+        return self._settled
+
+    def unasked(self) -> int:
+        return sum(not m.asked for m in self.membership.peers.values())
+
     async def _poll(self, peer_id: str) -> None:
         while (member := self.membership.get(peer_id)) is not None:
             try:
@@ -167,6 +190,7 @@ class Fleet:
             except (Unreachable, PeerError, KeyError, TypeError, ValueError, AttributeError) as error:
                 if self.membership.failed(peer_id, self.clock(), self.settings.peer_timeout_seconds):
                     self._left(member, str(error))
+            member.asked = True
             await asyncio.sleep(self.settings.poll_interval_seconds)
 
     async def _poll_once(self, member: Member) -> None:
@@ -290,6 +314,33 @@ class Fleet:
             return []
         return [m.id for m in self.live_peers() if m.id not in self.handoff.departed]
 
+    def adopt(self, pins: list[tuple[str, str, float]], relayed: bool) -> int:
+        """Pins a leaving peer pushed here (``relayed``: that another router handed on); returns how many were taken.
+
+        The leaving peer chose this router by its own view of the members, which
+        may lack routers that joined a moment ago (or some workers of a new pod):
+        a pin whose owner in this router's view is another member is handed on to
+        it, once (a relayed pin is not relayed again, so views that disagree cannot
+        bounce it). Until that owner took it, the pin stays here, where it asks.
+        """
+        adopted = self.handoff.receive(pins)
+        if relayed or self.leaving:
+            return adopted  # a leaving router pushes what it adopted with its own pins
+        by_owner: dict[str, list[tuple[str, str, float]]] = {}
+        for key, replica, _ in pins:
+            owner = self.owner_of(key)
+            used = self.balancer.last_used(key)
+            if owner is not None and used is not None and self.balancer.pinned(key) == replica:
+                by_owner.setdefault(owner.id, []).append((key, replica, used))
+        for peer, held in by_owner.items():
+            task = asyncio.get_running_loop().create_task(self._relay(peer, held), name=f"relay to {peer}")
+            self._relays.add(task)
+            task.add_done_callback(self._relays.discard)
+        return adopted
+
+    async def _relay(self, peer: str, pins: list[tuple[str, str, float]]) -> None:
+        self.relayed += await push_to(self, peer, pins, relayed=True)
+
     def unreachable(self, member: Member, gone: bool) -> None:
         """Forwarding to ``member`` failed before any byte came back; ``gone``: refused or reset, not slow."""
         self.owner_unreachable += 1
@@ -316,7 +367,7 @@ class Fleet:
                 "forwarded": self.forwarded, "lookups": self.handoff.lookups,
                 "ownerUnreachable": self.owner_unreachable, "handoffs": self.handoff.handoffs,
                 "replaced": self.handoff.replaced, "loadView": self.settings.load_view,
-                "leaving": self.leaving, "pushed": self.pushed,
+                "leaving": self.leaving, "pushed": self.pushed, "relayed": self.relayed,
                 "peerLoadAgeSeconds": self.peer_load_ages()}
 
 

@@ -86,14 +86,17 @@ def healthz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
 
 def readyz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     """Ready once some replica can take a request, so Services skip an empty router; not while it leaves
-    its fleet (SIGTERM), so Services stop sending it new traffic; a ``--workers`` worker not before it sees its
-    siblings (``Fleet.quorate``)."""
+    its fleet (SIGTERM), so Services stop sending it new traffic; not before it has heard from its fleet
+    (``Fleet.settled``), and a ``--workers`` worker not before it sees its siblings (``Fleet.quorate``)."""
     if context.fleet is not None and context.fleet.leaving:
         return error(503, "this router is leaving its fleet: its sessions are handed to the other routers")
     if context.fleet is not None and not context.fleet.quorate():
         return error(503, f"this worker sees {1 + context.fleet.siblings_seen()} of the "
                           f"{1 + len(context.fleet.siblings)} workers "
                           "of its pod (serve --workers): not ready until it sees them all")
+    if context.fleet is not None and not context.fleet.settled():
+        return error(503, f"this router has not heard from its fleet yet ({context.fleet.unasked()} candidate "
+                          "peers not polled, or the router pods not listed): not ready until it has")
     ready = context.replicas.ready_count()
     if ready == 0:
         return error(503, "no replica is ready")

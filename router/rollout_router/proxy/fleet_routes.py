@@ -95,7 +95,10 @@ def adopt(context: RouterContext, request: AdminRequest) -> AdminAnswer:
             return error(400, f"pins[{index}] needs a non-empty \"key\" and \"replica\" and \"idleSeconds\" >= 0",
                          f"pins[{index}]")
         pins.append(pin)
-    adopted = fleet.handoff.receive(pins)
+    relayed = body.get("relayed", False) if isinstance(body, dict) else False
+    if not isinstance(relayed, bool):
+        return error(400, "adopt body's \"relayed\" must be true or false", "relayed")
+    adopted = fleet.adopt(pins, relayed)
     return _json({"adopted": adopted, "kept": len(pins) - adopted})
 
 
