@@ -374,10 +374,11 @@ def test_an_added_router_takes_its_sessions_with_their_pins(replicas, workdir):
             router.stop()
 
 
-def test_pins_pushed_by_a_view_that_lacks_the_owner_are_relayed_to_it(replicas, workdir):
+def test_pins_pushed_by_a_view_that_lacks_the_owner_go_on_to_the_owner(replicas, workdir):
     """A rolling update's race: the leaving router ``a`` has not seen the new router ``c`` yet, so it pushes every
-    pin to ``b``; ``b`` sees ``c`` and hands the pins that ``c`` owns on to it. Without that, ``c`` (whose view
-    names ``a`` as the keys' previous owner, and ``a`` said it handed everything over) would place them anew."""
+    pin to ``b``; ``b`` sees ``c`` and names it as the owner of the pins ``c`` owns, and ``a`` pushes them there.
+    They land where their owner is, before any turn asks: taken by ``b``, they would be where ``c`` asks only
+    by chance (a new pod's worker never asks its sibling, which joined with it: tests/test_fleet_units.py)."""
     a, b = start_router_fleet(2, replicas, workdir)
     c = spawn_fleet_router(2, replicas, workdir)
     routers = [a, b, c]
@@ -389,21 +390,57 @@ def test_pins_pushed_by_a_view_that_lacks_the_owner_are_relayed_to_it(replicas, 
         wait_until(lambda: fleet_members(b) == fleet_members(c) == sorted(r.admin_url for r in routers),
                    "b and c to see all three")
         wait_until(lambda: fleet_members(a) == sorted([a.admin_url, b.admin_url]), "a to see b alone")
-        keys = [k for k in (f"relay-{n}" for n in range(2000))
+        keys = [k for k in (f"redirect-{n}" for n in range(2000))
                 if owner(k, [a.admin_url, b.admin_url]) == a.admin_url
                 and owner(k, [b.admin_url, c.admin_url]) == c.admin_url][:6]
         first = {key: quick_turn(a, key).replica for key in keys}  # a owns them in its view: pinned there
         placed = fleet_sum([b, c], "new_sessions")
         a.process.send_signal(signal.SIGTERM)
         assert a.process.wait(timeout=30) == 0
-        wait_until(lambda: status(c)["fleet"]["handoffs"] == len(keys), "c to be handed its pins")
-        assert status(b)["fleet"]["relayed"] == len(keys) and status(c)["fleet"]["relayed"] == 0
+        assert status(c)["fleet"]["handoffs"] == len(keys) and status(b)["fleet"]["handoffs"] == 0
         for i, key in enumerate(keys):
             assert quick_turn([b, c][i % 2], key).replica == first[key], key
         assert fleet_sum([b, c], "new_sessions") == placed and fleet_sum([b, c], "replaced") == 0
     finally:
         for router in routers:
             router.stop()
+
+
+def line_until(answer: http.client.HTTPResponse, loads: dict, lines: int = 50) -> bool:
+    """Whether one of the watch's next ``lines`` lines (heartbeats may come first) carries ``loads``."""
+    return any(json.loads(answer.readline())["loads"] == loads for _ in range(lines))
+
+
+def test_a_peer_watches_the_loads_as_a_line_per_change_and_a_heartbeat(replicas, workdir):
+    """How members follow each other: one answer of JSON lines, a line when the loads change and heartbeats."""
+    [router] = start_router_fleet(1, replicas, workdir)  # a fleet section, no peer yet: the routes are on
+    url = urlsplit(router.admin_url)
+    try:
+        for query, param in (("watch=abc&heartbeat=1", "watch"), ("watch=0.1", "heartbeat"),
+                             ("watch=5&heartbeat=1", "watch"), ("watch=0.1&heartbeat=60", "heartbeat"),
+                             ("watch=0.1&heartbeat=1&since=3", "since")):
+            with pytest.raises(urllib.error.HTTPError) as invalid:
+                urllib.request.urlopen(f"{router.admin_url}/fleet/v1/loads?{query}", timeout=5)
+            assert invalid.value.code == 400 and json.load(invalid.value)["error"]["param"] == param, query
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        conn.request("GET", "/fleet/v1/loads?watch=0.02&heartbeat=0.3")
+        answer = conn.getresponse()
+        assert answer.status == 200 and answer.getheader("Content-Type") == "application/x-ndjson"
+        assert answer.getheader("Transfer-Encoding") == "chunked"
+        assert json.loads(answer.readline())["loads"] == {}
+        held = Turn(router, "watched")  # in flight until released: the loads change, a line says so
+        assert line_until(answer, {held.replica: 1})
+        held.release()  # the stream cut off: the request ends
+        assert line_until(answer, {})
+        quiet, started = 0, time.monotonic()
+        while time.monotonic() - started < 1.0:  # nothing changes: heartbeats (0.3 s), not a line per look (0.02 s)
+            assert json.loads(answer.readline())["loads"] == {}
+            quiet += 1
+        assert 1 <= quiet <= 6, quiet
+        conn.close()
+        assert quick_turn(router, "after").status == 200  # the router outlived its watcher
+    finally:
+        router.stop()
 
 
 def test_grpc_calls_are_forwarded_to_the_owner(workdir, grpc_replicas):
@@ -447,7 +484,8 @@ def test_fleet_routes_want_the_admin_token_and_ownership(workdir, replicas):
                                                        {"key": "k", "replica": "http://r", "idleSeconds": -1}]},
                                     "pins[1]"),
                                    ("adopt", {"pins": [{"key": "k", "replica": "http://r", "idleSeconds": 0}],
-                                              "relayed": "yes"}, "relayed")):
+                                              "redirect": "yes"}, "redirect"),
+                                   ("adopt", {"pins": [], "from": 7}, "from")):
             bad = urllib.request.Request(f"{member.admin_url}/fleet/v1/{route}", data=json.dumps(body).encode(),
                                          method="POST", headers={"Authorization": "Bearer s3cret"})
             with pytest.raises(urllib.error.HTTPError) as invalid:

@@ -380,9 +380,9 @@ async def test_a_leaving_worker_hands_its_pins_to_other_pods_never_to_its_siblin
         fleet.balancer.acquire(key)[1].release()
     handed: dict[str, int] = {}
 
-    async def push_to(_fleet, peer: str, pins: list) -> int:
+    async def push_to(_fleet, peer: str, pins: list, final: bool = False) -> dict:
         handed[peer] = len(pins)
-        return len(pins)
+        return {}
     monkeypatch.setattr(leaving, "push_to", push_to)
     await leaving.push(fleet)
     assert set(handed) == set(others) and sum(handed.values()) == 200
@@ -468,3 +468,65 @@ async def test_a_router_is_settled_once_the_pods_are_listed_and_each_was_polled_
         assert fleet.settled() and fleet.unasked() == 1  # a pod joining later keeps it ready
     finally:
         await fleet.stop()
+
+
+async def test_a_pin_pushed_to_a_peer_whose_view_names_another_owner_goes_on_to_that_owner():
+    """A rolling update of pods of workers: the leaving worker sees the new pod's first worker ``c1`` but not yet
+    ``c2``, and pushes ``c1`` a pin ``c2`` owns. ``c2`` would not ask ``c1`` (it joined with it), so ``c1`` does not
+    take it but names ``c2``, and the leaving worker, holding the pin until then, pushes it there."""
+    from rollout_router.fleet import leaving
+    a, c1, c2 = ROUTERS[:3]
+    key = next(k for k in KEYS if owner(k, {c1, c2}) == c2)
+    pusher, receiver = _worker_fleet([]), _worker_fleet([])
+    pusher.self_id, pusher.leaving = a, True
+    receiver.self_id = receiver.history.self_id = c1
+    pusher.history.update({a, c1}, 0.0)  # c2 not seen yet
+    receiver.history.update({c1, c2}, 0.0)
+    receiver.membership.set_source(STATIC, [c2])
+    receiver.membership.peers[c2].live = True
+    pusher.balancer.adopt(key, "r2")
+    bodies: list[tuple[str, dict]] = []
+
+    async def call(method: str, url: str, body: dict | None = None, timeout: float | None = None) -> dict:
+        bodies.append((url, body or {}))
+        pins = [(p["key"], p["replica"], p["idleSeconds"]) for p in (body or {})["pins"]]
+        if url.startswith(c1):
+            adopted, elsewhere = receiver.adopt(pins, a, body["redirect"])
+            return {"adopted": adopted, "elsewhere": elsewhere}
+        assert url.startswith(c2)
+        return {"adopted": len(pins), "elsewhere": {}}
+    pusher.client.call = call  # type: ignore[method-assign]
+    assert await leaving.push(pusher) == 0  # handed over, to the owner
+    assert [url for url, _ in bodies] == [f"{c1}/fleet/v1/adopt", f"{c2}/fleet/v1/adopt"]
+    assert receiver.balancer.pinned(key) is None and receiver.handoff.handoffs == 0  # c1 never held it
+    assert pusher.balancer.pinned(key) is None and pusher.pushed == 1
+    adopted, elsewhere = receiver.adopt([(key, "r2", 0.0)], a, False)  # the last round: c1 must take it
+    assert adopted == 1 and not elsewhere and receiver.balancer.pinned(key) == "r2"
+
+
+async def test_a_peer_that_answers_one_document_is_one_item_of_the_watch_then_its_end():
+    """A router of an earlier version ignores ``?watch``: its one answer is read as one line, and the watch ends
+    (``Fleet._poll`` asks again a poll interval later, as it polled before)."""
+    from aiohttp import web
+
+    from rollout_router.fleet.client import PeerClient
+
+    async def loads(request: web.Request) -> web.Response:
+        return web.json_response({"id": "old", "loads": {"r1": 2}})
+    app = web.Application()
+    app.router.add_get("/fleet/v1/loads", loads)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = PeerClient(lambda: None, 5.0)
+    try:
+        documents = [d async for d in client.watch(f"http://127.0.0.1:{port}/fleet/v1/loads?watch=0.1&heartbeat=1")]
+        assert documents == [{"id": "old", "loads": {"r1": 2}}]
+        await runner.cleanup()
+        with pytest.raises(Unreachable):
+            [d async for d in client.watch(f"http://127.0.0.1:{port}/fleet/v1/loads?watch=0.1&heartbeat=1")]
+    finally:
+        await client.close()
+        await runner.cleanup()

@@ -126,9 +126,7 @@ def _fleet_metrics(fleet: Fleet | None) -> Iterator[Metric]:
             ("sessions_replaced", "Sessions placed anew because their previous owner router is gone for good.",
              fleet and fleet.handoff.replaced),
             ("pin_lookups", "Entry ownership: keys without a pin here that every peer router was asked for.",
-             fleet and fleet.handoff.lookups),
-            ("pins_relayed", "Pins a leaving router pushed here that were handed on to their owner in this "
-             "router's view.", fleet and fleet.relayed)):
+             fleet and fleet.handoff.lookups)):
         yield CounterMetricFamily(f"rolloutrouter_{name}", doc, value=value or 0)
     yield GaugeMetricFamily("rolloutrouter_fleet_members", "Routers sharing the sessions, this one included.",
                             value=len(fleet.members()) if fleet else 1)

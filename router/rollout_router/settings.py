@@ -302,10 +302,12 @@ class FleetSettings(Model):
     load_view: LoadView = Field("peers", description="What the margin compares: peers (own exact in-flight counts "
                                 "plus the other routers', polled), vllm (each replica's vllm:num_requests_running "
                                 "+ vllm:num_requests_waiting, scraped), or local (own counts only).")
-    poll_interval_seconds: float = Field(0.1, gt=0, le=0.25, description="How often each peer's loads (and "
-                                         "liveness) are polled, and with loadView vllm, each replica's /metrics.")
-    peer_timeout_seconds: Seconds = Field(1.0, description="A peer that has not answered a poll for this long "
-                                          "leaves the membership until it answers again.")
+    poll_interval_seconds: float = Field(0.1, ge=0.01, le=0.25, description="How often each peer looks at its "
+                                         "loads and sends them when they changed (a heartbeat every third of "
+                                         "peerTimeoutSeconds), and with loadView vllm, each replica's /metrics "
+                                         "is scraped.")
+    peer_timeout_seconds: float = Field(1.0, gt=0, le=30, description="A peer that has sent nothing (no change, no "
+                                        "heartbeat) for this long leaves the membership until it answers again.")
 
     @field_validator("peers")
     @classmethod

@@ -8,10 +8,13 @@ time; an answer with an error status is ``PeerError``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
+
+MAX_LINE_BYTES = 1 << 20  # a watched line (a peer's loads: about 50 bytes a replica) longer than this is an error
 
 
 class Unreachable(Exception):
@@ -49,10 +52,28 @@ class PeerClient:
                 if answer.status >= 400:
                     raise PeerError(f"{method} {url} answered {answer.status}: {(await answer.text())[:200]}")
                 return await answer.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as error:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
             raise Unreachable(f"{method} {url}: {error!r}") from None
         except (aiohttp.ClientResponseError, ValueError) as error:
             raise PeerError(f"{method} {url}: {error!r}") from None
+
+    async def watch(self, url: str) -> AsyncGenerator[Any, None]:
+        """The JSON documents a streamed answer of JSON lines carries, as they come; raises Unreachable (nothing
+        within the timeout between two lines too) or PeerError. An answer of one document (a router that does
+        not stream) is one item, then the end."""
+        try:
+            async with self._open().get(url, headers=self._headers(), read_bufsize=MAX_LINE_BYTES,
+                                        timeout=aiohttp.ClientTimeout(sock_connect=self.timeout,
+                                                                      sock_read=self.timeout)) as answer:
+                if answer.status >= 400:
+                    raise PeerError(f"GET {url} answered {answer.status}: {(await answer.text())[:200]}")
+                async for line in answer.content:
+                    if line.strip():
+                        yield json.loads(line)
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
+            raise Unreachable(f"GET {url}: {error!r}") from None
+        except (aiohttp.ClientResponseError, ValueError) as error:
+            raise PeerError(f"GET {url}: {error!r}") from None
 
     async def text(self, url: str, timeout: float | None = None) -> str:
         """A plain GET (a replica's /metrics); raises Unreachable or PeerError."""
@@ -61,5 +82,5 @@ class PeerClient:
                 if answer.status != 200:
                     raise PeerError(f"GET {url} answered {answer.status}")
                 return await answer.text()
-        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as error:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
             raise Unreachable(f"GET {url}: {error!r}") from None

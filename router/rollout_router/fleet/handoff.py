@@ -85,22 +85,33 @@ class Handoff:
 
     async def _lookup(self, key: str, peers: list[str], timeout: float) -> bool:
         self.lookups += 1
+        found, failed = await self._ask_all(key, peers, timeout)
+        for peer, error in failed.items():
+            log.info("peer %s did not answer a lookup of session %r: %s", peer, key, error)
+        if found:
+            self._take_freshest(key, found)
+            return True
+        return not failed
+
+    async def _ask_all(self, key: str, peers: list[str],
+                       timeout: float | None) -> tuple[list[tuple[str, float]], dict[str, Exception]]:
+        """Ask ``peers`` at once for ``key``'s pin: the pins they gave up, and those that did not answer, with why."""
         answers = await asyncio.gather(*(self._ask(peer, key, timeout) for peer in peers), return_exceptions=True)
         found: list[tuple[str, float]] = []
-        unanswered: list[str] = []
+        failed: dict[str, Exception] = {}
         for peer, answer in zip(peers, answers):
             if isinstance(answer, (Unreachable, PeerError)):
-                unanswered.append(peer)
-                log.info("peer %s did not answer a lookup of session %r: %s", peer, key, answer)
+                failed[peer] = answer
             elif isinstance(answer, BaseException):
                 raise answer
             elif answer is not None:
                 found.append(answer)
-        if found:
-            replica, _ = min(found, key=lambda pin: pin[1])  # the freshest: its replica has the newest turns cached
-            self._take(key, replica)
-            return True
-        return not unanswered
+        return found, failed
+
+    def _take_freshest(self, key: str, found: list[tuple[str, float]]) -> None:
+        """Of several pins found (two routers placed one new session at once), the most recently used: its
+        replica has the newest turns cached."""
+        self._take(key, min(found, key=lambda pin: pin[1])[0])
 
     def _take(self, key: str, replica: str) -> None:
         if self.balancer.pinned(key) is None:  # a pin pushed or placed meanwhile wins
@@ -108,21 +119,24 @@ class Handoff:
             self.handoffs += 1
 
     async def _fetch(self, key: str, believed: str | None) -> bool:
-        lost = False
         owners = self.history.previous_owners(key, self._clock())
         owners = ([believed] if believed else []) + [c for c in owners if c != believed]
-        for previous in self._asking_order(owners):
-            if previous in self.departed:
+        leaving = [peer for peer in self._leaving() if peer != self.history.self_id and peer not in self.departed]
+        found, lost = await self._ask_leaving(key, leaving, owners)
+        if found:
+            return True
+        for previous in owners:
+            if previous in self.departed or previous in leaving:
                 continue
             if previous in self.gone:
-                lost = lost or previous in owners
+                lost = True
                 continue
             try:
                 answer = await self._ask(previous, key, None)
             except Unreachable as error:
                 log.warning("previous owner %s is unreachable (%s): its sessions are placed anew", previous, error)
                 self.gone.add(previous)
-                lost = lost or previous in owners
+                lost = True
                 continue
             except PeerError as error:
                 log.warning("previous owner %s did not hand over session %r: %s", previous, key, error)
@@ -134,13 +148,22 @@ class Handoff:
             self.replaced += 1
         return True
 
-    def _asking_order(self, owners: list[str]) -> list[str]:
-        """The leaving peers first, then ``owners``. A leaving peer pushing a pin keeps it until the peer it
-        pushes to (one of ``owners``, or this router) has taken it: asked first, it either gives the pin up or
-        the pin has landed already. Asked after, the pin could land behind the question and be missed. A leaving
-        peer that never owned the key and does not answer is no loss."""
-        leaving = [peer for peer in self._leaving() if peer != self.history.self_id]
-        return leaving + [o for o in owners if o not in leaving]
+    async def _ask_leaving(self, key: str, leaving: list[str], owners: list[str]) -> tuple[bool, bool]:
+        """Ask the leaving peers at once, before ``owners``: (a pin was taken, one that did not answer was also one
+        of the key's previous owners). A leaving peer keeps each pin until the peer it pushes it to took it, so
+        asked first it either gives the pin up or the pin has landed already; asked after the owners, the pin
+        could land behind the question and be missed."""
+        asked = [peer for peer in leaving if peer not in self.gone]
+        lost = any(peer in owners for peer in leaving if peer in self.gone)
+        found, failed = await self._ask_all(key, asked, None)
+        for peer, error in failed.items():
+            log.warning("leaving router %s did not hand over session %r: %s", peer, key, error)
+            if isinstance(error, Unreachable):
+                self.gone.add(peer)
+                lost = lost or peer in owners
+        if found:
+            self._take_freshest(key, found)
+        return bool(found), lost
 
     def receive(self, pins: list[tuple[str, str, float]]) -> int:
         """Pins pushed by a router leaving the fleet, as (key, replica, seconds since last use); a pin held

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH = 1000  # pins per adopt call
+REDIRECTS = 2  # rounds in which a peer may answer that a pin pushed to it is another member's
 BUSY_POLL_SECONDS = 0.05  # how often the requests still in flight are counted while draining
 
 
@@ -83,7 +84,13 @@ async def announce(fleet: Fleet, done: bool) -> None:
 
 async def push(fleet: Fleet) -> int:
     """Send every pin held here to its owner among the other members, this router's sibling workers aside (they
-    leave with it: a pin handed to one after it pushed its own would be lost); returns how many are still held."""
+    leave with it: a pin handed to one after it pushed its own would be lost); returns how many are still held.
+
+    A peer whose view names another owner for a pin (one that joined a moment ago, or the worker of a new pod
+    this router has not seen yet) does not take it but says whose it is: the pin is pushed there next, for
+    ``REDIRECTS`` rounds, the last of which the peer must take it. Until a pin lands it stays here, where the
+    new owner asks first (``handoff``): nobody else ever holds a pin that its owner would not ask for.
+    """
     others = fleet.members() - {fleet.self_id} - fleet.siblings
     pins = fleet.balancer.pins()
     if not others:
@@ -91,34 +98,48 @@ async def push(fleet: Fleet) -> int:
     by_owner: dict[str, list[tuple[str, str, float]]] = {}
     for pin in pins:
         by_owner.setdefault(owner(pin[0], others), []).append(pin)
-    taken = await asyncio.gather(*(push_to(fleet, peer, held) for peer, held in by_owner.items()))
-    fleet.pushed += sum(taken)
+    for round_ in range(REDIRECTS + 1):
+        final = round_ == REDIRECTS
+        answers = await asyncio.gather(*(push_to(fleet, peer, held, final) for peer, held in by_owner.items()))
+        by_owner = {}
+        for elsewhere in answers:
+            for peer, held in elsewhere.items():
+                if peer != fleet.self_id and peer not in fleet.siblings:
+                    by_owner.setdefault(peer, []).extend(held)
+        if not by_owner:
+            break
     return len(fleet.balancer.pins())
 
 
-async def push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]], relayed: bool = False) -> int:
-    """``pins`` to ``peer``, ``BATCH`` at a time; each batch it took is dropped here (unless re-pinned since).
-    ``relayed``: pins pushed here that this router hands on once (``Fleet.adopt``). Returns how many it took."""
+async def push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]],
+                  final: bool = False) -> dict[str, list[tuple[str, str, float]]]:
+    """``pins`` to ``peer``, ``BATCH`` at a time; each pin it took (or kept its own newer one for) is dropped here
+    (unless re-pinned since). Returns the pins it said are another member's, by that member (none when
+    ``final``: it takes them all)."""
     balancer, clock = fleet.balancer, fleet.clock
-    taken = 0
+    elsewhere: dict[str, list[tuple[str, str, float]]] = {}
     for start in range(0, len(pins), BATCH):
         batch = pins[start:start + BATCH]
         now = clock()
-        body: dict = {"from": fleet.self_id,
-                      "pins": [{"key": key, "replica": replica, "idleSeconds": round(max(0.0, now - used), 3)}
-                               for key, replica, used in batch]}
-        if relayed:
-            body["relayed"] = True
+        body = {"from": fleet.self_id, "redirect": not final,
+                "pins": [{"key": key, "replica": replica, "idleSeconds": round(max(0.0, now - used), 3)}
+                         for key, replica, used in batch]}
         try:
-            await fleet.client.call("POST", f"{peer}/fleet/v1/adopt", body)
+            answer = await fleet.client.call("POST", f"{peer}/fleet/v1/adopt", body)
         except (Unreachable, PeerError) as error:
-            log.warning("%d pins not handed to %s: %s; it may still ask for them", len(pins) - start, peer, error)
+            log.warning("%d pins not handed to %s: %s; they stay here, where their owner asks first",
+                        len(pins) - start, peer, error)
             break
-        for key, replica, _ in batch:
-            if balancer.pinned(key) == replica:
+        owners = answer.get("elsewhere") if isinstance(answer, dict) else None
+        owners = owners if isinstance(owners, dict) and not final else {}
+        for pin in batch:
+            key, replica, _ = pin
+            if isinstance(owners.get(key), str):
+                elsewhere.setdefault(owners[key], []).append(pin)
+            elif balancer.pinned(key) == replica:
                 balancer.surrender(key)
-        taken += len(batch)
-    return taken
+                fleet.pushed += 1
+    return elsewhere
 
 
 async def until_idle(busy: Callable[[], int]) -> None:

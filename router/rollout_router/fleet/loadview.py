@@ -5,9 +5,10 @@ replica set's load index. This module keeps ``external`` up to date, one of
 three ways (``fleet.loadView``):
 
 - ``peers``: the sum of the other live members' own in-flight counts, as they
-  answer ``GET /fleet/v1/loads`` every ``pollIntervalSeconds`` (≤ 250 ms).
-  This router's own counts are exact; the peers' are at most one poll (plus a
-  round trip) old. A member that leaves takes its counts with it.
+  stream them from ``GET /fleet/v1/loads?watch`` when they change (looked at
+  every ``pollIntervalSeconds``, ≤ 250 ms). This router's own counts are exact;
+  the peers' are at most one interval (plus a one-way trip) old. A member that
+  leaves takes its counts with it.
 - ``vllm``: each replica's ``vllm:num_requests_running + vllm:num_requests_waiting``
   scraped from its ``/metrics`` at the same interval (a gRPC-only replica, which
   has no ``/metrics``: the same counts from its ``VllmEngine/GetLoads``), minus

@@ -1,9 +1,9 @@
 """One router's part in a fleet: its members, who owns a key, the shared loads, handoffs and counters.
 
-``Fleet`` polls every candidate peer's ``/fleet/v1/loads`` each
-``pollIntervalSeconds``: an answer keeps the peer a member (and carries its
-in-flight counts for the ``peers`` load view), silence for
-``peerTimeoutSeconds`` ends its membership. Each change of the member set is
+``Fleet`` watches every candidate peer's ``/fleet/v1/loads`` (a line when its
+loads change, looked at each ``pollIntervalSeconds``, and a heartbeat): a line
+keeps the peer a member (and carries its in-flight counts for the ``peers``
+load view), silence for ``peerTimeoutSeconds`` ends its membership. Each change of the member set is
 recorded in the ownership history and clears the owner cache, so the data
 path's ``owner_of`` is a dict lookup for a key seen since the last change.
 A peer that says it is leaving (its loads answer, or ``peer_leaving``) stops
@@ -28,7 +28,6 @@ from ..settings import FleetSettings, Ownership
 from . import loadview
 from .client import PeerClient, PeerError, Unreachable
 from .handoff import Handoff
-from .leaving import push_to
 from .membership import PODS, STATIC, Member, Membership
 from .ownership import History, owner
 
@@ -80,8 +79,6 @@ class Fleet:
         self.forwarded = self.owner_unreachable = 0
         self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
         self.pushed = 0  # pins handed to their new owners while leaving
-        self.relayed = 0  # pins pushed here and handed on to their owner in this router's view (``adopt``)
-        self._relays: set[asyncio.Task] = set()
         self._owners: dict[str, str] = {}
         self._polls: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
@@ -99,8 +96,7 @@ class Fleet:
                 name="peer-discovery"))
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._polls.values(), *self._relays,
-                     *([self._scraper] if self._scraper else [])]:
+        for task in [*self._tasks, *self._polls.values(), *([self._scraper] if self._scraper else [])]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -150,7 +146,8 @@ class Fleet:
             if member.live:
                 self._left(member, "no longer named as a peer")
         for peer_id in added:
-            self._polls[peer_id] = asyncio.get_running_loop().create_task(self._poll(peer_id), name=f"peer {peer_id}")
+            self._polls[peer_id] = asyncio.get_running_loop().create_task(_logged(self._poll(peer_id)),
+                                                                          name=f"peer {peer_id}")
 
     def live_peers(self) -> list[Member]:
         return [m for m in self.membership.peers.values() if m.live]
@@ -184,25 +181,39 @@ class Fleet:
         return sum(not m.asked for m in self.membership.peers.values())
 
     async def _poll(self, peer_id: str) -> None:
+        """Follow a peer's loads while it is a candidate: a watch (``_follow``), opened again a poll interval
+        after it ended; a failure counts against the peer's membership as a failed poll did."""
         while (member := self.membership.get(peer_id)) is not None:
             try:
-                await self._poll_once(member)
+                await self._follow(member)
             except (Unreachable, PeerError, KeyError, TypeError, ValueError, AttributeError) as error:
                 if self.membership.failed(peer_id, self.clock(), self.settings.peer_timeout_seconds):
                     self._left(member, str(error))
-            member.asked = True
+            finally:
+                member.asked = True  # even for a bug (logged): the router must not wait for this peer forever
             await asyncio.sleep(self.settings.poll_interval_seconds)
 
-    async def _poll_once(self, member: Member) -> None:
+    async def _follow(self, member: Member) -> None:
+        """The peer's loads as it streams them: each change, looked at every poll interval, and a heartbeat
+        often enough (a third of the peer timeout) that a silent peer is told from an idle one. Polling, each
+        member asked every other one 1/interval times a second whatever changed; an idle fleet now sends a
+        heartbeat. A router that answers one document (an older version) is asked again each poll interval."""
         if member.http is None:
             info = await self.client.call("GET", f"{member.id}/fleet/v1/info")
             member.http, member.grpc = str(info["http"]).rstrip("/"), info.get("grpc")
-        answer = await self.client.call("GET", f"{member.id}/fleet/v1/loads")
+        settings = self.settings
+        heartbeat = max(settings.poll_interval_seconds, settings.peer_timeout_seconds / 3)
+        url = f"{member.id}/fleet/v1/loads?watch={settings.poll_interval_seconds:g}&heartbeat={heartbeat:g}"
+        async for answer in self.client.watch(url):
+            if self.membership.get(member.id) is not member:
+                return  # dropped while we waited
+            self._loads_answered(member, answer)
+            member.asked = True
+
+    def _loads_answered(self, member: Member, answer: dict) -> None:
         loads = {str(replica): int(count) for replica, count in answer["loads"].items()}
         if self.rl is not None and "rl" in answer:
             self.rl.adopt(answer["rl"])  # how a router that missed a pause, resume or update learns it
-        if self.membership.get(member.id) is not member:
-            return  # dropped while we waited
         old = member.loads if member.live else {}
         joined = self.membership.answered(member.id, self.clock())
         member.loads = loads
@@ -314,32 +325,26 @@ class Fleet:
             return []
         return [m.id for m in self.live_peers() if m.id not in self.handoff.departed]
 
-    def adopt(self, pins: list[tuple[str, str, float]], relayed: bool) -> int:
-        """Pins a leaving peer pushed here (``relayed``: that another router handed on); returns how many were taken.
+    def adopt(self, pins: list[tuple[str, str, float]], pusher: str | None,
+              redirect: bool) -> tuple[int, dict[str, str]]:
+        """Pins the leaving peer ``pusher`` pushed here: (how many were taken, the keys left to their owner).
 
-        The leaving peer chose this router by its own view of the members, which
-        may lack routers that joined a moment ago (or some workers of a new pod):
-        a pin whose owner in this router's view is another member is handed on to
-        it, once (a relayed pin is not relayed again, so views that disagree cannot
-        bounce it). Until that owner took it, the pin stays here, where it asks.
+        The pusher chose this router by its own view of the members, which may
+        lack a router that joined a moment ago, or some workers of a new pod. With
+        ``redirect``, a pin whose owner in this router's view is another member
+        (not the pusher) is not taken but named with that owner, and the pusher,
+        which holds it until then, pushes it there (``leaving.push``). Taking it
+        here instead, the owner would not know to ask this router for it.
         """
-        adopted = self.handoff.receive(pins)
-        if relayed or self.leaving:
-            return adopted  # a leaving router pushes what it adopted with its own pins
-        by_owner: dict[str, list[tuple[str, str, float]]] = {}
-        for key, replica, _ in pins:
-            owner = self.owner_of(key)
-            used = self.balancer.last_used(key)
-            if owner is not None and used is not None and self.balancer.pinned(key) == replica:
-                by_owner.setdefault(owner.id, []).append((key, replica, used))
-        for peer, held in by_owner.items():
-            task = asyncio.get_running_loop().create_task(self._relay(peer, held), name=f"relay to {peer}")
-            self._relays.add(task)
-            task.add_done_callback(self._relays.discard)
-        return adopted
-
-    async def _relay(self, peer: str, pins: list[tuple[str, str, float]]) -> None:
-        self.relayed += await push_to(self, peer, pins, relayed=True)
+        elsewhere: dict[str, str] = {}
+        mine: list[tuple[str, str, float]] = []
+        for pin in pins:
+            owner = self.owner_of(pin[0]) if redirect else None
+            if owner is not None and owner.id != pusher:
+                elsewhere[pin[0]] = owner.id
+            else:
+                mine.append(pin)
+        return self.handoff.receive(mine), elsewhere
 
     def unreachable(self, member: Member, gone: bool) -> None:
         """Forwarding to ``member`` failed before any byte came back; ``gone``: refused or reset, not slow."""
@@ -367,7 +372,7 @@ class Fleet:
                 "forwarded": self.forwarded, "lookups": self.handoff.lookups,
                 "ownerUnreachable": self.owner_unreachable, "handoffs": self.handoff.handoffs,
                 "replaced": self.handoff.replaced, "loadView": self.settings.load_view,
-                "leaving": self.leaving, "pushed": self.pushed, "relayed": self.relayed,
+                "leaving": self.leaving, "pushed": self.pushed,
                 "peerLoadAgeSeconds": self.peer_load_ages()}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -31,6 +31,14 @@ class Deferred(AdminAnswer):
     """An answer that takes I/O (the RL fan-out): the admin listener awaits ``then`` for the real one."""
 
     then: Callable[[], Awaitable[AdminAnswer]] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stream(AdminAnswer):
+    """An answer of JSON lines (``application/x-ndjson``, chunked) written as ``lines`` yields them, until the
+    client goes: a fleet peer's watch of this router's loads."""
+
+    lines: Callable[[], AsyncGenerator[bytes, None]] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

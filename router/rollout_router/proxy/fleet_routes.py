@@ -4,22 +4,36 @@
 - ``GET /fleet/v1/loads``: ``{"id", "loads": {replica: n}, "leaving", "rl"}``, this router's own in-flight counts
   (never the peers' it added: each count is reported by the one router that holds it); ``leaving``: it
   owns no key any more (``fleet/leaving.py``); ``rl``: its RL pause state with its epoch (``fleet/rlstate.py``).
+  With ``?watch=S&heartbeat=H`` the same document as a line (JSON lines, chunked) whenever it changed, looked at
+  every S seconds, and at least every H: how peers follow each other (``Fleet._poll``).
 - ``POST /fleet/v1/handoff`` ``{"key": K}``: give up K's pin to its new owner; ``{"key", "replica", "idleSeconds"}``
   (``replica`` null and no ``idleSeconds`` when this router held no pin for K; ``idleSeconds``: since
   the pin's last use, so a router that finds two pins keeps the fresher).
 - ``POST /fleet/v1/leave`` ``{"id": PEER, "done": bool}``: that peer is leaving (``done``: it handed over
   every pin it held); ``{"id"}``.
-- ``POST /fleet/v1/adopt`` ``{"from": PEER, "pins": [{"key", "replica", "idleSeconds"}, ...]}``: pins pushed
-  by a peer that is leaving; a pin held here and used more recently is kept. ``{"adopted": n, "kept": n}``.
+- ``POST /fleet/v1/adopt`` ``{"from": PEER, "pins": [{"key", "replica", "idleSeconds"}, ...], "redirect"}``: pins
+  pushed by a peer that is leaving; a pin held here and used more recently is kept; with ``redirect``, a pin that
+  is a third member's in this router's view is not taken but named. ``{"adopted": n, "kept": n,
+  "elsewhere": {key: member}}``.
 
 A router without session ownership answers 404 on each.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.parse
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
-from .admin import GET, AdminAnswer, AdminRequest, Route, error
+from .admin import GET, AdminAnswer, AdminRequest, Route, Stream, error
 from .context import RouterContext
+
+if TYPE_CHECKING:
+    from ..fleet.node import Fleet
+
+# A watch of the loads (``?watch=S&heartbeat=H``): its bounds, so a caller cannot make this router spin or go silent.
+MIN_WATCH_SECONDS, MAX_WATCH_SECONDS, MAX_HEARTBEAT_SECONDS = 0.01, 1.0, 10.0
 
 
 def _json(document: dict) -> AdminAnswer:
@@ -41,8 +55,50 @@ def loads(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     fleet = context.fleet
     if fleet is None:
         return _off()
-    return _json({"id": fleet.self_id, "loads": context.replicas.own_loads(), "leaving": fleet.leaving,
-                  "rl": context.rl.shared()})
+    if not request.query:
+        return _json(_loads(context, fleet))
+    every = _watch_query(request.query)
+    if isinstance(every, AdminAnswer):
+        return every
+    return Stream(200, b"", "application/x-ndjson", lines=lambda: _watch(context, fleet, *every))
+
+
+def _loads(context: RouterContext, fleet: Fleet) -> dict:
+    return {"id": fleet.self_id, "loads": context.replicas.own_loads(), "leaving": fleet.leaving,
+            "rl": context.rl.shared()}
+
+
+def _watch_query(query: str) -> tuple[float, float] | AdminAnswer:
+    """``watch=S&heartbeat=H``: look for a change every S seconds, send the loads at least every H."""
+    fields = urllib.parse.parse_qs(query)
+    found: dict[str, float] = {}
+    for name, low, high in (("watch", MIN_WATCH_SECONDS, MAX_WATCH_SECONDS),
+                            ("heartbeat", MIN_WATCH_SECONDS, MAX_HEARTBEAT_SECONDS)):
+        try:
+            [value] = fields.pop(name)
+            found[name] = float(value)
+        except (KeyError, ValueError):
+            return error(400, f"loads watch needs {name}=SECONDS, one number between {low:g} and {high:g}", name)
+        if not low <= found[name] <= high:
+            return error(400, f"loads watch {name}={found[name]:g} is outside {low:g}..{high:g} seconds", name)
+    if fields:
+        name = sorted(fields)[0]
+        return error(400, f"loads has no query parameter {name!r}; it takes watch and heartbeat", name)
+    return found["watch"], found["heartbeat"]
+
+
+async def _watch(context: RouterContext, fleet: Fleet, every: float, heartbeat: float) -> AsyncGenerator[bytes, None]:
+    """The loads as a line whenever they changed (looked at every ``every`` s), and at least every ``heartbeat``
+    s: an idle peer costs a line per heartbeat, not a request per poll."""
+    loop = asyncio.get_running_loop()
+    last, sent = b"", float("-inf")
+    while True:
+        line = json.dumps(_loads(context, fleet)).encode() + b"\n"
+        now = loop.time()
+        if line != last or now - sent >= heartbeat:
+            last, sent = line, now
+            yield line
+        await asyncio.sleep(every)
 
 
 def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:
@@ -95,11 +151,14 @@ def adopt(context: RouterContext, request: AdminRequest) -> AdminAnswer:
             return error(400, f"pins[{index}] needs a non-empty \"key\" and \"replica\" and \"idleSeconds\" >= 0",
                          f"pins[{index}]")
         pins.append(pin)
-    relayed = body.get("relayed", False) if isinstance(body, dict) else False
-    if not isinstance(relayed, bool):
-        return error(400, "adopt body's \"relayed\" must be true or false", "relayed")
-    adopted = fleet.adopt(pins, relayed)
-    return _json({"adopted": adopted, "kept": len(pins) - adopted})
+    assert isinstance(body, dict)
+    pusher, redirect = body.get("from"), body.get("redirect", False)
+    if pusher is not None and not isinstance(pusher, str):
+        return error(400, "adopt body's \"from\" must be the pushing router's admin URL", "from")
+    if not isinstance(redirect, bool):
+        return error(400, "adopt body's \"redirect\" must be true or false", "redirect")
+    adopted, elsewhere = fleet.adopt(pins, pusher.rstrip("/") if pusher else None, redirect)
+    return _json({"adopted": adopted, "kept": len(pins) - adopted - len(elsewhere), "elsewhere": elsewhere})
 
 
 def _pin(item: object) -> tuple[str, str, float] | None:

@@ -9,14 +9,17 @@ when it changes, so a rotated Secret applies without a restart.
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 from .. import admin, fleet_routes, rl_routes, workers
 from ..context import RouterContext
 from ..listener import Limits
+from . import wire
 from .listener import HttpListener
 from .server import ClientConnection, HttpRequest
 from .traffic import write_admin
@@ -79,6 +82,9 @@ class AdminListener(HttpListener):
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         answer, extra = self.answer(request)
+        if isinstance(answer, admin.Stream) and answer.lines is not None:
+            await stream(client, answer.lines())
+            return
         if isinstance(answer, admin.Deferred) and answer.then is not None:
             try:
                 answer = await answer.then()
@@ -105,6 +111,19 @@ class AdminListener(HttpListener):
         answer = admin.admin_answer(self.context, request.method.decode(), path, query, body, routes=ROUTES)
         assert answer is not None
         return answer, ()
+
+
+async def stream(client: ClientConnection, lines: AsyncGenerator[bytes, None]) -> None:
+    """Write each line as a chunk until the client goes. A client that does not read (its writes paused) misses
+    lines rather than having them buffered: each is a whole snapshot, so the next one it reads is current."""
+    client.write(wire.status_line(200) + b"Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+    async with contextlib.aclosing(lines):
+        async for line in lines:
+            if client.gone:
+                return
+            if not client.write_paused:
+                client.write(wire.chunk(line))
+    client.write(wire.LAST_CHUNK)
 
 
 def _header(request: HttpRequest, name: bytes) -> bytes | None:
