@@ -530,3 +530,58 @@ async def test_a_peer_that_answers_one_document_is_one_item_of_the_watch_then_it
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def test_a_pin_pulled_while_its_push_was_redirected_is_not_pushed_a_second_copy():
+    """Between the rounds of a push the new owner may pull the pin itself (it asks leaving routers first): the
+    next round pushes only what is still held here, so no second router holds it."""
+    from rollout_router.fleet import leaving
+    a, c1, c2 = ROUTERS[:3]
+    key = next(k for k in KEYS if owner(k, {c1, c2}) == c2)
+    pusher = _worker_fleet([])
+    pusher.self_id, pusher.leaving = a, True
+    pusher.history.update({a, c1}, 0.0)
+    pusher.balancer.adopt(key, "r2")
+    urls: list[str] = []
+
+    async def call(method: str, url: str, body: dict | None = None, timeout: float | None = None) -> dict:
+        urls.append(url)
+        assert pusher.balancer.surrender(key) == "r2"  # c2's pull, answered while c1 was saying whose it is
+        return {"adopted": 0, "elsewhere": {key: c2}}
+    pusher.client.call = call  # type: ignore[method-assign]
+    assert await leaving.push(pusher) == 0
+    assert urls == [f"{c1}/fleet/v1/adopt"] and pusher.pushed == 0
+
+
+def test_an_adopt_tells_the_receiver_that_the_pusher_is_leaving():
+    me, a = ROUTERS[:2]
+    receiver = _worker_fleet([])
+    receiver.history.update({me, a}, 0.0)
+    receiver.membership.set_source(STATIC, [a])
+    receiver.membership.peers[a].live = True
+    receiver.adopt([("k", "r1", 0.0)], a, True)
+    assert receiver.membership.peers[a].leaving and a not in receiver.members()
+
+
+def test_a_peer_saying_it_is_not_leaving_after_it_left_is_a_new_router_there():
+    peer = ROUTERS[1]
+    fleet = _worker_fleet([])
+    fleet.membership.set_source(STATIC, [peer])
+    member = fleet.membership.peers[peer]
+    member.http = "http://127.0.0.1:1"
+    fleet._loads_answered(member, {"loads": {}, "leaving": False})
+    fleet._loads_answered(member, {"loads": {}, "leaving": True})
+    fleet.peer_leaving(peer, done=True)
+    assert member.leaving and peer in fleet.handoff.departed and peer not in fleet.members()
+    fleet._loads_answered(member, {"loads": {}, "leaving": False})  # restarted within the peer timeout
+    assert not member.leaving and peer not in fleet.handoff.departed and peer in fleet.members()
+
+
+@pytest.mark.parametrize("fleet", [{"pollIntervalSeconds": 0.25, "peerTimeoutSeconds": 0.5},
+                                   {"pollIntervalSeconds": 0.001}, {"peerTimeoutSeconds": 31}])
+def test_fleet_timing_is_checked(fleet):
+    from pydantic import ValidationError
+
+    from rollout_router.settings import FleetSettings
+    with pytest.raises(ValidationError):
+        FleetSettings.model_validate(fleet)

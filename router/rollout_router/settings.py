@@ -300,7 +300,7 @@ class FleetSettings(Model):
     lookup_timeout_seconds: float = Field(0.5, gt=0, le=5, description="With ownership entry: how long a router "
                                           "waits for its peers' answers when it asks them for a pin it lacks.")
     load_view: LoadView = Field("peers", description="What the margin compares: peers (own exact in-flight counts "
-                                "plus the other routers', polled), vllm (each replica's vllm:num_requests_running "
+                                "plus the other routers', streamed), vllm (each replica's vllm:num_requests_running "
                                 "+ vllm:num_requests_waiting, scraped), or local (own counts only).")
     poll_interval_seconds: float = Field(0.1, ge=0.01, le=0.25, description="How often each peer looks at its "
                                          "loads and sends them when they changed (a heartbeat every third of "
@@ -316,6 +316,15 @@ class FleetSettings(Model):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"peer {url!r} must be an http:// or https:// admin URL")
         return [url.rstrip("/") for url in peers]
+
+    @model_validator(mode="after")
+    def _timeout_spans_heartbeats(self) -> FleetSettings:
+        """A peer's heartbeat comes every third of the timeout, never more often than it looks for a change:
+        a timeout below three intervals would take every idle peer for a silent one."""
+        if self.peer_timeout_seconds < 3 * self.poll_interval_seconds - 1e-9:
+            raise ValueError(f"peerTimeoutSeconds ({self.peer_timeout_seconds:g}) must be at least 3 x "
+                             f"pollIntervalSeconds ({self.poll_interval_seconds:g})")
+        return self
 
 
 class RlSettings(Model):

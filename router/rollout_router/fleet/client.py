@@ -13,8 +13,9 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
-MAX_LINE_BYTES = 1 << 20  # a watched line (a peer's loads: about 50 bytes a replica) longer than this is an error
+MAX_LINE_BYTES = 1 << 20  # a watch's read buffer; a line over twice this (a peer's loads: ~50 bytes a replica) is an error
 
 
 class Unreachable(Exception):
@@ -72,7 +73,7 @@ class PeerClient:
                         yield json.loads(line)
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
             raise Unreachable(f"GET {url}: {error!r}") from None
-        except (aiohttp.ClientResponseError, ValueError) as error:
+        except (aiohttp.ClientError, HttpProcessingError, ValueError) as error:  # a line too long among them
             raise PeerError(f"GET {url}: {error!r}") from None
 
     async def text(self, url: str, timeout: float | None = None) -> str:

@@ -9,7 +9,7 @@ them all). Leaving instead, within ``timeout`` seconds (``--drain-timeout``):
    to the key's owner among the others;
 2. it tells its peers (``POST /fleet/v1/leave``; its loads answer says
    ``"leaving": true`` too), which stop counting it as an owner but keep
-   polling it: it still answers pull handoffs (``/fleet/v1/handoff``);
+   following its loads: it still answers pull handoffs (``/fleet/v1/handoff``);
 3. it pushes every pin it holds to the key's new owner, ``BATCH`` at a time
    (``POST /fleet/v1/adopt``), dropping each pin the owner took;
 4. it finishes the requests in flight, stops accepting connections, pushes
@@ -31,6 +31,7 @@ from .client import PeerError, Unreachable
 from .ownership import owner
 
 if TYPE_CHECKING:
+    from ..balancer import Balancer
     from .node import Fleet
 
 log = logging.getLogger(__name__)
@@ -100,12 +101,14 @@ async def push(fleet: Fleet) -> int:
         by_owner.setdefault(owner(pin[0], others), []).append(pin)
     for round_ in range(REDIRECTS + 1):
         final = round_ == REDIRECTS
-        answers = await asyncio.gather(*(push_to(fleet, peer, held, final) for peer, held in by_owner.items()))
+        pushes = list(by_owner.items())
+        answers = await asyncio.gather(*(push_to(fleet, peer, held, final) for peer, held in pushes))
         by_owner = {}
-        for elsewhere in answers:
+        for (receiver, _), elsewhere in zip(pushes, answers):
             for peer, held in elsewhere.items():
-                if peer != fleet.self_id and peer not in fleet.siblings:
-                    by_owner.setdefault(peer, []).extend(held)
+                # Named for this router or a sibling (the receiver missed that they leave): it must take them.
+                target = receiver if peer == fleet.self_id or peer in fleet.siblings else peer
+                by_owner.setdefault(target, []).extend(held)
         if not by_owner:
             break
     return len(fleet.balancer.pins())
@@ -119,7 +122,9 @@ async def push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]],
     balancer, clock = fleet.balancer, fleet.clock
     elsewhere: dict[str, list[tuple[str, str, float]]] = {}
     for start in range(0, len(pins), BATCH):
-        batch = pins[start:start + BATCH]
+        batch = held(balancer, pins[start:start + BATCH])
+        if not batch:
+            continue
         now = clock()
         body = {"from": fleet.self_id, "redirect": not final,
                 "pins": [{"key": key, "replica": replica, "idleSeconds": round(max(0.0, now - used), 3)}
@@ -140,6 +145,17 @@ async def push_to(fleet: Fleet, peer: str, pins: list[tuple[str, str, float]],
                 balancer.surrender(key)
                 fleet.pushed += 1
     return elsewhere
+
+
+def held(balancer: Balancer, pins: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
+    """Of ``pins`` as listed a moment ago, those still held here as they were, with their last use now: a pin a
+    new owner pulled meanwhile (``/fleet/v1/handoff``) is not pushed a second copy."""
+    still = []
+    for key, replica, _ in pins:
+        used = balancer.last_used(key)
+        if used is not None and balancer.pinned(key) == replica:
+            still.append((key, replica, used))
+    return still
 
 
 async def until_idle(busy: Callable[[], int]) -> None:

@@ -2,11 +2,11 @@
 
 Candidates come from sources (``--peer`` and ``fleet.peers``: "static"; the
 Ready router pods of ``--peer-selector``: "pods"); each source replaces only
-its own entries. A candidate becomes a member when it answers a poll (its
+its own entries. A candidate becomes a member when it answers (its
 ``/fleet/v1/info``) and stays one until it has not answered for
 ``peerTimeoutSeconds``; this router is always a member. A peer that says it is
-leaving (SIGTERM: ``fleet/leaving.py``) stays polled (its loads still count
-and it still answers handoffs) but owns no key. No I/O here: the poller
+leaving (SIGTERM: ``fleet/leaving.py``) stays followed (its loads still count
+and it still answers handoffs) but owns no key. No I/O here: the follower
 (``node``) reports answers and failures.
 """
 from __future__ import annotations

@@ -104,12 +104,19 @@ class Fleet:
         await self.client.close()
 
     def configure(self, settings: FleetSettings) -> None:
-        """Take new fleet settings live: the static peers, the load view, the poll timing."""
+        """Take new fleet settings live: the static peers, the load view, the poll timing (the watches open
+        again with it: a watch asks for its interval and heartbeat when it opens)."""
         view_changed = settings.load_view != self.settings.load_view
+        timing = (settings.poll_interval_seconds, settings.peer_timeout_seconds)
+        retime = timing != (self.settings.poll_interval_seconds, self.settings.peer_timeout_seconds)
         self.settings = settings
         self.client.timeout = settings.peer_timeout_seconds
         self.history.window = self._window()
         self.set_peers(STATIC, [*self._cli_peers, *settings.peers])
+        if retime:
+            for peer_id, task in list(self._polls.items()):
+                task.cancel()
+                self._polls[peer_id] = self._follow_task(peer_id)
         if view_changed:
             self.loads.clear()
             if settings.load_view == "peers":
@@ -146,8 +153,10 @@ class Fleet:
             if member.live:
                 self._left(member, "no longer named as a peer")
         for peer_id in added:
-            self._polls[peer_id] = asyncio.get_running_loop().create_task(_logged(self._poll(peer_id)),
-                                                                          name=f"peer {peer_id}")
+            self._polls[peer_id] = self._follow_task(peer_id)
+
+    def _follow_task(self, peer_id: str) -> asyncio.Task:
+        return asyncio.get_running_loop().create_task(_logged(self._poll(peer_id)), name=f"peer {peer_id}")
 
     def live_peers(self) -> list[Member]:
         return [m for m in self.membership.peers.values() if m.live]
@@ -186,11 +195,12 @@ class Fleet:
         while (member := self.membership.get(peer_id)) is not None:
             try:
                 await self._follow(member)
-            except (Unreachable, PeerError, KeyError, TypeError, ValueError, AttributeError) as error:
+            except Exception as error:  # a bug too: logged, and counted like silence, so following goes on
+                if not isinstance(error, (Unreachable, PeerError, KeyError, TypeError, ValueError, AttributeError)):
+                    log.exception("following router %s failed", peer_id)
                 if self.membership.failed(peer_id, self.clock(), self.settings.peer_timeout_seconds):
                     self._left(member, str(error))
-            finally:
-                member.asked = True  # even for a bug (logged): the router must not wait for this peer forever
+            member.asked = True
             await asyncio.sleep(self.settings.poll_interval_seconds)
 
     async def _follow(self, member: Member) -> None:
@@ -202,13 +212,14 @@ class Fleet:
             info = await self.client.call("GET", f"{member.id}/fleet/v1/info")
             member.http, member.grpc = str(info["http"]).rstrip("/"), info.get("grpc")
         settings = self.settings
-        heartbeat = max(settings.poll_interval_seconds, settings.peer_timeout_seconds / 3)
+        heartbeat = settings.peer_timeout_seconds / 3  # at least the interval: FleetSettings checks it
         url = f"{member.id}/fleet/v1/loads?watch={settings.poll_interval_seconds:g}&heartbeat={heartbeat:g}"
-        async for answer in self.client.watch(url):
-            if self.membership.get(member.id) is not member:
-                return  # dropped while we waited
-            self._loads_answered(member, answer)
-            member.asked = True
+        async with contextlib.aclosing(self.client.watch(url)) as answers:
+            async for answer in answers:
+                if self.membership.get(member.id) is not member:
+                    return  # dropped while we waited
+                self._loads_answered(member, answer)
+                member.asked = True
 
     def _loads_answered(self, member: Member, answer: dict) -> None:
         loads = {str(replica): int(count) for replica, count in answer["loads"].items()}
@@ -221,7 +232,8 @@ class Fleet:
             self.loads.change(old, loads)
         if answer.get("leaving") is True and not member.leaving:
             self.peer_leaving(member.id, done=False)
-        elif joined and not member.leaving:
+        elif (joined and not member.leaving) or (answer.get("leaving") is False and member.leaving):
+            member.leaving = False  # a leaving router never says so: this is a new one there (a restart)
             self.handoff.gone.discard(member.id)
             self.handoff.departed.discard(member.id)
             log.info("router %s joined the fleet", member.id)
@@ -336,6 +348,8 @@ class Fleet:
         which holds it until then, pushes it there (``leaving.push``). Taking it
         here instead, the owner would not know to ask this router for it.
         """
+        if pusher is not None and (member := self.membership.get(pusher)) is not None and not member.leaving:
+            self.peer_leaving(pusher, done=False)  # only a leaving router pushes: it owns nothing, whatever we missed
         elsewhere: dict[str, str] = {}
         mine: list[tuple[str, str, float]] = []
         for pin in pins:

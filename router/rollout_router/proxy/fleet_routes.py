@@ -157,6 +157,8 @@ def adopt(context: RouterContext, request: AdminRequest) -> AdminAnswer:
         return error(400, "adopt body's \"from\" must be the pushing router's admin URL", "from")
     if not isinstance(redirect, bool):
         return error(400, "adopt body's \"redirect\" must be true or false", "redirect")
+    if fleet.leaving:  # it would take pins after its own last push: the pusher keeps them, where owners ask first
+        return error(503, "this router is leaving its fleet: it takes no pins; push them to another member")
     adopted, elsewhere = fleet.adopt(pins, pusher.rstrip("/") if pusher else None, redirect)
     return _json({"adopted": adopted, "kept": len(pins) - adopted - len(elsewhere), "elsewhere": elsewhere})
 

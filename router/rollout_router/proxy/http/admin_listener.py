@@ -82,7 +82,7 @@ class AdminListener(HttpListener):
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         answer, extra = self.answer(request)
-        if isinstance(answer, admin.Stream) and answer.lines is not None:
+        if isinstance(answer, admin.Stream) and answer.lines is not None and not request.head_only:
             await stream(client, answer.lines())
             return
         if isinstance(answer, admin.Deferred) and answer.then is not None:
@@ -117,12 +117,17 @@ async def stream(client: ClientConnection, lines: AsyncGenerator[bytes, None]) -
     """Write each line as a chunk until the client goes. A client that does not read (its writes paused) misses
     lines rather than having them buffered: each is a whole snapshot, so the next one it reads is current."""
     client.write(wire.status_line(200) + b"Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
-    async with contextlib.aclosing(lines):
-        async for line in lines:
-            if client.gone:
-                return
-            if not client.write_paused:
-                client.write(wire.chunk(line))
+    try:
+        async with contextlib.aclosing(lines):
+            async for line in lines:
+                if client.gone:
+                    return
+                if not client.write_paused:
+                    client.write(wire.chunk(line))
+    except Exception:
+        log.exception("a streamed admin answer failed")
+        client.abort()  # a chunked answer cut short must not look whole
+        return
     client.write(wire.LAST_CHUNK)
 
 
