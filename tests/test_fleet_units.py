@@ -306,6 +306,15 @@ def test_router_pods_are_members_while_ready_at_their_admin_port():
     assert pods.apply("DELETED", _pod("a", "10.0.0.1")) == {"http://10.0.0.2:8081", "http://[fd00::4]:8081"}
 
 
+def test_a_terminating_router_pod_stays_a_candidate_while_it_runs():
+    """A router pod being deleted leaves its fleet (pushes its pins, answers for them): its peers must still
+    follow it to learn that it is leaving and to ask it first, Ready or not, until it stops running."""
+    pods = PodPeers()
+    leaving = {**_pod("a", "10.0.0.1", ready=False), "metadata": {"name": "a", "deletionTimestamp": "2026-12-02T00:00:00Z"}}
+    assert pods.reset([leaving]) == {"http://10.0.0.1:8081"}
+    assert pods.apply("MODIFIED", {**leaving, "status": {**leaving["status"], "phase": "Succeeded"}}) == set()
+
+
 @pytest.mark.parametrize("ownership", ["rendezvous", "entry"])
 async def test_decided_here_is_true_exactly_when_via_owner_decides_here_with_nothing_to_wait_for(ownership):
     """The fast path serves a fleet's request only when ``via_owner`` would neither forward it nor fetch a pin."""

@@ -1,6 +1,6 @@
 """In a cluster: the router pods of one resource are the fleet's candidates (``--peer-selector``).
 
-The Ready pods matching the selector, followed with the same list-then-watch
+The Ready pods matching the selector (and those terminating while they run: ``admin_urls``), followed with the same list-then-watch
 (``kube.watching.keep_watching``) that replica discovery uses; a pod is named by its
 admin URL, ``http://<podIP>:<containerPort named "admin">``; a pod running ``serve --workers N`` is N members,
 one per worker, at its container ports named ``fleet-0`` to ``fleet-<N-1>`` (its "admin" port is the parent's,
@@ -21,9 +21,13 @@ WORKER_PORT_PREFIX = "fleet-"  # + the worker's index: a worker's admin port in 
 
 
 def admin_urls(pod: dict) -> list[str]:
-    """The Ready pod's members' admin URLs: one per worker, else its "admin" port's; none while it is not Ready."""
-    ip = (pod.get("status") or {}).get("podIP")
-    if not ip or not is_ready(pod):
+    """The pod's members' admin URLs, one per worker, else its "admin" port's: while it is Ready, and while it
+    is terminating but still running, Ready or not (a router leaving its fleet still holds pins, pushes them and
+    answers for them: dropped at its deletion, its peers would neither know it is leaving nor ask it first)."""
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    draining = bool(pod.get("metadata", {}).get("deletionTimestamp")) and status.get("phase") == "Running"
+    if not ip or not (is_ready(pod) or draining):
         return []
     ports = _worker_ports(pod) or [p for p in [container_port(pod, ADMIN_PORT_NAME)] if p is not None]
     return [f"http://{address(ip, port)}" for port in ports]
