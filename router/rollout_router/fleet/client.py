@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
+# No answer, or one cut short: the other side could not be reached, went away or was silent too long.
+UNANSWERED = (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
 MAX_LINE_BYTES = 1 << 20  # a watch's read buffer; a line over twice this (a peer's loads: ~50 bytes a replica) is an error
 
 
@@ -53,7 +55,7 @@ class PeerClient:
                 if answer.status >= 400:
                     raise PeerError(f"{method} {url} answered {answer.status}: {(await answer.text())[:200]}")
                 return await answer.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
+        except UNANSWERED as error:
             raise Unreachable(f"{method} {url}: {error!r}") from None
         except (aiohttp.ClientResponseError, ValueError) as error:
             raise PeerError(f"{method} {url}: {error!r}") from None
@@ -71,7 +73,7 @@ class PeerClient:
                 async for line in answer.content:
                     if line.strip():
                         yield json.loads(line)
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
+        except UNANSWERED as error:
             raise Unreachable(f"GET {url}: {error!r}") from None
         except (aiohttp.ClientError, HttpProcessingError, ValueError) as error:  # a line too long among them
             raise PeerError(f"GET {url}: {error!r}") from None
@@ -83,5 +85,5 @@ class PeerClient:
                 if answer.status != 200:
                     raise PeerError(f"GET {url} answered {answer.status}")
                 return await answer.text()
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
+        except UNANSWERED as error:
             raise Unreachable(f"GET {url}: {error!r}") from None

@@ -48,6 +48,10 @@ class Membership:
             self.peers[peer_id] = Member(peer_id)
         return added, dropped
 
+    def named_by(self, source: str) -> bool:
+        """Whether ``source`` has given its candidates at least once (none counts)."""
+        return source in self._sources
+
     def members(self) -> frozenset[str]:
         """The live members that own keys (not leaving), self included."""
         return frozenset([self.self_id, *(m.id for m in self.peers.values() if m.live and not m.leaving)])

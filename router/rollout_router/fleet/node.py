@@ -83,7 +83,6 @@ class Fleet:
         self._polls: dict[str, asyncio.Task] = {}
         self._tasks: list[asyncio.Task] = []
         self._scraper: asyncio.Task | None = None
-        self._pods_listed = False  # --peer-selector: the router pods were listed once
         self._settled = False  # every first candidate was asked once (``settled``)
 
     # lifecycle
@@ -145,7 +144,6 @@ class Fleet:
     # membership
     def set_peers(self, source: str, ids: Sequence[str] | set[str]) -> None:
         added, dropped = self.membership.set_source(source, ids)
-        self._pods_listed = self._pods_listed or source == PODS
         for member in dropped:
             task = self._polls.pop(member.id, None)
             if task is not None:
@@ -182,7 +180,7 @@ class Fleet:
         one, while their owner holds their pins. Once settled it stays so: a pod joining later is no reason to
         stop taking traffic."""
         if not self._settled:
-            self._settled = (self._pods_listed or not self._selector) and all(
+            self._settled = (self.membership.named_by(PODS) or not self._selector) and all(
                 m.asked for m in self.membership.peers.values())
         return self._settled
 
@@ -205,9 +203,9 @@ class Fleet:
 
     async def _follow(self, member: Member) -> None:
         """The peer's loads as it streams them: each change, looked at every poll interval, and a heartbeat
-        often enough (a third of the peer timeout) that a silent peer is told from an idle one. Polling, each
-        member asked every other one 1/interval times a second whatever changed; an idle fleet now sends a
-        heartbeat. A router that answers one document (an older version) is asked again each poll interval."""
+        often enough (a third of the peer timeout) that a silent peer is told from an idle one: an idle peer
+        costs a line per heartbeat, not a request per interval. A router that answers one document (an older
+        version) is asked again each poll interval (``_poll``)."""
         if member.http is None:
             info = await self.client.call("GET", f"{member.id}/fleet/v1/info")
             member.http, member.grpc = str(info["http"]).rstrip("/"), info.get("grpc")

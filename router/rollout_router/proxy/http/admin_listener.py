@@ -114,8 +114,9 @@ class AdminListener(HttpListener):
 
 
 async def stream(client: ClientConnection, lines: AsyncGenerator[bytes, None]) -> None:
-    """Write each line as a chunk until the client goes. A client that does not read (its writes paused) misses
-    lines rather than having them buffered: each is a whole snapshot, so the next one it reads is current."""
+    """Write each line as a chunk until the client goes. A client that does not read misses lines once its
+    writes pause (``WRITE_HIGH_WATER`` buffered; cut after ``WRITE_STALL_SECONDS``) rather than having more
+    buffered: each line is a whole snapshot, so the next one it reads is current."""
     client.write(wire.status_line(200) + b"Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
     try:
         async with contextlib.aclosing(lines):
