@@ -1,6 +1,7 @@
 """The admin listener: its own port, the traffic port keeps only the probes, an optional bearer token."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -10,9 +11,9 @@ import aiohttp
 import pytest
 
 from rollout_router.proxy import admin
-from rollout_router.proxy.http.admin_listener import TokenFile
+from rollout_router.proxy.http.admin_listener import LIMITS, PER_PEER, TokenFile
 from rollout_router.serve import add_arguments
-from rollout_router.settings import RouterSettings
+from rollout_router.settings import FleetSettings, RouterSettings
 from tests.support import ScriptedReplica, running_router
 from tests.test_http_wire import exchange, post
 
@@ -47,6 +48,23 @@ async def test_status_metrics_and_sessions_are_on_the_admin_port_only(replica):
         async with http.post(f"{runtime.admin_url}/v1/chat/completions", json={}) as response:
             assert response.status == 404  # nothing is forwarded from the admin port
         assert not runtime.balancer.policy.sessions() and len(replica.seen) == 1
+
+
+async def test_the_admin_listener_makes_room_for_each_fleet_peer(replica):
+    """Every other router may hold a watch of the loads and its calls here: a fleet (pods x workers) bigger than
+    the scrapers' 128 connections must find room, and the limit still holds beyond that room."""
+    peers = [f"http://127.0.3.{i}:9" for i in range(1, 41)]  # candidates that refuse: nothing else connects here
+    room = LIMITS.max_connections + PER_PEER * len(peers)
+    async with running_router(RouterSettings(backends=[replica.url], fleet=FleetSettings(peers=peers))) as (_, runtime):
+        opened = [await asyncio.open_connection("127.0.0.1", runtime.admin_port) for _ in range(room + 1)]
+        try:
+            for _, writer in opened:
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+            heads = [await reader.readuntil(b"\r\n\r\n") for reader, _ in opened]
+        finally:
+            for _, writer in opened:
+                writer.close()
+    assert [head.split(b" ")[1] for head in heads] == [b"200"] * room + [b"503"], heads[-1]
 
 
 async def test_admin_token_guards_everything_but_the_probes_and_is_reread(replica, tmp_path):

@@ -159,6 +159,10 @@ class Fleet:
     def live_peers(self) -> list[Member]:
         return [m for m in self.membership.peers.values() if m.live]
 
+    def candidates(self) -> int:
+        """How many other routers it knows of, answering or not (each may hold admin connections to it)."""
+        return len(self.membership.peers)
+
     def _leaving_peers(self) -> list[str]:
         return [m.id for m in self.live_peers() if m.leaving]
 

@@ -10,6 +10,7 @@ when it changes, so a rotated Secret applies without a restart.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import logging
 import os
@@ -34,6 +35,9 @@ DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8081
 # Scrapers, probes and people: a few connections, small bodies, quick heads.
 LIMITS = Limits(max_connections=128, max_body_bytes=1 << 20, max_buffered_bytes=8 << 20, header_timeout=10.0,
                 body_timeout=30.0, min_body_rate=0)
+# What each candidate peer of the fleet may hold on top: its watch of the loads and its calls (a handoff, a
+# push, info; usually one or two at once), so a fleet of any size (pods x workers) fits beside the scrapers.
+PER_PEER = 4
 
 
 class TokenFile:
@@ -76,9 +80,16 @@ class AdminListener(HttpListener):
     def __init__(self, context: RouterContext, token: TokenFile | None = None):
         super().__init__(context)
         self.token = token
+        self._limits, self._peers = LIMITS, 0  # the limits for that many candidate peers
 
     def limits(self) -> Limits:
-        return LIMITS
+        """``LIMITS``, with ``PER_PEER`` more connections for each candidate peer the fleet knows now."""
+        fleet = self.context.fleet
+        peers = 0 if fleet is None else fleet.candidates()
+        if peers != self._peers:
+            self._peers = peers
+            self._limits = dataclasses.replace(LIMITS, max_connections=LIMITS.max_connections + PER_PEER * peers)
+        return self._limits
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         answer, extra = self.answer(request)
