@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from hypothesis import given, settings
@@ -594,3 +595,38 @@ def test_fleet_timing_is_checked(fleet):
     from rollout_router.settings import FleetSettings
     with pytest.raises(ValidationError):
         FleetSettings.model_validate(fleet)
+
+
+async def test_peers_watching_at_one_interval_share_one_line_a_tick(monkeypatch):
+    """A member is watched by every other one: the loads are serialised once a tick for all its watchers, so
+    being watched does not cost a member more per peer than writing the line to it."""
+    from rollout_router.fleet.client import PeerClient
+    from rollout_router.proxy import fleet_routes
+    from rollout_router.settings import FleetSettings, RouterSettings
+    from tests.support import ScriptedReplica, running_router
+
+    built = []
+    real = fleet_routes._loads
+
+    def counted(context, fleet):
+        built.append(asyncio.get_running_loop().time())
+        return real(context, fleet)
+    monkeypatch.setattr(fleet_routes, "_loads", counted)
+    replica = await ScriptedReplica("127.0.0.10").start()
+    client, watchers, every = PeerClient(lambda: None, 5.0), 8, 0.02
+    try:
+        async with running_router(RouterSettings(backends=[replica.url],
+                                                 fleet=FleetSettings(peers=["http://127.0.3.1:9"]))) as (_, runtime):
+            async def heartbeats(count: int) -> None:
+                url = f"{runtime.admin_url}/fleet/v1/loads?watch={every}&heartbeat=0.1"
+                async with contextlib.aclosing(client.watch(url)) as lines:
+                    async for _ in lines:
+                        count -= 1
+                        if count == 0:
+                            return
+            await asyncio.gather(*(heartbeats(5) for _ in range(watchers)))  # about 0.4 s of ticks
+    finally:
+        await client.close()
+        await replica.stop()
+    ticks = (built[-1] - built[0]) / every
+    assert ticks > 10 and len(built) <= ticks + 2 + watchers, (len(built), ticks)  # not watchers x ticks
