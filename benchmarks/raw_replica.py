@@ -2,7 +2,9 @@
 
 It answers what the proxy benchmarks send: ``POST /v1/chat/completions`` with a small
 JSON completion (Content-Length), or with ``"stream": true`` a chunked SSE stream of
-``EVENTS`` events written one by one, then ``data: [DONE]``; ``GET /health``; ``GET /seen``: the
+``EVENTS`` events written one by one, then ``data: [DONE]``. Its heads are vLLM's (uvicorn adds ``server`` and
+``date`` to every response and sends lower-case names: encode/uvicorn docs/server-behavior.md), and its completions vary in
+length as generated text does (1 to 512 tokens, verl's default ``response_length``), so a router cannot answer every response with one remembered head; ``GET /health``; ``GET /seen``: the
 session ids it has answered (the ``X-Session-ID`` or ``x-smg-routing-key`` header, else the body's
 ``"user"`` field), one per line, so a benchmark can check that every arm forwarded and kept
 each session on one replica.
@@ -12,23 +14,39 @@ each session on one replica.
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import itertools
 import re
 import sys
+import time
 
 import httptools
 import uvloop
 
 EVENTS = 32
-BODY = (b'{"id":"x","object":"chat.completion","model":"tiny","choices":[{"index":0,'
-        b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}')
-JSON_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY))
-SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+# One completion per length of its content, 1 to 512 tokens of "t " (verl's rollout.yaml default response_length),
+# answered in turn.
+BODIES = [b'{"id":"x","object":"chat.completion","model":"tiny","choices":[{"index":0,'
+          b'"message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}]}' % (b"t " * tokens)
+          for tokens in range(1, 513)]
+JSON_HEAD = b"HTTP/1.1 200 OK\r\ndate: %s\r\nserver: uvicorn\r\ncontent-length: %d\r\ncontent-type: application/json\r\n\r\n"
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\ndate: %s\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
 EVENT = (b'data: {"id":"x","object":"chat.completion.chunk","model":"tiny","choices":[{"index":0,'
          b'"delta":{"content":"t "},"finish_reason":null}]}\n\n')
 HEALTH = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 USER = re.compile(rb'"user"\s*:\s*"([^"]*)"')
 SESSION_HEADERS = (b"x-session-id", b"x-smg-routing-key")  # ours and the peers'; SGLang's forwards only its own
 SEEN: set[bytes] = set()  # session ids answered
+ANSWERS = itertools.cycle(BODIES)
+_DATE: list = [0, b""]  # the second and its HTTP date, as uvicorn keeps it
+
+
+def date() -> bytes:
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[:] = [now, email.utils.formatdate(now, usegmt=True).encode()]
+    return _DATE[1]
 
 
 def text(body: bytes) -> bytes:
@@ -78,12 +96,13 @@ class Replica(asyncio.Protocol):
         elif self.url.startswith(b"/seen"):
             self.transport.write(text(b"\n".join(sorted(SEEN))))
         elif b'"stream":true' in body.replace(b" ", b""):
-            self.transport.write(SSE_HEAD)
+            self.transport.write(SSE_HEAD % date())
             for _ in range(EVENTS):
                 self.transport.write(chunk(EVENT))
             self.transport.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         else:
-            self.transport.write(JSON_HEAD + BODY)
+            body = next(ANSWERS)
+            self.transport.write(JSON_HEAD % (date(), len(body)) + body)
 
 
 async def main(host: str, port: int) -> None:

@@ -386,6 +386,30 @@ async def test_remembered_response_heads_follow_each_answer_and_stay_bounded():
         await raw.stop()
 
 
+async def test_answers_of_every_length_share_one_remembered_head():
+    """A completion's length is its own: answers that differ only in Content-Length are one shape (heads.HEADS),
+    each relayed with its own length and body."""
+    from rollout_router.proxy.http import heads
+
+    def answer(index: int, connection: int) -> bytes:
+        body = b'{"n":"%s"}' % (b"t" * index)
+        return b"HTTP/1.1 200 OK\r\ndate: d\r\ncontent-length: %d\r\ncontent-type: application/json\r\n\r\n%s" % (
+            len(body), body)
+
+    raw = RawReplica(answer)
+    url = await raw.start()
+    heads.HEADS.clear()
+    try:
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, _):
+            answers = await exchange(base, post() * 40, responses=40)
+        assert [json.loads(body)["n"] for _, _, body in answers] == ["t" * i for i in range(40)]
+        assert all(int(headers["content-length"]) == len(body) and headers["date"] == "d"
+                   and headers["content-type"] == "application/json" for _, headers, body in answers)
+        assert len(heads.HEADS) == 1
+    finally:
+        await raw.stop()
+
+
 @pytest.mark.parametrize(("pieces", "seen"), [
     ([b"data: {}\n\ndata: [DO", b"NE]\n\n"], True),  # split inside the marker
     ([b"data: [DONE]", b"\n", b"\n"], True),  # the blank line in chunks of its own

@@ -55,7 +55,7 @@ class Exchange:
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
-                 "turn", "usage_tail", "on_done", "stamp")
+                 "turn", "usage_tail", "on_done", "stamp", "length")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None,
@@ -74,7 +74,8 @@ class Exchange:
             self.done = client.loop.create_future()
         self.state, self.status, self.reason = WAITING, 0, b""
         self.code: int | None = None
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: list[tuple[bytes, bytes]] = []  # the replica's head as it came, but for Content-Length:
+        self.length: bytes | None = None  # its value (``UpstreamConnection.on_header``)
         self.head = b""
         self.buffer: list[bytes] = []
         self.out: list[bytes] = []
@@ -105,7 +106,7 @@ class Exchange:
         parser = self.conn.parser
         status, headers, self.headers = parser.get_status_code(), self.headers, []
         if status < 200:
-            self.interim = True
+            self.interim, self.length = True, None
             if status != 100:  # the body went out with the head; 103 and the like are the client's
                 self.client.interim(wire.status_line(status, self.reason) + lines(headers) + b"\r\n")
             return
@@ -115,15 +116,22 @@ class Exchange:
         upstream_keeps = parser.should_keep_alive()
         # Everything the client's head depends on: replicas send the same head, the same Date for a second,
         # over and over, so the head is built once per shape (HEADS) rather than once per response.
-        shape = (status, self.reason, tuple(headers), upstream_keeps, request.head_only, request.keep_alive,
-                 request.close_after, request.http10, self.forwarded, self.replica, version)
+        # The Content-Length value is no part of the shape (every completion has its own length): it goes
+        # between the two halves of the remembered head.
+        sent_length = self.length
+        shape = (status, self.reason, tuple(headers), sent_length is not None, upstream_keeps, request.head_only,
+                 request.keep_alive, request.close_after, request.http10, self.forwarded, self.replica, version)
         built = HEADS.get(shape)
         if built is None:
             if len(HEADS) >= HEADS_KEPT:
                 HEADS.clear()
-            built = HEADS[shape] = client_head(status, self.reason, headers, upstream_keeps, request,
-                                                None if self.forwarded else self.replica, version)
-        head, length, self.sse, self.chunked, self.until_close, close_after = built
+            built = HEADS[shape] = client_head(status, self.reason, headers, sent_length is not None,
+                                                upstream_keeps, request, None if self.forwarded else self.replica,
+                                                version)
+        head, after, self.sse, self.chunked, self.until_close, close_after = built
+        length = None
+        if sent_length is not None:
+            head, length = b"%sContent-Length: %s\r\n%s" % (head, sent_length, after), int(sent_length)
         request.close_after = close_after
         if request.head_only:
             self.out.append(head)

@@ -61,8 +61,12 @@ class UpstreamConnection(asyncio.Protocol):
             self.exchange.reason = reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.headers.append((name, value))
+        exchange = self.exchange
+        if exchange is not None:
+            if len(name) == 14 and name.lower() == b"content-length":  # llhttp refuses a second one
+                exchange.length = value
+            else:
+                exchange.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self.exchange is not None:
