@@ -630,3 +630,39 @@ async def test_peers_watching_at_one_interval_share_one_line_a_tick(monkeypatch)
         await replica.stop()
     ticks = (built[-1] - built[0]) / every
     assert ticks > 10 and len(built) <= ticks + 2 + watchers, (len(built), ticks)  # not watchers x ticks
+
+
+async def test_a_router_holds_at_most_per_peer_connections_to_another():
+    """Calls to one peer beyond ``PER_PEER`` at once wait for a connection instead of opening more: the admin
+    listener there keeps room for that many per candidate peer, so a burst of handoffs never fills it."""
+    from aiohttp import web
+
+    from rollout_router.fleet.client import PER_PEER, PeerClient
+    from tests.support import wait_for
+
+    open_now, most, release = set(), [0], asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        open_now.add(request.transport)
+        most[0] = max(most[0], len(open_now))
+        await release.wait()
+        return web.json_response({"ok": True})
+    app = web.Application()
+    app.router.add_post("/fleet/v1/handoff", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = PeerClient(lambda: None, 10.0)
+    try:
+        calls = [asyncio.ensure_future(client.call("POST", f"http://127.0.0.1:{port}/fleet/v1/handoff", {"key": i}))
+                 for i in range(3 * PER_PEER)]
+        await wait_for(lambda: len(open_now) >= PER_PEER)
+        release.set()
+        assert await asyncio.gather(*calls) == [{"ok": True}] * (3 * PER_PEER)
+        assert most[0] == PER_PEER
+    finally:
+        release.set()
+        await client.close()
+        await runner.cleanup()

@@ -17,6 +17,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 # No answer, or one cut short: the other side could not be reached, went away or was silent too long.
 UNANSWERED = (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
+# Connections to one router at once: its watch of the loads and calls; more calls wait for one (the admin
+# listener there keeps this many per candidate peer, proxy/http/admin_listener.py).
+PER_PEER = 8
 MAX_LINE_BYTES = 1 << 20  # a watch's read buffer; a line over twice this (a peer's loads: ~50 bytes a replica) is an error
 
 
@@ -39,7 +42,8 @@ class PeerClient:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=0, limit_per_host=PER_PEER, ttl_dns_cache=None))
         return self._session
 
     async def close(self) -> None:

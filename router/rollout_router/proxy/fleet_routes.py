@@ -24,6 +24,7 @@ import asyncio
 import json
 import urllib.parse
 import weakref
+import zlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
@@ -35,9 +36,10 @@ if TYPE_CHECKING:
 
 # A watch of the loads (``?watch=S&heartbeat=H``): its bounds, so a caller cannot make this router spin or go silent.
 MIN_WATCH_SECONDS, MAX_WATCH_SECONDS, MAX_HEARTBEAT_SECONDS = 0.01, 1.0, 10.0
-# Each fleet's loads line by watch interval, as (tick, line): every peer watching at one interval wakes on the same
-# tick and reads one line, so a member's cost of being watched does not grow with its peers' number.
-_LINES: weakref.WeakKeyDictionary[Fleet, dict[float, tuple[int, bytes]]] = weakref.WeakKeyDictionary()
+# Each fleet's last loads line and when it was made (the loop clock): the peers watching at one interval wake on
+# the same ticks and share it, so a member's cost of being watched does not grow with its peers' number.
+_LINES: weakref.WeakKeyDictionary[Fleet, tuple[float, bytes]] = weakref.WeakKeyDictionary()
+SHARED_FOR = 1 / 8  # a line is shared for this fraction of a watch's interval: how much older it may be
 
 
 def _json(document: dict) -> AdminAnswer:
@@ -92,22 +94,22 @@ def _watch_query(query: str) -> tuple[float, float] | AdminAnswer:
 
 
 async def _watch(context: RouterContext, fleet: Fleet, every: float, heartbeat: float) -> AsyncGenerator[bytes, None]:
-    """The loads as a line whenever they changed (looked at every ``every`` s, on the loop clock's multiples of
-    it), and at least every ``heartbeat`` s: an idle peer costs a line per heartbeat, not a request per poll."""
+    """The loads as a line whenever they changed (looked at every ``every`` s), and at least every ``heartbeat``
+    s: an idle peer costs a line per heartbeat, not a request per poll. The looks fall on the multiples of
+    ``every`` shifted by a phase of this router's own (its workers do not all wake at once)."""
     loop = asyncio.get_running_loop()
-    lines = _LINES.setdefault(fleet, {})
+    phase = zlib.crc32(fleet.self_id.encode()) % 1024 / 1024 * every
     last, sent = b"", float("-inf")
     while True:
         now = loop.time()
-        tick = round(now / every)
-        shared = lines.get(every)
-        if shared is None or shared[0] != tick:
-            shared = lines[every] = (tick, json.dumps(_loads(context, fleet)).encode() + b"\n")
-        line = shared[1]
+        made, line = _LINES.get(fleet, (float("-inf"), b""))
+        if now - made > every * SHARED_FOR:
+            line = json.dumps(_loads(context, fleet)).encode() + b"\n"
+            _LINES[fleet] = (now, line)
         if line != last or now - sent >= heartbeat:
             last, sent = line, now
             yield line
-        await asyncio.sleep(max(0.0, (tick + 1) * every - loop.time()))
+        await asyncio.sleep(every - (loop.time() - phase) % every)
 
 
 def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:

@@ -17,6 +17,7 @@ import os
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
+from ...fleet.client import PER_PEER
 from .. import admin, fleet_routes, rl_routes, workers
 from ..context import RouterContext
 from ..listener import Limits
@@ -36,8 +37,8 @@ DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8081
 LIMITS = Limits(max_connections=128, max_body_bytes=1 << 20, max_buffered_bytes=8 << 20, header_timeout=10.0,
                 body_timeout=30.0, min_body_rate=0)
 # What each candidate peer of the fleet may hold on top: its watch of the loads and its calls (a handoff, a
-# push, info; usually one or two at once), so a fleet of any size (pods x workers) fits beside the scrapers.
-PER_PEER = 4
+# push, info), at most fleet/client.py's PER_PEER at once, so a fleet of any size (pods x workers) fits beside
+# the scrapers.
 
 
 class TokenFile:
