@@ -37,6 +37,9 @@ class HttpProxy(HttpListener):
         self.active: set[Exchange] = set()
         self.answering = 0  # requests being answered now (decided, forwarded or relayed)
         self._key_names = KeyNames(HOP)  # the parser keeps the hop header too
+        self._names_of: object = None  # the settings ``_names`` and ``_pairs`` were made from
+        self._names: tuple[tuple[bytes, ...], frozenset[bytes]] = ((), frozenset())
+        self._pairs: tuple[tuple[tuple[str, bytes], ...], ...] = ((), ())  # (header, lower-cased) of each key
 
     def limits(self) -> Limits:
         return traffic_limits(self.context.settings)
@@ -47,9 +50,14 @@ class HttpProxy(HttpListener):
 
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
         """The session-key headers, lower-cased, in precedence order (the kept set has the group-key headers too);
-        recomputed when settings change."""
+        recomputed when the settings change (read per request: one identity check)."""
         settings = self.context.settings
-        return self._key_names.of(settings.session, settings.group)
+        if settings is not self._names_of:
+            names = self._names = self._key_names.of(settings.session, settings.group)
+            self._pairs = (tuple(zip(settings.session.headers, names[0])),
+                           tuple(zip(settings.group.headers, self._key_names.groups)))
+            self._names_of = settings
+        return self._names
 
     def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
         """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``."""
@@ -164,24 +172,30 @@ class HttpProxy(HttpListener):
     def _keys(self, request: HttpRequest) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key (``settings.group``): each from its headers, then its body
         fields; the body is inflated at most once for both."""
+        self.key_names()  # ``_pairs`` up to date with the settings
         settings = self.context.settings
-        names, _ = self.key_names()  # also brings ``groups`` up to date with the settings
+        session_pairs, group_pairs = self._pairs
         body: list[tuple[bytes, str | None]] = []  # the decoded body, once one of the keys needs it
+        group = settings.group
+        return (self._find(request, session_pairs, settings.session.body_fields, "session", body),
+                self._find(request, group_pairs, group.body_fields, "group", body)
+                if group_pairs or group.body_fields else None)
 
-        def find(headers: list[str], lowered: tuple[bytes, ...], fields: list[str], kind: str) -> str | None:
-            if request.keys:
-                for name, lower in zip(headers, lowered):
-                    value = request.keys.get(lower)
-                    if value:
-                        return header_key(name, value, settings.session, kind)
-            if not fields:
-                return None
-            if not body:
-                body.append(self._json_body(request))
-            return body_key(*body[0], settings.session, fields, kind)
-
-        return (find(settings.session.headers, names, settings.session.body_fields, "session"),
-                find(settings.group.headers, self._key_names.groups, settings.group.body_fields, "group"))
+    def _find(self, request: HttpRequest, pairs: tuple[tuple[str, bytes], ...], fields: list[str], kind: str,
+              body: list[tuple[bytes, str | None]]) -> str | None:
+        """A ``kind`` key: the first of its headers present, else its body fields (``body``: decoded once)."""
+        session = self.context.settings.session
+        keys = request.keys
+        if keys:
+            for name, lower in pairs:
+                value = keys.get(lower)
+                if value:
+                    return header_key(name, value, session, kind)
+        if not fields:
+            return None
+        if not body:
+            body.append(self._json_body(request))
+        return body_key(*body[0], session, fields, kind)
 
     def _json_body(self, request: HttpRequest) -> tuple[bytes, str | None]:
         """The body as JSON text and its Content-Type, for reading keys from body fields."""
