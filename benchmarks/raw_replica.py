@@ -2,12 +2,13 @@
 
 It answers what the proxy benchmarks send: ``POST /v1/chat/completions`` with a small
 JSON completion (Content-Length), or with ``"stream": true`` a chunked SSE stream of
-``EVENTS`` events written one by one, then ``data: [DONE]``. Its heads are vLLM's (uvicorn adds ``server`` and
-``date`` to every response and sends lower-case names: encode/uvicorn docs/server-behavior.md), and its completions vary in
-length as generated text does (1 to 512 tokens, verl's default ``response_length``), so a router cannot answer every response with one remembered head; ``GET /health``; ``GET /seen``: the
-session ids it has answered (the ``X-Session-ID`` or ``x-smg-routing-key`` header, else the body's
-``"user"`` field), one per line, so a benchmark can check that every arm forwarded and kept
-each session on one replica.
+``EVENTS`` events written one by one, then ``data: [DONE]``. Its heads are vLLM's (uvicorn adds
+``server`` and ``date`` to every response and sends lower-case names: encode/uvicorn
+docs/server-behavior.md), and its completions vary in length as generated text does (1 to 512
+tokens, verl's default ``response_length``), so a router cannot answer every response with one
+remembered head. ``GET /health``; ``GET /seen``: the session ids it has answered (the
+``X-Session-ID`` or ``x-smg-routing-key`` header, else the body's ``"user"`` field), one per line,
+so a benchmark can check that every arm forwarded and kept each session on one replica.
 
     python benchmarks/raw_replica.py HOST PORT
 """

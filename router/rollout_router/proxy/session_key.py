@@ -28,10 +28,12 @@ class KeyNames:
     """The session-key header names, lower-cased, in precedence order; recomputed when the settings change.
 
     ``of`` also returns the names as a set with ``also`` and the group-key names (the headers a parser must
-    keep for the listener); ``groups`` then holds the group-key names, lower-cased, in precedence order.
+    keep for the listener); ``groups`` then holds the group-key names, lower-cased, in precedence order, and
+    ``session_pairs`` and ``group_pairs`` each key's headers as (configured name, lower-cased), for lookups that
+    name the header in their errors.
     """
 
-    __slots__ = ("_also", "_session", "_group", "_names", "_kept", "groups")
+    __slots__ = ("_also", "_session", "_group", "_names", "_kept", "groups", "session_pairs", "group_pairs")
 
     def __init__(self, *also: bytes) -> None:
         self._also = also
@@ -40,12 +42,16 @@ class KeyNames:
         self._names: tuple[bytes, ...] = ()
         self._kept: frozenset[bytes] = frozenset()
         self.groups: tuple[bytes, ...] = ()
+        self.session_pairs: tuple[tuple[str, bytes], ...] = ()
+        self.group_pairs: tuple[tuple[str, bytes], ...] = ()
 
     def of(self, session: SessionSettings, group: GroupSettings | None = None) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
         if self._session is not session or self._group is not group:
             names = tuple(name.lower().encode() for name in session.headers)
             self.groups = tuple(name.lower().encode() for name in group.headers) if group is not None else ()
             self._session, self._group, self._names = session, group, names
+            self.session_pairs = tuple(zip(session.headers, names))
+            self.group_pairs = tuple(zip(group.headers, self.groups)) if group is not None else ()
             self._kept = frozenset((*names, *self.groups, *self._also))
         return self._names, self._kept
 

@@ -200,18 +200,17 @@ class GrpcProxy(Listener):
     def _keys(self, metadata: list[h2.Header]) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key from the metadata their headers name (gRPC has no JSON
         body). The names are looked up once for both (``KeyNames`` recomputes only when the settings change)."""
-        settings = self.context.settings
-        names = self._key_names.of(settings.session, settings.group)[0]
+        settings, names = self.context.settings, self._key_names
+        names.of(settings.session, settings.group)  # the pairs up to date with the settings
 
-        def find(headers: list[str], lowered: tuple[bytes, ...], kind: str) -> str | None:
-            for header, lower in zip(headers, lowered):
+        def find(pairs: tuple[tuple[str, bytes], ...], kind: str) -> str | None:
+            for header, lower in pairs:
                 for name, value in metadata:
                     if name == lower and value:
                         return header_key(header, value, settings.session, kind)
             return None
 
-        return (find(settings.session.headers, names, "session"),
-                find(settings.group.headers, self._key_names.groups, "group"))
+        return find(names.session_pairs, "session"), find(names.group_pairs, "group")
 
     # the sweep
     def tick(self, elapsed: float) -> None:

@@ -115,9 +115,9 @@ class Exchange:
         version = None if self.forwarded else self.proxy.context.rl.versions.get(self.replica)
         upstream_keeps = parser.should_keep_alive()
         # Everything the client's head depends on: replicas send the same head, the same Date for a second,
-        # over and over, so the head is built once per shape (HEADS) rather than once per response.
-        # The Content-Length value is no part of the shape (every completion has its own length): it goes
-        # between the two halves of the remembered head.
+        # over and over, so the head is built once per shape (HEADS) rather than once per response. The
+        # Content-Length value is no part of the shape (every completion has its own): it goes between the
+        # two halves of the remembered head.
         sent_length = self.length
         shape = (status, self.reason, tuple(headers), sent_length is not None, upstream_keeps, request.head_only,
                  request.keep_alive, request.close_after, request.http10, self.forwarded, self.replica, version)

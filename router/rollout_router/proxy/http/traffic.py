@@ -37,9 +37,6 @@ class HttpProxy(HttpListener):
         self.active: set[Exchange] = set()
         self.answering = 0  # requests being answered now (decided, forwarded or relayed)
         self._key_names = KeyNames(HOP)  # the parser keeps the hop header too
-        self._names_of: object = None  # the settings ``_names`` and ``_pairs`` were made from
-        self._names: tuple[tuple[bytes, ...], frozenset[bytes]] = ((), frozenset())
-        self._pairs: tuple[tuple[tuple[str, bytes], ...], ...] = ((), ())  # (header, lower-cased) of each key
 
     def limits(self) -> Limits:
         return traffic_limits(self.context.settings)
@@ -50,14 +47,9 @@ class HttpProxy(HttpListener):
 
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
         """The session-key headers, lower-cased, in precedence order (the kept set has the group-key headers too);
-        recomputed when the settings change (read per request: one identity check)."""
+        recomputed when settings change."""
         settings = self.context.settings
-        if settings is not self._names_of:
-            names = self._names = self._key_names.of(settings.session, settings.group)
-            self._pairs = (tuple(zip(settings.session.headers, names[0])),
-                           tuple(zip(settings.group.headers, self._key_names.groups)))
-            self._names_of = settings
-        return self._names
+        return self._key_names.of(settings.session, settings.group)
 
     def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
         """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``."""
@@ -172,14 +164,13 @@ class HttpProxy(HttpListener):
     def _keys(self, request: HttpRequest) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key (``settings.group``): each from its headers, then its body
         fields; the body is inflated at most once for both."""
-        self.key_names()  # ``_pairs`` up to date with the settings
-        settings = self.context.settings
-        session_pairs, group_pairs = self._pairs
+        self.key_names()  # the pairs up to date with the settings
+        settings, names = self.context.settings, self._key_names
         body: list[tuple[bytes, str | None]] = []  # the decoded body, once one of the keys needs it
         group = settings.group
-        return (self._find(request, session_pairs, settings.session.body_fields, "session", body),
-                self._find(request, group_pairs, group.body_fields, "group", body)
-                if group_pairs or group.body_fields else None)
+        return (self._find(request, names.session_pairs, settings.session.body_fields, "session", body),
+                self._find(request, names.group_pairs, group.body_fields, "group", body)
+                if names.group_pairs or group.body_fields else None)
 
     def _find(self, request: HttpRequest, pairs: tuple[tuple[str, bytes], ...], fields: list[str], kind: str,
               body: list[tuple[bytes, str | None]]) -> str | None:
