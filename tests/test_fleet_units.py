@@ -514,6 +514,15 @@ async def test_a_pin_pushed_to_a_peer_whose_view_names_another_owner_goes_on_to_
     assert adopted == 1 and not elsewhere and receiver.balancer.pinned(key) == "r2"
 
 
+async def another_router(app) -> tuple:
+    """``app`` (aiohttp) on a loopback port, standing in for another router: its runner and its port."""
+    from aiohttp import web
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
+
+
 async def test_a_peer_that_answers_one_document_is_one_item_of_the_watch_then_its_end():
     """A router of an earlier version ignores ``?watch``: its one answer is read as one line, and the watch ends
     (``Fleet._poll`` asks again a poll interval later, as it polled before)."""
@@ -525,11 +534,7 @@ async def test_a_peer_that_answers_one_document_is_one_item_of_the_watch_then_it
         return web.json_response({"id": "old", "loads": {"r1": 2}})
     app = web.Application()
     app.router.add_get("/fleet/v1/loads", loads)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await another_router(app)
     client = PeerClient(lambda: None, 5.0)
     try:
         documents = [d async for d in client.watch(f"http://127.0.0.1:{port}/fleet/v1/loads?watch=0.1&heartbeat=1")]
@@ -640,28 +645,23 @@ async def test_a_router_holds_at_most_per_peer_connections_to_another():
     from rollout_router.fleet.client import PER_PEER, PeerClient
     from tests.support import wait_for
 
-    open_now, most, release = set(), [0], asyncio.Event()
+    connections, release = set(), asyncio.Event()  # every connection a call came by
 
     async def slow(request: web.Request) -> web.Response:
-        open_now.add(request.transport)
-        most[0] = max(most[0], len(open_now))
+        connections.add(request.transport)
         await release.wait()
         return web.json_response({"ok": True})
     app = web.Application()
     app.router.add_post("/fleet/v1/handoff", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await another_router(app)
     client = PeerClient(lambda: None, 10.0)
     try:
         calls = [asyncio.ensure_future(client.call("POST", f"http://127.0.0.1:{port}/fleet/v1/handoff", {"key": i}))
                  for i in range(3 * PER_PEER)]
-        await wait_for(lambda: len(open_now) >= PER_PEER)
+        await wait_for(lambda: len(connections) >= PER_PEER)
         release.set()
         assert await asyncio.gather(*calls) == [{"ok": True}] * (3 * PER_PEER)
-        assert most[0] == PER_PEER
+        assert len(connections) == PER_PEER
     finally:
         release.set()
         await client.close()
