@@ -9,8 +9,9 @@ client saw, added over direct. Two loads, one after the other in each round:
   SSE     --stream-rate streams/s (500), each 32 events + [DONE] from the replica
 
 Arms: direct (one raw replica), ours (sticky; margin 2; cost_affinity with margin 2; sticky with
-`--workers 2`, two processes sharing the sessions, docs/fleet.md "Several cores": a turn is forwarded to its
-owner worker, or with "2 entry workers" (`--ownership entry`) the worker it enters by pulls the pin), and the
+`--workers 2`, two processes sharing the sessions, docs/fleet.md "Several cores": a turn entering the worker
+that does not own its session asks the owner for the replica, or with "2 entry workers" (`--ownership entry`)
+pulls the pin), and the
 peers of benchmarks/peer_arms.py (vllm-router, SGLang router, HAProxy, nginx; each skipped with a note when not
 installed: `make bench-deps`). Rounds alternate the arms and rotate their order; the table shows the median
 and the [min-max] over rounds. Every arm is checked to forward (the replicas answered every session) and
@@ -20,7 +21,8 @@ The load generator is benchmarks/loadgen (Go, fixed rate, built into .cache/ on 
 requests that found every connection busy (the arm was not keeping up: lower the rate).
 
     .venv/bin/python benchmarks/proxy_cost.py [--rounds 5] [--seconds 5] [--rate 2000] [--stream-rate 500]
-        [--baseline-src OLD/router]   (also ours (sticky) from an older tree, in the same rounds)
+        [--baseline-src OLD/router]   (also ours (sticky), and ours (2 workers) when it runs, from an older tree,
+                                       in the same rounds)
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ OURS = {"ours (sticky)": ours(), "ours (margin 2)": ours("--affinity-break-margi
         "ours (2 entry workers)": ours("--workers", "2", "--ownership", "entry")}
 
 BASELINE = "ours (sticky, baseline src)"  # --baseline-src: runs whatever --arms says
+BASELINE_WORKERS = "ours (2 workers, baseline src)"  # --baseline-src with "ours (2 workers)" among the arms
 
 
 def build_loadgen() -> Path:
@@ -130,11 +133,16 @@ def start_arms(backends: list[Service], names: set[str] | None, arms: list[Arm],
     urls = [b.url for b in backends]
     starters: dict[str, Callable[[list[str]], Service | None]] = {"direct (one replica)": lambda _: backends[0],
                                                                   **OURS, **PEERS}
+    baselines = {"direct (one replica)"}
     if tree is not None:
         starters[BASELINE] = lambda urls: start_ours(urls, tree)
+        baselines.add(BASELINE)
+        if names is None or "ours (2 workers)" in names:
+            starters[BASELINE_WORKERS] = lambda urls: start_ours(urls, tree, "--workers", "2")
+            baselines.add(BASELINE_WORKERS)
     notes = []
     for name, start in starters.items():
-        if names is not None and name not in names and name not in ("direct (one replica)", BASELINE):
+        if names is not None and name not in names and name not in baselines:
             continue
         service = start(urls)
         if service is None:

@@ -61,13 +61,14 @@ def start_raw_replica(host: str) -> Service:
     return wait_healthy(Service(f"http://{host}:{port}", process), "/health")
 
 
-def start_ours(backends: list[str], source: Path | None = None) -> Service:
-    """``rollout-router serve``; with ``source``, the package from that directory (an older checkout)."""
-    args = ["serve", "--log-level", "warning", *[a for u in backends for a in ("--backend", u)]]
+def start_ours(backends: list[str], source: Path | None = None, *extra: str) -> Service:
+    """``rollout-router serve`` with ``extra`` flags; with ``source``, the package from that directory (an older
+    checkout)."""
+    args = ["serve", "--log-level", "warning", *[a for u in backends for a in ("--backend", u)], *extra]
     if source is None:
         return wait_healthy(spawn(args, "127.0.0.1").bound(), "/readyz")
     port = free_port()  # an older checkout may not report a port-0 bind
-    args += ["--host", "127.0.0.1", "--port", str(port)]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--admin-port", "0"]
     env = {**os.environ, "PYTHONPATH": str(source)}
     process = subprocess.Popen(command(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return wait_healthy(Service(f"http://127.0.0.1:{port}", process), "/readyz")

@@ -43,6 +43,7 @@ from .usage import bind
 
 if TYPE_CHECKING:
     from .fleet.node import Fleet
+    from .proxy.decisions import DecisionService
     from .proxy.grpc import GrpcProxy
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class Runtime:
         self.outliers = OutlierDetector(self.replicas, health, self.metrics.ejected, self.clock)
         self.prober = Prober(self.replicas, health, self.metrics.probe_failed)
         self.fleet: Fleet | None = None  # session ownership among several routers (fleet/), when on
+        self.decisions: DecisionService | None = None  # a --workers N worker's, deciding for its siblings
         self.rl = RlState(lambda: self.settings.rl)  # the RL step's pause and weight versions (/v1/rl/*)
         self.rl.on_new_weights = self._on_new_weights
         self.metrics.registry.register(RlCollector(self.rl))
@@ -199,7 +201,20 @@ class Runtime:
                                  await self.grpc_proxy.listen_privately(private) if self.grpc_proxy else None)
         if self.peering.wanted(self.settings):
             self._start_fleet()
+        if self.peering.sockets is not None and self.fleet is not None and self.admin_port is not None:
+            await self._start_decisions(self.peering.sockets, self.admin_port)
         return self.port
+
+    async def _start_decisions(self, sockets: Path, admin_port: int) -> None:
+        """A worker's decision channels (``proxy.decisions``): its own socket, named by its admin port, and its
+        siblings', named by theirs, in the directory its parent made."""
+        from .proxy.decisions import DecisionClient, DecisionService
+        assert self.fleet is not None
+        self.decisions = DecisionService(self)
+        await self.decisions.start(sockets / f"{admin_port}.sock")
+        siblings = {sibling: sockets / f"{urlsplit(sibling).port}.sock" for sibling in self.fleet.siblings}
+        self.http_proxy.decisions = DecisionClient(
+            siblings, self.clock, lambda: (self.settings.fleet or FleetSettings()).peer_timeout_seconds)
 
     def _start_fleet(self) -> None:
         """Session ownership: needs the admin listener, where the other routers reach this one."""
@@ -240,6 +255,10 @@ class Runtime:
         return await leave(self.fleet, busy, stop_accepting, timeout)
 
     async def stop(self) -> None:
+        if self.decisions is not None:
+            self.decisions.close()
+        if self.http_proxy.decisions is not None:
+            self.http_proxy.decisions.close()
         if self.fleet is not None:
             await self.fleet.stop()
         if self.grpc_proxy is not None:
@@ -265,6 +284,7 @@ class Peering:
     advertise: str | None = None
     ownership: Ownership | None = None
     worker: bool = False  # one of ``serve --workers N``'s processes: it shares the traffic ports (multicore.py)
+    sockets: Path | None = None  # a worker's: where the workers' decision channels are (``proxy.decisions``)
 
     def wanted(self, settings: RouterSettings) -> bool:
         """Session ownership is on when any peer source is given (the config's ``fleet`` section is one)."""

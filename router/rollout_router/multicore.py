@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -117,11 +118,12 @@ async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
     urls = [f"http://{address(_local(admin_host), sock.getsockname()[1])}" for sock in admins]  # the parent's way
     ids = [advertised(admin_host, sock.getsockname()[1]) for sock in admins]  # the fleet's names for them
     workers: list[subprocess.Popen] = []
+    sockets = Path(tempfile.mkdtemp(prefix="rollout-router-decisions-"))  # mode 0700: this user's only
     admin = WorkerAdmin(urls, workers)  # bound first: a busy --admin-port is refused before any worker starts
     try:
         admin_port = await bind(admin.start(args.admin_host, args.admin_port), "--admin-host", "--admin-port",
                                 args.admin_host, args.admin_port)
-        starting = [_spawn(argv, index, ports, admin_host, ids, workers) for index in range(args.workers)]
+        starting = [_spawn(argv, index, ports, admin_host, ids, sockets, workers) for index in range(args.workers)]
         try:
             for worker in starting:
                 worker.bound(START_TIMEOUT)
@@ -137,6 +139,7 @@ async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
         _stop_all(workers)
         for sock in held + admins:
             sock.close()
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 async def _reserve(host: str, port: int, port_flag: str, host_flag: str = "--host") -> socket.socket:
@@ -146,14 +149,15 @@ async def _reserve(host: str, port: int, port_flag: str, host_flag: str = "--hos
     return await bind(reserve(), host_flag, port_flag, host, port)
 
 
-def _spawn(argv: list[str], index: int, ports: list[int], admin_host: str, ids: list[str],
+def _spawn(argv: list[str], index: int, ports: list[int], admin_host: str, ids: list[str], sockets: Path,
            into: list[subprocess.Popen]) -> Starting:
     """Worker ``index``: this command line, then the flags that make it a worker (later flags win in argparse);
-    its siblings are its ``--peer``s, by the ids the fleet knows them by (``ids``)."""
+    its siblings are its ``--peer``s, by the ids the fleet knows them by (``ids``); ``sockets``: where their
+    decision channels are (``proxy.decisions``)."""
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-worker-")) / "ports.json"
     own = ["--workers", "1", "--worker", "--port", str(ports[0]), *(["--grpc-port", str(ports[1])] if len(ports) > 1
            else []), "--admin-host", admin_host, "--admin-port", ids[index].rpartition(":")[2],
-           "--advertise", ids[index], "--port-file", str(port_file),
+           "--advertise", ids[index], "--port-file", str(port_file), "--worker-sockets", str(sockets),
            *(arg for url in ids if url != ids[index] for arg in ("--peer", url))]
     with interrupts_held():
         into.append(subprocess.Popen(command(*argv, *own), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -118,6 +118,8 @@ def _fleet_metrics(fleet: Fleet | None) -> Iterator[Metric]:
     """Session ownership among several routers (zeros, and one member, for a router alone)."""
     for name, doc, value in (
             ("forwarded", "Requests forwarded to their session's owner router.", fleet and fleet.forwarded),
+            ("delegated", "Requests sent to the replica their session's owner worker chose (serve --workers N): "
+             "asked, not relayed.", fleet and fleet.delegated),
             ("owner_unreachable", "Requests whose owner router could not be reached before the first byte: "
              "decided here (entry ownership: lookups that found no pin while a peer did not answer).",
              fleet and fleet.owner_unreachable),

@@ -122,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the admin port answers for all of them. With --peer-selector each worker is a member of the pods' fleet, "
                         "its admin port --admin-port + 1 + i. Not with --peer or --advertise.")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by --workers' parent
+    parser.add_argument("--worker-sockets", type=Path, help=argparse.SUPPRESS)  # ditto: the decision channels' dir
     parser.add_argument("--log-level", default="info", type=peer_flags.log_level,
                         choices=["debug", "info", "warning", "error", "critical"], help="Log level (default info).")
 
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
     peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise, args.ownership,
-                      args.worker)
+                      args.worker, args.worker_sockets if args.worker else None)
     runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
                       peering)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout))

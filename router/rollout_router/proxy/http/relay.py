@@ -349,10 +349,10 @@ def verdict(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> tuple[int | N
         proxy.context.outliers.failure(lease.replica, exchange.failure)
     elif exchange.status:
         proxy.context.outliers.answered(lease.replica, exchange.status)
-    return exchange.code, _accepted(exchange)
+    return exchange.code, accepted(exchange)
 
 
-def _accepted(exchange: Exchange) -> bool:
+def accepted(exchange: Exchange) -> bool:
     """The replica's own head said < 400, or the client left before any verdict (which rejects nothing)."""
     if exchange.status:
         return exchange.status < 400

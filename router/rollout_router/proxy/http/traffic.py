@@ -10,12 +10,15 @@ from ...replicas import Lease
 from .. import admin, rl_routes, workers
 from ..attempts import AllRefused, OutOfDescriptors, Routed, forward, route, settle
 from ..context import RouterContext
+from ..decisions import DecisionClient
 from ..errors import RouterError
 from ..listener import Limits, traffic_limits
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, body_key, decoded_body, header_key
 from ..turns import Turn
 from . import wire
+from .delegated import Delegated
+from .heads import lines
 from .listener import HttpListener
 from .owner import to_owner
 from .relay import STALE, WAITING, Exchange, attempt, request_bytes, verdict
@@ -37,6 +40,7 @@ class HttpProxy(HttpListener):
         self.active: set[Exchange] = set()
         self.answering = 0  # requests being answered now (decided, forwarded or relayed)
         self._key_names = KeyNames(HOP)  # the parser keeps the hop header too
+        self.decisions: DecisionClient | None = None  # a --workers N worker's channels to its siblings
 
     def limits(self) -> Limits:
         return traffic_limits(self.context.settings)
@@ -71,7 +75,7 @@ class HttpProxy(HttpListener):
                 return False
             key, group = (None, None) if unkeyed(path) else self._keys(request)
             if fleet is not None and key is not None and not fleet.decided_here(key, _hopped(request)):
-                return False  # to its owner router, or a pin to fetch first: ``handle``
+                return self._delegate(client, request, key, group)  # else its owner relays, or a pin to fetch
             routed = route(context, key, group=group)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
             return False
@@ -87,6 +91,21 @@ class HttpProxy(HttpListener):
         routed[2].begin(started)
         Exchange(self, client, request, lease.replica.id, conn, True, turn=routed[2],
                  on_done=forwarding.done).start(request_bytes(request, pool, forwarding.headers))
+        return True
+
+    def _delegate(self, client: ClientConnection, request: HttpRequest, key: str, group: str | None) -> bool:
+        """A key a sibling worker owns: ask it for the replica and forward from here (``delegated``); False when
+        there is no sibling to ask (another router owns it, it came from one, or no channel is open)."""
+        fleet, decisions = self.context.fleet, self.decisions
+        if decisions is None or fleet is None or _hopped(request):
+            return False
+        owner = fleet.owner_of(key)
+        if owner is None or owner.id not in fleet.siblings:
+            return False
+        delegated = Delegated(self, client, request, owner.id, lines(request.headers))
+        if decisions.ask(owner.id, key, group, delegated.decided) is None:
+            return False
+        self.answering += 1
         return True
 
     async def handle(self, client: ClientConnection, request: HttpRequest, handed: Forwarding | None = None
@@ -222,6 +241,8 @@ class HttpProxy(HttpListener):
         """Once a sweep: time out silent replicas, close upstream connections idle too long."""
         self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
         self.expire_silent(elapsed)
+        if self.decisions is not None:
+            self.decisions.sweep()
 
     def expire_silent(self, elapsed: float) -> None:
         """Count ``elapsed`` seconds of silence against each exchange that received nothing since last time.
@@ -267,7 +288,7 @@ class Forwarding:
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, key: str | None,
                  group: str | None, routed: Routed | None = None) -> None:
         self.proxy, self.client, self.request, self.key, self.group = proxy, client, request, key, group
-        self.headers = b"".join([b"%s: %s\r\n" % pair for pair in request.headers])  # once for every attempt
+        self.headers = lines(request.headers)  # once for every attempt
         self.routed = routed
         self.started: float | None = None  # set while the fast path's attempt is out
 

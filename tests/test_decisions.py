@@ -1,0 +1,193 @@
+"""The decision channel between ``serve --workers N`` workers (proxy/decisions.py), over a real Unix socket.
+
+The owner's side is a ``DecisionService`` whose routing is scripted here (what it routes with is the router's
+own ``route``, exercised by the workers' tests in test_multicore.py); the framing, the answers, the leases
+held and released, the timeouts and the lost channels are the real ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from rollout_router.proxy import decisions
+from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
+from rollout_router.proxy.turns import Turn
+from tests.support import wait_for
+
+SIBLING = "http://127.0.0.1:9"
+
+
+class Lease:
+    def __init__(self, replica: str) -> None:
+        self.replica = type("Replica", (), {"id": replica})()
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class ScriptedService(DecisionService):
+    """Routes every key to ``replica`` (None: "decide it yourself"); records what it is told."""
+
+    def __init__(self, replica: str | None = "http://replica-a") -> None:
+        super().__init__(None)  # type: ignore[arg-type]  # the context is only read by the methods replaced here
+        self.replica = replica
+        self.leases: list[Lease] = []
+        self.asked: list[tuple[str, str | None]] = []
+        self.ended: list[tuple[str, bool, int, str | None]] = []
+
+    def decide(self, key, group):
+        self.asked.append((key, group))
+        if self.replica is None:
+            return None
+        self.leases.append(Lease(self.replica))
+        return object(), self.leases[-1], Turn("kept", None, True)
+
+    def finished(self, key, routed, accepted, status, failure):
+        routed[1].release()
+        self.ended.append((key, accepted, status, failure))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def socket_path(tmp_path: Path) -> Path:
+    return tmp_path / "owner.sock"
+
+
+@contextlib.asynccontextmanager
+async def channel(path: Path, service: ScriptedService | None = None):
+    """A scripted owner listening at ``path`` and an entry's client with the channel to it open."""
+    service = service or ScriptedService()
+    await service.start(path)
+    clock = Clock()
+    client = DecisionClient({SIBLING: path}, clock, lambda: 1.0)
+    try:
+        await opened(client)
+        yield service, client, clock
+    finally:
+        client.close()
+        service.close()
+
+
+async def opened(client: DecisionClient) -> None:
+    """The first ask opens the channel (and relays); wait until an ask goes through it."""
+    assert client.ask(SIBLING, "warm-up", None, lambda ident, routing: None) is None
+    await wait_for(lambda: SIBLING in client._ends)
+
+
+async def answer_of(client: DecisionClient, key: str, group: str | None = None):
+    got: asyncio.Future = asyncio.get_running_loop().create_future()
+    ident = client.ask(SIBLING, key, group, lambda i, routing: got.set_result((i, routing)))
+    assert ident is not None
+    answered, routing = await asyncio.wait_for(got, 5)
+    assert answered == ident
+    return ident, routing
+
+
+def test_messages_frame_any_key_and_absent_fields_however_the_bytes_are_cut():
+    key = "conversation\t\n\x00-é-\udcff"  # body-field keys can hold anything a JSON string can
+    data = message(decisions.DECIDE, 7, decisions.text(key), None) + message(decisions.NOT_HERE, 8)
+    received = []
+
+    class Recorder(decisions.Channel):
+        def received(self, kind, ident, fields):
+            received.append((kind, ident, fields))
+
+    end = Recorder()
+    for at in range(len(data)):  # one byte at a time: every split of a header and a field
+        end.data_received(data[at:at + 1])
+    assert received == [(decisions.DECIDE, 7, [decisions.text(key), None]), (decisions.NOT_HERE, 8, [])]
+    assert decisions.untext(received[0][2][0]) == key
+
+
+async def test_an_owner_routes_the_key_holds_the_lease_and_is_told_how_it_ended(socket_path):
+    async with channel(socket_path) as (service, client, _):
+        ident, routing = await answer_of(client, "conversation-1", "group-1")
+        replica, turn = routing
+        assert (replica, turn.outcome, turn.reason, turn.measure) == ("http://replica-a", "kept", None, True)
+        assert service.asked[-1] == ("conversation-1", "group-1")
+        assert service.leases[-1].released == 0  # in flight in the owner's count until it is told
+        client.finished(SIBLING, ident, False, 503, "http_5xx")
+        await wait_for(lambda: service.ended)
+        assert service.ended == [("conversation-1", False, 503, "http_5xx")]
+        assert service.leases[-1].released == 1
+
+
+async def test_an_owner_that_cannot_decide_at_once_sends_the_request_to_relay(socket_path):
+    async with channel(socket_path, ScriptedService(replica=None)) as (_, client, _):
+        _, routing = await answer_of(client, "conversation-1")
+        assert routing is None
+
+
+async def test_without_an_open_channel_the_request_relays_and_the_channel_opens_for_the_next(socket_path):
+    clock = Clock()
+    client = DecisionClient({SIBLING: socket_path}, clock, lambda: 1.0)
+    assert client.ask(SIBLING, "k", None, lambda ident, routing: None) is None  # nobody listens yet
+    service = ScriptedService()
+    await service.start(socket_path)
+    try:
+        await asyncio.sleep(0)
+        assert client.ask(SIBLING, "k", None, lambda ident, routing: None) is None  # not asked again within 1 s
+        clock.now += decisions.RECONNECT_SECONDS
+        await opened(client)
+        assert client.ask(SIBLING, "unknown", None, lambda ident, routing: None) is not None
+        assert client.ask("http://127.0.0.1:10", "k", None, lambda ident, routing: None) is None  # no such sibling
+    finally:
+        client.close()
+        service.close()
+
+
+async def test_an_answer_not_come_in_time_relays_and_its_late_lease_is_released_at_once(socket_path):
+    async with channel(socket_path) as (service, client, clock):
+        end = client._ends[SIBLING]
+        end.transport.pause_reading()  # the owner's answer waits in the socket, as a busy owner's would
+        answers = []
+        client.ask(SIBLING, "slow", None, lambda ident, routing: answers.append(routing))
+        await wait_for(lambda: service.leases)
+        client.sweep()
+        assert answers == []  # within the timeout
+        clock.now += 1.5
+        client.sweep()
+        assert answers == [None]  # given up: the request relays
+        end.transport.resume_reading()
+        await wait_for(lambda: service.ended)
+        assert service.ended == [("slow", False, 0, None)] and service.leases[-1].released == 1
+        assert answers == [None]
+
+
+async def test_a_lost_channel_relays_what_was_asked_and_releases_what_was_held(socket_path):
+    async with channel(socket_path) as (service, client, _):
+        await answer_of(client, "held")  # routed, its request out: the owner holds the lease
+        end = client._ends[SIBLING]
+        end.transport.pause_reading()
+        answers = []
+        client.ask(SIBLING, "asked", None, lambda ident, routing: answers.append(routing))
+        await wait_for(lambda: len(service.leases) == 2)
+        end.transport.abort()  # the entry worker's end goes (as when either worker dies)
+        await wait_for(lambda: answers)
+        assert answers == [None]
+        await wait_for(lambda: all(lease.released == 1 for lease in service.leases))
+        assert service.ended == []  # released, not finished: the pins stay as they are
+        assert SIBLING not in client._ends
+
+
+async def test_a_message_the_channel_does_not_know_closes_it(socket_path):
+    service = ScriptedService()
+    await service.start(socket_path)
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(socket_path))
+        writer.write(message(ord("X"), 1, b"what"))
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, with nothing said
+        writer.close()
+    finally:
+        service.close()
