@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from rollout_router.proxy import decisions
+from rollout_router.proxy.attempts import route
 from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
 from rollout_router.proxy.turns import Turn
-from tests.support import wait_for
+from rollout_router.settings import HealthSettings, RouterSettings
+from tests.support import ScriptedReplica, running_router, wait_for
 
 SIBLING = "http://127.0.0.1:9"
 
@@ -191,3 +193,27 @@ async def test_a_message_the_channel_does_not_know_closes_it(socket_path):
         writer.close()
     finally:
         service.close()
+
+
+async def test_the_owner_told_of_an_ending_counts_it_in_passive_health_releases_and_forgets_as_its_own():
+    """``DecisionService`` on a real router: what a sibling says of its attempt does what this router's own
+    attempt would (``attempts.settle``, ``relay.verdict``)."""
+    replica = await ScriptedReplica("127.0.0.20").start()
+    health = HealthSettings(probe_interval_seconds=None, consecutive_5xx=2, max_ejection_percent=100)
+    settings = RouterSettings(backends=[replica.url], health=health)
+    try:
+        async with running_router(settings) as (_, runtime):
+            service = DecisionService(runtime)
+            assert service.decide("conversation-1", None) is None  # no fleet: nothing to own, the relay decides
+            routed = route(runtime, "conversation-2")
+            service.finished("conversation-2", routed, False, 0, None)  # not accepted: the new pin is handed back
+            assert runtime.balancer.pinned("conversation-2") is None
+            for status in (200, 503, 503):
+                routed = route(runtime, "conversation-1")
+                assert runtime.replicas.total_inflight() == 1  # the lease a sibling's request holds
+                service.finished("conversation-1", routed, status < 400, status, None)
+                assert runtime.replicas.total_inflight() == 0
+            assert runtime.balancer.pinned("conversation-1") == replica.url  # accepted once: the pin stays
+            assert runtime.replicas.why_unroutable(replica.url) == "ejected"  # two 5xx in a row
+    finally:
+        await replica.stop()
