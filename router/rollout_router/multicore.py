@@ -8,8 +8,9 @@ One Python process uses one core, so a pod with N cores runs N routers (docs/fle
 - each worker is a plain ``serve`` process listening on those ports with ``SO_REUSEPORT`` (the kernel spreads
   the connections over them), on its own loopback admin port, and on a private loopback traffic port where
   the others forward to it; the workers are each other's ``--peer``: each session key has one owner worker
-  (the rendezvous hash), a turn entering another worker goes one hop on loopback to it, and every worker's
-  margin sees the others' requests in flight (``/fleet/v1/loads``);
+  (the rendezvous hash), a turn entering another worker asks it for the replica over a Unix socket in a
+  directory this process makes (``proxy.decisions``; failing that, goes one hop on loopback to it), and every
+  worker's margin sees the others' requests in flight (``/fleet/v1/loads``);
 - the parent serves the public admin port (``multicore_admin``): probes, and ``/status`` and ``/metrics`` summed
   over the workers, so the operator and Prometheus see one router per pod.
 
