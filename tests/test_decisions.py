@@ -18,6 +18,7 @@ from rollout_router.proxy.decisions import DecisionClient, DecisionService, mess
 from rollout_router.proxy.turns import Turn
 from rollout_router.settings import HealthSettings, RouterSettings
 from tests.support import ScriptedReplica, running_router, wait_for
+from tests.test_http_fast import metrics_text
 
 SIBLING = "http://127.0.0.1:9"
 
@@ -48,9 +49,9 @@ class ScriptedService(DecisionService):
         self.leases.append(Lease(self.replica))
         return object(), self.leases[-1], Turn("kept", None, True)
 
-    def finished(self, key, routed, accepted, status, failure):
+    def finished(self, key, routed, accepted, status, failure, refused=False):
         routed[1].release()
-        self.ended.append((key, accepted, status, failure))
+        self.ended.append((key, accepted, status, failure, refused))
 
 
 class Clock:
@@ -88,16 +89,17 @@ async def opened(client: DecisionClient) -> None:
 
 
 async def answer_of(client: DecisionClient, key: str, group: str | None = None):
+    """(the channel asked on, the decision's id, its routing)."""
     got: asyncio.Future = asyncio.get_running_loop().create_future()
-    ident = client.ask(SIBLING, key, group, lambda i, routing: got.set_result((i, routing)))
-    assert ident is not None
-    answered, routing = await asyncio.wait_for(got, 5)
-    assert answered == ident
-    return ident, routing
+    end = client.ask(SIBLING, key, group, lambda i, routing: got.set_result((i, routing)))
+    assert end is not None
+    ident, routing = await asyncio.wait_for(got, 5)
+    return end, ident, routing
 
 
-def test_messages_frame_any_key_and_absent_fields_however_the_bytes_are_cut():
-    key = "conversation\t\n\x00-é-\udcff"  # body-field keys can hold anything a JSON string can
+@pytest.mark.parametrize("key", ["conversation\t\n\x00-é-\udcff",  # body-field keys hold what JSON strings can
+                                 "\udcff" * 21845, "k" * 65535, "é" * 65536])  # 65,535 bytes and more
+def test_messages_frame_any_key_and_absent_fields_however_the_bytes_are_cut(key):
     data = message(decisions.DECIDE, 7, decisions.text(key), None) + message(decisions.NOT_HERE, 8)
     received = []
 
@@ -106,28 +108,32 @@ def test_messages_frame_any_key_and_absent_fields_however_the_bytes_are_cut():
             received.append((kind, ident, fields))
 
     end = Recorder()
-    for at in range(len(data)):  # one byte at a time: every split of a header and a field
-        end.data_received(data[at:at + 1])
+    step = 1 if len(data) < 1000 else 4099  # one byte at a time: every split of a header and a field
+    for at in range(0, len(data), step):
+        end.data_received(data[at:at + step])
     assert received == [(decisions.DECIDE, 7, [decisions.text(key), None]), (decisions.NOT_HERE, 8, [])]
     assert decisions.untext(received[0][2][0]) == key
 
 
 async def test_an_owner_routes_the_key_holds_the_lease_and_is_told_how_it_ended(socket_path):
     async with channel(socket_path) as (service, client, _):
-        ident, routing = await answer_of(client, "conversation-1", "group-1")
+        end, ident, routing = await answer_of(client, "conversation-1", "group-1")
         replica, turn = routing
         assert (replica, turn.outcome, turn.reason, turn.measure) == ("http://replica-a", "kept", None, True)
         assert service.asked[-1] == ("conversation-1", "group-1")
         assert service.leases[-1].released == 0  # in flight in the owner's count until it is told
-        client.finished(SIBLING, ident, False, 503, "http_5xx")
+        end.finished(ident, False, 503, "http_5xx")
         await wait_for(lambda: service.ended)
-        assert service.ended == [("conversation-1", False, 503, "http_5xx")]
+        assert service.ended == [("conversation-1", False, 503, "http_5xx", False)]
         assert service.leases[-1].released == 1
+        end.finished(ident, True)  # again, or an id this channel never gave: ignored, the channel stays
+        _, _, routing = await answer_of(client, "conversation-2")
+        assert routing is not None and len(service.ended) == 1 and end.open()
 
 
 async def test_an_owner_that_cannot_decide_at_once_sends_the_request_to_relay(socket_path):
     async with channel(socket_path, ScriptedService(replica=None)) as (_, client, _):
-        _, routing = await answer_of(client, "conversation-1")
+        _, _, routing = await answer_of(client, "conversation-1")
         assert routing is None
 
 
@@ -163,7 +169,7 @@ async def test_an_answer_not_come_in_time_relays_and_its_late_lease_is_released_
         assert answers == [None]  # given up: the request relays
         end.transport.resume_reading()
         await wait_for(lambda: service.ended)
-        assert service.ended == [("slow", False, 0, None)] and service.leases[-1].released == 1
+        assert service.ended == [("slow", False, 0, None, False)] and service.leases[-1].released == 1
         assert answers == [None]
 
 
@@ -188,8 +194,9 @@ async def test_a_message_the_channel_does_not_know_closes_it(socket_path):
     await service.start(socket_path)
     try:
         reader, writer = await asyncio.open_unix_connection(str(socket_path))
-        writer.write(message(ord("X"), 1, b"what"))
+        writer.write(message(ord("X"), 1, b"what") + message(decisions.DECIDE, 2, b"k", None))  # one write
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, with nothing said
+        assert service.asked == []  # nothing after the unknown message was read
         writer.close()
     finally:
         service.close()
@@ -215,5 +222,20 @@ async def test_the_owner_told_of_an_ending_counts_it_in_passive_health_releases_
                 assert runtime.replicas.total_inflight() == 0
             assert runtime.balancer.pinned("conversation-1") == replica.url  # accepted once: the pin stays
             assert runtime.replicas.why_unroutable(replica.url) == "ejected"  # two 5xx in a row
+    finally:
+        await replica.stop()
+
+
+async def test_an_owner_told_its_replica_refused_the_connection_marks_it_down_and_counts_the_retry():
+    replica = await ScriptedReplica("127.0.0.20").start()
+    settings = RouterSettings(backends=[replica.url], health=HealthSettings(probe_interval_seconds=None))
+    try:
+        async with running_router(settings) as (_, runtime):
+            service = DecisionService(runtime)
+            routed = route(runtime, "conversation-1")
+            service.finished("conversation-1", routed, False, 0, None, refused=True)
+            assert runtime.replicas.why_unroutable(replica.url) == "down"
+            assert runtime.replicas.total_inflight() == 0 and runtime.balancer.pinned("conversation-1") is None
+            assert f'rolloutrouter_upstream_retries_total{{backend="{replica.url}"}} 1.0' in await metrics_text(runtime)
     finally:
         await replica.stop()

@@ -210,8 +210,14 @@ class Runtime:
         siblings', named by theirs, in the directory its parent made."""
         from .proxy.decisions import DecisionClient, DecisionService
         assert self.fleet is not None
-        self.decisions = DecisionService(self)
-        await self.decisions.start(sockets / f"{admin_port}.sock")
+        service = DecisionService(self)
+        try:
+            await service.start(sockets / f"{admin_port}.sock")
+        except OSError as error:  # a path past AF_UNIX's 108 bytes (a long TMPDIR): the workers relay instead
+            log.warning("no decision channel at %s (%s): turns for the other workers' keys are relayed", sockets,
+                        error)
+            return
+        self.decisions = service
         siblings = {sibling: sockets / f"{urlsplit(sibling).port}.sock" for sibling in self.fleet.siblings}
         self.http_proxy.decisions = DecisionClient(
             siblings, self.clock, lambda: (self.settings.fleet or FleetSettings()).peer_timeout_seconds)

@@ -12,9 +12,10 @@ The channel is a Unix socket in a directory only the pod's user can enter (``--w
 one per worker: nothing on the network can reach it. Anything unusual (no answer, an owner that cannot
 decide at once, a connection to open) goes back to the relay, which is unchanged.
 
-Messages: a header ``!BIB`` (kind, id, number of fields), then each field as ``!H`` length and bytes
+Messages: a header ``!BIB`` (kind, id, number of fields), then each field as ``!I`` length and bytes
 (``NONE``: absent). ``D`` id key group: decide. ``R`` id replica outcome reason measure: routed. ``N`` id:
-decide it yourself (relay). ``F`` id accepted status failure: finished.
+decide it yourself (relay). ``F`` id accepted status failure refused: finished (refused: the connection to the
+replica was refused or timed out, so the owner marks it down as its own attempt would).
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ from .turns import Turn
 log = logging.getLogger(__name__)
 
 HEAD: Final = struct.Struct("!BIB")
-LENGTH: Final = struct.Struct("!H")
-NONE: Final = 0xFFFF  # the length that means an absent field
+LENGTH: Final = struct.Struct("!I")
+NONE: Final = 0xFFFFFFFF  # the length that means an absent field
 MAX_BUFFERED: Final = 1 << 20  # unparsed bytes a sibling may leave on the channel before it is cut
 MAX_PENDING: Final = 1 << 16  # decisions one sibling may hold leases for at once (beyond: "N", relay)
 DECIDE, ROUTED, NOT_HERE, FINISHED = b"DRNF"
@@ -81,7 +82,7 @@ class Channel(asyncio.Protocol):
         buffer = self._buffer
         buffer += data
         at = 0
-        while True:
+        while self.transport is None or not self.transport.is_closing():  # cut: the rest is not read
             parsed = _parse(buffer, at)
             if parsed is None:
                 break
@@ -174,15 +175,19 @@ class DecisionService:
             return None
 
     def finished(self, key: str, routed: tuple[Decision, Lease, Turn], accepted: bool, status: int,
-                 failure: str | None) -> None:
-        """A delegated attempt ended: passive health hears what the replica did, the lease is released, and a
-        rejected decision goes back to the policy (as ``attempts.settle`` does for this worker's own)."""
+                 failure: str | None, refused: bool = False) -> None:
+        """A delegated attempt ended: passive health hears what the replica did, a refused connection marks the
+        replica down, the lease is released, and a rejected decision goes back to the policy (as
+        ``attempts.forward`` and ``attempts.settle`` do for this worker's own)."""
         decision, lease, _ = routed
         context = self.context
         if failure is not None:
             context.outliers.failure(lease.replica, failure)
         elif status:
             context.outliers.answered(lease.replica, status)
+        if refused:
+            context.replicas.mark_down(lease.replica_id, context.settings.down_seconds)
+            context.metrics.retried(lease.replica_id)
         lease.release()
         if not accepted:
             context.balancer.forget(key, decision)
@@ -208,10 +213,14 @@ class _OwnerEnd(Channel):
             decision, lease, turn = routed
             self.send(message(ROUTED, ident, text(lease.replica.id), text(turn.outcome), text(turn.reason),
                               b"1" if turn.measure else b""))
-        elif kind == FINISHED and len(fields) == 3 and ident in self.pending:
-            key, routed = self.pending.pop(ident)
-            status = int(fields[1] or b"0")
-            self.service.finished(key, routed, fields[0] == b"1", status, untext(fields[2]))
+        elif kind == FINISHED and len(fields) == 4:
+            held = self.pending.pop(ident, None)
+            if held is None:  # an attempt asked on a channel that closed since: its lease went with it
+                log.debug("a sibling worker finished decision %d, which this channel did not give", ident)
+                return
+            key, routed = held
+            self.service.finished(key, routed, fields[0] == b"1", int(fields[1] or b"0"), untext(fields[2]),
+                                  fields[3] == b"1")
         else:
             log.error("a sibling worker sent a message the decision channel does not know (kind %r): closing it", kind)
             if self.transport is not None:
@@ -228,33 +237,38 @@ Routing = tuple[str, Turn]  # a delegated decision: the replica and the turn to 
 Answer = Callable[[int, Routing | None], None]  # called with the id and the routing, or None: relay
 
 
+def _call(answer: Answer, ident: int, routing: Routing | None) -> None:
+    """Hand an answer to its request; a bug there is logged, not left to cut the channel of every other."""
+    try:
+        answer(ident, routing)
+    except Exception:
+        log.exception("a delegated request failed on its decision")
+
+
 class DecisionClient:
     """The entry's side: one channel per sibling, opened on first use and again (at most once a second)
     after it closes; while it is not open, or the owner does not answer within ``timeout``, requests relay."""
 
     def __init__(self, sockets: dict[str, Path], clock: Callable[[], float], timeout: Callable[[], float]) -> None:
         self._sockets, self._clock, self._timeout = sockets, clock, timeout
-        self._ends: dict[str, _EntryEnd] = {}
+        self._ends: dict[str, EntryEnd] = {}
         self._opening: dict[str, float] = {}  # sibling -> when its channel was last asked to open
         self._next = 0
+        self.closed = False  # stopping: nothing more is asked, no channel opened
 
-    def ask(self, sibling: str, key: str, group: str | None, answer: Answer) -> int | None:
-        """Ask ``sibling`` to decide ``key``: the id ``answer`` is called with (later, never from here), or None
-        when there is no open channel to it (the request relays)."""
+    def ask(self, sibling: str, key: str, group: str | None, answer: Answer) -> EntryEnd | None:
+        """Ask ``sibling`` to decide ``key``: the channel asked on, whose ``finished`` takes the id ``answer`` is
+        called with (later, never from here); None when there is no open channel to it (the request relays)."""
         end = self._ends.get(sibling)
-        if end is None or end.transport is None or end.transport.is_closing():
+        if end is None or not end.open():
             self._open(sibling)
             return None
-        self._next = ident = (self._next + 1) & 0xFFFFFFFF
+        ident = (self._next + 1) & 0xFFFFFFFF
+        asking = message(DECIDE, ident, text(key), text(group))
+        self._next = ident
         end.pending[ident] = (answer, self._clock())
-        end.send(message(DECIDE, ident, text(key), text(group)))
-        return ident
-
-    def finished(self, sibling: str, ident: int, accepted: bool, status: int, failure: str | None) -> None:
-        """Tell ``sibling`` how its decision ``ident`` ended (lost with its channel: it released the lease)."""
-        end = self._ends.get(sibling)
-        if end is not None:
-            end.send(message(FINISHED, ident, b"1" if accepted else b"0", b"%d" % status, text(failure)), False)
+        end.send(asking)
+        return end
 
     def sweep(self) -> None:
         """Answers not come within the timeout are given up (their requests relay; a late one is released)."""
@@ -263,9 +277,10 @@ class DecisionClient:
             for ident in [i for i, (_, asked) in end.pending.items() if asked < limit]:
                 answer, _ = end.pending.pop(ident)
                 end.abandon(ident)
-                answer(ident, None)
+                _call(answer, ident, None)
 
     def close(self) -> None:
+        self.closed = True
         for end in self._ends.values():
             if end.transport is not None:
                 end.transport.close()
@@ -273,22 +288,26 @@ class DecisionClient:
     def _open(self, sibling: str) -> None:
         path = self._sockets.get(sibling)
         now = self._clock()
-        if path is None or now - self._opening.get(sibling, -RECONNECT_SECONDS) < RECONNECT_SECONDS:
+        if self.closed or path is None or now - self._opening.get(sibling, -RECONNECT_SECONDS) < RECONNECT_SECONDS:
             return
         self._opening[sibling] = now
         asyncio.get_running_loop().create_task(self._connect(sibling, path))
 
     async def _connect(self, sibling: str, path: Path) -> None:
         try:
-            _, end = await asyncio.get_running_loop().create_unix_connection(lambda: _EntryEnd(self, sibling),
+            _, end = await asyncio.get_running_loop().create_unix_connection(lambda: EntryEnd(self, sibling),
                                                                              str(path))
         except OSError as error:
             log.debug("decision channel to %s not open (%s): its keys relay", sibling, error)
             return
+        current = self._ends.get(sibling)
+        if self.closed or (current is not None and current.open()):  # stopped, or one opened meanwhile
+            end.transport.close()  # type: ignore[union-attr]  # connected
+            return
         self._ends[sibling] = end
 
 
-class _EntryEnd(Channel):
+class EntryEnd(Channel):
     """The channel to one sibling's ``DecisionService``."""
 
     def __init__(self, client: DecisionClient, sibling: str) -> None:
@@ -297,21 +316,31 @@ class _EntryEnd(Channel):
         self.pending: dict[int, tuple[Answer, float]] = {}
         self.abandoned: set[int] = set()  # given up on: their decisions, if they come, are finished at once
 
+    def open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def finished(self, ident: int, accepted: bool, status: int = 0, failure: str | None = None,
+                 refused: bool = False, waited: bool = False) -> None:
+        """Tell the owner how its decision ``ident`` ended (a closed channel: the owner released the lease
+        itself); ``waited``: the request relays next, so the owner must hear it first."""
+        self.send(message(FINISHED, ident, b"1" if accepted else b"0", b"%d" % status, text(failure),
+                          b"1" if refused else b""), waited)
+
     def received(self, kind: int, ident: int, fields: Fields) -> None:
         asked = self.pending.pop(ident, None)
         if asked is None:
             if ident in self.abandoned:
                 self.abandoned.discard(ident)
                 if kind == ROUTED:
-                    self.send(message(FINISHED, ident, b"0", b"0", None), False)
+                    self.finished(ident, False)
             return
         answer = asked[0]
         if kind == ROUTED and len(fields) == 4 and fields[0] and fields[1]:
             replica, outcome, reason = untext(fields[0]), untext(fields[1]), untext(fields[2])
             assert replica is not None and outcome is not None
-            answer(ident, (replica, Turn(outcome, reason, bool(fields[3]))))
+            _call(answer, ident, (replica, Turn(outcome, reason, bool(fields[3]))))
         else:
-            answer(ident, None)
+            _call(answer, ident, None)
 
     def abandon(self, ident: int) -> None:
         """Given up waiting for ``ident``; an owner that lets too many go unanswered is taken for hung."""
@@ -328,4 +357,4 @@ class _EntryEnd(Channel):
         if self.client._ends.get(self.sibling) is self:
             del self.client._ends[self.sibling]
         for ident, (answer, _) in pending.items():
-            answer(ident, None)
+            _call(answer, ident, None)

@@ -10,39 +10,44 @@ which relays it through its owner.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..decisions import DecisionClient, Routing
+from ... import descriptors
+from ...health import TIMEOUT
+from ..decisions import DecisionClient, EntryEnd, Routing
 from ..turns import Turn
-from .relay import STALE, Exchange, accepted, request_bytes
+from .relay import CLIENT_CLOSED, STALE, Exchange, accepted, request_bytes
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
     from .server import ClientConnection, HttpRequest
     from .traffic import HttpProxy
 
+log = logging.getLogger(__name__)
+
 
 class Delegated:
     """One request on its way through a decision asked of ``sibling``."""
 
-    __slots__ = ("proxy", "client", "request", "sibling", "headers", "ident", "replica", "turn", "started",
+    __slots__ = ("proxy", "client", "request", "sibling", "headers", "end", "ident", "replica", "turn", "started",
                  "opening")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, sibling: str,
                  headers: bytes) -> None:
         self.proxy, self.client, self.request, self.sibling, self.headers = proxy, client, request, sibling, headers
+        self.end: EntryEnd | None = None  # the channel the decision was asked on: its end is told there
         self.ident = 0
         self.replica = ""
         self.turn: Turn | None = None
         self.started = 0.0
         self.opening: asyncio.Task | None = None  # a connection being opened to the replica
 
-    @property
-    def decisions(self) -> DecisionClient:
-        decisions = self.proxy.decisions
-        assert decisions is not None
-        return decisions
+    def ask(self, decisions: DecisionClient, key: str, group: str | None) -> bool:
+        """Ask the owner; False when there is no channel to ask on (the request relays)."""
+        self.end = decisions.ask(self.sibling, key, group, self.decided)
+        return self.end is not None
 
     def decided(self, ident: int, routing: Routing | None) -> None:
         """The owner's answer: forward to its replica on an idle connection, or on a new one; None: relay."""
@@ -50,10 +55,10 @@ class Delegated:
         if routing is None:
             return self._relay()
         self.replica, self.turn = routing
-        if self.client.gone:  # nothing to send: the owner's lease and pin stay as an answered request leaves them
-            self.decisions.finished(self.sibling, ident, True, 0, None)
-            self._answered()
-            return
+        self.turn.begin(time.monotonic())
+        self.started = self.turn.started
+        if self.client.gone:
+            return self._gone()
         fleet = self.proxy.context.fleet
         if fleet is not None:
             fleet.delegated += 1
@@ -65,9 +70,6 @@ class Delegated:
             self._send(pool, conn, True)
 
     def _send(self, pool: ReplicaPool, conn: UpstreamConnection, reused: bool) -> None:
-        assert self.turn is not None
-        self.started = started = time.monotonic()
-        self.turn.begin(started)
         Exchange(self.proxy, self.client, self.request, self.replica, conn, reused, turn=self.turn,
                  on_done=self.done).start(request_bytes(self.request, pool, self.headers))
 
@@ -77,33 +79,56 @@ class Delegated:
         self.opening = self.client.loop.create_task(self._open(pool))
 
     async def _open(self, pool: ReplicaPool) -> None:
+        """A new connection, then the attempt; refused or timed out, the owner marks the replica down (as its
+        own attempt would) and the request relays to it, to be routed elsewhere."""
+        failure, refused = None, False
         try:
             conn = await pool.connect()
-        except (OSError, TimeoutError):  # the owner's relay tries it again, and marks it down if it refuses
-            self.decisions.finished(self.sibling, self.ident, False, 0, None)
-            return self._relay()
+        except TimeoutError:  # before OSError, its base class
+            failure, refused = TIMEOUT, True
+        except OSError as error:
+            refused = not descriptors.local_shortage(error)  # this worker's own shortage is nobody's failure
+        except Exception:  # a bug: nothing may leave the owner's lease held or the client waiting
+            log.exception("connecting to %s for a delegated request", self.replica)
+        else:
+            if self.client.gone:
+                conn.close()
+                return self._gone()
+            return self._send(pool, conn, False)
         finally:
             self.opening = None
-        if self.client.gone:
-            conn.close()
-            self.decisions.finished(self.sibling, self.ident, True, 0, None)
-            return self._answered()
-        self._send(pool, conn, False)
+        self._finished(False, 0, failure, refused, waited=True)
+        self._relay()
 
     def done(self, exchange: Exchange, result: str | None) -> None:
         """The exchange ended: the owner hears how (it releases the lease and tells its passive health), this
         worker records the request's metrics and its turn. A pooled connection gone stale before answering
-        is tried once more on a new one (nothing was sent)."""
+        is tried once more on a new one (nothing was sent; the attempt's clock runs on)."""
         if result == STALE:
             return self._connect(self.proxy.pools.get(self.replica))
         ok = accepted(exchange)
-        self.decisions.finished(self.sibling, self.ident, ok, exchange.status, exchange.failure)
+        self._finished(ok, exchange.status, exchange.failure)
+        self._record(exchange.code, ok)
+        self._answered()
+
+    def _gone(self) -> None:
+        """The client left before anything was sent: what the single-process attempt records then (499, a
+        turn that rejected nothing)."""
+        self._finished(True, 0, None)
+        self._record(CLIENT_CLOSED, True)
+        self._answered()
+
+    def _record(self, code: int | None, ok: bool) -> None:
         metrics = self.proxy.context.metrics
-        if exchange.code is not None:
-            metrics.observe(self.replica, exchange.code, time.monotonic() - self.started)
+        if code is not None:
+            metrics.observe(self.replica, code, time.monotonic() - self.started)
         if ok and self.turn is not None:
             metrics.turn(self.turn)
-        self._answered()
+
+    def _finished(self, ok: bool, status: int, failure: str | None, refused: bool = False,
+                  waited: bool = False) -> None:
+        if self.end is not None and self.end.open():
+            self.end.finished(self.ident, ok, status, failure, refused, waited)
 
     def _answered(self) -> None:
         self.proxy.answering -= 1

@@ -102,8 +102,7 @@ class HttpProxy(HttpListener):
         owner = fleet.owner_of(key)
         if owner is None or owner.id not in fleet.siblings:
             return False
-        delegated = Delegated(self, client, request, owner.id, lines(request.headers))
-        if decisions.ask(owner.id, key, group, delegated.decided) is None:
+        if not Delegated(self, client, request, owner.id, lines(request.headers)).ask(decisions, key, group):
             return False
         self.answering += 1
         return True
