@@ -62,6 +62,8 @@ class Delegated:
         fleet = self.proxy.context.fleet
         if fleet is not None:
             fleet.delegated += 1
+            if fleet.leaving:  # began leaving while it waited: as ``handle`` does, its client reconnects elsewhere
+                self.request.close_after = True
         pool = self.proxy.pools.get(self.replica)
         conn = pool.take()
         if conn is None:
