@@ -42,7 +42,6 @@ MAX_BUFFERED: Final = 1 << 20  # unparsed bytes a sibling may leave on the chann
 MAX_PENDING: Final = 1 << 16  # decisions one sibling may hold leases for at once (beyond: "N", relay)
 DECIDE, ROUTED, NOT_HERE, FINISHED = b"DRNF"
 RECONNECT_SECONDS: Final = 1.0  # a lost channel is opened again at most this often (meanwhile: relay)
-LINGER_SECONDS: Final = 0.002  # how long a finished attempt's news may wait for a message to go with
 
 Fields = list[bytes | None]
 
@@ -64,7 +63,7 @@ def untext(value: bytes | None) -> str | None:
 
 class Channel(asyncio.Protocol):
     """One end of a channel: frames messages off the stream and hands each to ``received``; what it sends
-    leaves in one write per turn of the loop (``send``), or within ``LINGER_SECONDS`` when nothing waits on it."""
+    leaves in one write at the end of the loop's turn (``send``)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -72,7 +71,6 @@ class Channel(asyncio.Protocol):
         self._buffer = bytearray()
         self._out: list[bytes] = []
         self._soon = False  # a flush is due at the end of this turn of the loop
-        self._later: asyncio.TimerHandle | None = None  # ... or within LINGER_SECONDS
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a Unix stream transport
@@ -96,26 +94,19 @@ class Channel(asyncio.Protocol):
     def received(self, kind: int, ident: int, fields: Fields) -> None:
         raise NotImplementedError
 
-    def send(self, data: bytes, waited: bool = True) -> None:
-        """Queue ``data``; ``waited``: the other end waits on it (a decision asked or given), so it leaves at the
-        end of this turn of the loop, else (how an attempt ended) with the next one or within LINGER_SECONDS.
-        Each message sent alone would cost both processes a wake-up (measured: docs/benchmarks.md)."""
+    def send(self, data: bytes) -> None:
+        """Queue ``data``: what one turn of the loop sends leaves in one write at its end. Not later than that:
+        an attempt's end releases the owner's lease, which must not outlast the answer the client has read."""
         loop = self._loop
         if loop is None:
             return
         self._out.append(data)
-        if waited:
-            if not self._soon:
-                self._soon = True
-                loop.call_soon(self._flush)
-        elif self._later is None and not self._soon:
-            self._later = loop.call_later(LINGER_SECONDS, self._flush)
+        if not self._soon:
+            self._soon = True
+            loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._soon = False
-        if self._later is not None:
-            self._later.cancel()
-            self._later = None
         out, transport = self._out, self.transport
         if out and transport is not None and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
@@ -320,11 +311,11 @@ class EntryEnd(Channel):
         return self.transport is not None and not self.transport.is_closing()
 
     def finished(self, ident: int, accepted: bool, status: int = 0, failure: str | None = None,
-                 refused: bool = False, waited: bool = False) -> None:
+                 refused: bool = False) -> None:
         """Tell the owner how its decision ``ident`` ended (a closed channel: the owner released the lease
-        itself); ``waited``: the request relays next, so the owner must hear it first."""
+        itself)."""
         self.send(message(FINISHED, ident, b"1" if accepted else b"0", b"%d" % status, text(failure),
-                          b"1" if refused else b""), waited)
+                          b"1" if refused else b""))
 
     def received(self, kind: int, ident: int, fields: Fields) -> None:
         asked = self.pending.pop(ident, None)

@@ -99,7 +99,7 @@ class Delegated:
             return self._send(pool, conn, False)
         finally:
             self.opening = None
-        self._finished(False, 0, failure, refused, waited=True)
+        self._finished(False, 0, failure, refused)
         self._relay()
 
     def done(self, exchange: Exchange, result: str | None) -> None:
@@ -127,10 +127,9 @@ class Delegated:
         if ok and self.turn is not None:
             metrics.turn(self.turn)
 
-    def _finished(self, ok: bool, status: int, failure: str | None, refused: bool = False,
-                  waited: bool = False) -> None:
+    def _finished(self, ok: bool, status: int, failure: str | None, refused: bool = False) -> None:
         if self.end is not None and self.end.open():
-            self.end.finished(self.ident, ok, status, failure, refused, waited)
+            self.end.finished(self.ident, ok, status, failure, refused)
 
     def _answered(self) -> None:
         self.proxy.answering -= 1
