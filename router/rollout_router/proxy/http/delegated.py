@@ -18,6 +18,7 @@ from ... import descriptors
 from ...health import TIMEOUT
 from ..decisions import DecisionClient, EntryEnd, Routing
 from ..turns import Turn
+from .heads import lines
 from .relay import CLIENT_CLOSED, STALE, Exchange, accepted, request_bytes
 from .upstream import ReplicaPool, UpstreamConnection
 
@@ -29,24 +30,21 @@ log = logging.getLogger(__name__)
 
 
 class Delegated:
-    """One request on its way through a decision asked of ``sibling``."""
+    """One request on its way through a decision asked of a sibling worker."""
 
-    __slots__ = ("proxy", "client", "request", "sibling", "headers", "end", "ident", "replica", "turn", "started",
-                 "opening")
+    __slots__ = ("proxy", "client", "request", "end", "ident", "replica", "turn", "opening")
 
-    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, sibling: str,
-                 headers: bytes) -> None:
-        self.proxy, self.client, self.request, self.sibling, self.headers = proxy, client, request, sibling, headers
+    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest) -> None:
+        self.proxy, self.client, self.request = proxy, client, request
         self.end: EntryEnd | None = None  # the channel the decision was asked on: its end is told there
         self.ident = 0
         self.replica = ""
-        self.turn: Turn | None = None
-        self.started = 0.0
-        self.opening: asyncio.Task | None = None  # a connection being opened to the replica
+        self.turn: Turn | None = None  # the owner's routing outcome, stamped here (its ``started``: the attempt's)
+        self.opening: asyncio.Task | None = None  # a connection being opened to the replica (held while it is)
 
-    def ask(self, decisions: DecisionClient, key: str, group: str | None) -> bool:
-        """Ask the owner; False when there is no channel to ask on (the request relays)."""
-        self.end = decisions.ask(self.sibling, key, group, self.decided)
+    def ask(self, decisions: DecisionClient, owner: str, key: str, group: str | None) -> bool:
+        """Ask ``owner``; False when it is no sibling with an open channel (the request relays)."""
+        self.end = decisions.ask(owner, key, group, self.decided)
         return self.end is not None
 
     def decided(self, ident: int, routing: Routing | None) -> None:
@@ -56,7 +54,6 @@ class Delegated:
             return self._relay()
         self.replica, self.turn = routing
         self.turn.begin(time.monotonic())
-        self.started = self.turn.started
         if self.client.gone:
             return self._gone()
         fleet = self.proxy.context.fleet
@@ -73,7 +70,7 @@ class Delegated:
 
     def _send(self, pool: ReplicaPool, conn: UpstreamConnection, reused: bool) -> None:
         Exchange(self.proxy, self.client, self.request, self.replica, conn, reused, turn=self.turn,
-                 on_done=self.done).start(request_bytes(self.request, pool, self.headers))
+                 on_done=self.done).start(request_bytes(self.request, pool, lines(self.request.headers)))
 
     def _connect(self, pool: ReplicaPool) -> None:
         """Open a connection to the replica (a Task: the one wait of this path), then send on it."""
@@ -121,11 +118,12 @@ class Delegated:
         self._answered()
 
     def _record(self, code: int | None, ok: bool) -> None:
-        metrics = self.proxy.context.metrics
+        metrics, turn = self.proxy.context.metrics, self.turn
+        assert turn is not None  # decided
         if code is not None:
-            metrics.observe(self.replica, code, time.monotonic() - self.started)
-        if ok and self.turn is not None:
-            metrics.turn(self.turn)
+            metrics.observe(self.replica, code, time.monotonic() - turn.started)
+        if ok:
+            metrics.turn(turn)
 
     def _finished(self, ok: bool, status: int, failure: str | None, refused: bool = False) -> None:
         if self.end is not None and self.end.open():

@@ -74,8 +74,9 @@ class HttpProxy(HttpListener):
             if not forwarded(path):
                 return False
             key, group = (None, None) if unkeyed(path) else self._keys(request)
-            if fleet is not None and key is not None and not fleet.decided_here(key, _hopped(request)):
-                return self._delegate(client, request, key, group)  # else its owner relays, or a pin to fetch
+            if fleet is not None and key is not None and not fleet.decided_here(key, hopped := _hopped(request)):
+                # a sibling worker's key: ask it; else its owner router relays, or a pin to fetch first
+                return not hopped and self._delegate(client, request, key, group)
             routed = route(context, key, group=group)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
             return False
@@ -95,14 +96,11 @@ class HttpProxy(HttpListener):
 
     def _delegate(self, client: ClientConnection, request: HttpRequest, key: str, group: str | None) -> bool:
         """A key a sibling worker owns: ask it for the replica and forward from here (``delegated``); False when
-        there is no sibling to ask (another router owns it, it came from one, or no channel is open)."""
+        there is no sibling to ask (no worker, another router owns it, or no channel is open)."""
         fleet, decisions = self.context.fleet, self.decisions
-        if decisions is None or fleet is None or _hopped(request):
+        if decisions is None or fleet is None or (owner := fleet.owner_of(key)) is None:
             return False
-        owner = fleet.owner_of(key)
-        if owner is None or owner.id not in fleet.siblings:
-            return False
-        if not Delegated(self, client, request, owner.id, lines(request.headers)).ask(decisions, key, group):
+        if not Delegated(self, client, request).ask(decisions, owner.id, key, group):
             return False
         self.answering += 1
         return True
