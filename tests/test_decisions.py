@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ import pytest
 from rollout_router.proxy import decisions
 from rollout_router.proxy.attempts import route
 from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
+from rollout_router.proxy.http.delegated import Delegated
+from rollout_router.proxy.http.upstream import ReplicaPool
 from rollout_router.proxy.turns import Turn
 from rollout_router.settings import HealthSettings, RouterSettings
 from tests.support import ScriptedReplica, running_router, wait_for
@@ -239,3 +242,56 @@ async def test_an_owner_told_its_replica_refused_the_connection_marks_it_down_an
             assert f'rolloutrouter_upstream_retries_total{{backend="{replica.url}"}} 1.0' in await metrics_text(runtime)
     finally:
         await replica.stop()
+
+
+class Entry:
+    """What a ``Delegated`` request uses of its listener, its client and the channel it asked on, recorded."""
+
+    def __init__(self) -> None:
+        self.context = type("Context", (), {"fleet": type("Fleet", (), {"delegated": 0, "leaving": False})()})()
+        self.answering, self.relayed, self.told = 1, 0, []  # the fast path counted it in ``answering``
+        self.gone, self.loop = False, asyncio.get_running_loop()
+
+    pools = property(lambda self: type("Pools", (), {"get": staticmethod(ReplicaPool)})())
+
+    async def handle(self, client, request) -> None:
+        self.relayed += 1
+
+    def answer_later(self, request, answering) -> None:
+        self.loop.create_task(answering)
+
+    def open(self) -> bool:
+        return True
+
+    def finished(self, ident, accepted, status=0, failure=None, refused=False) -> None:
+        self.told.append((ident, accepted, status, failure, refused))
+
+
+async def test_a_delegated_request_whose_replica_refuses_relays_and_is_counted_forwarded_not_delegated_too():
+    """Refused, the entry tells the owner (which marks the replica down) and relays the request: the relay
+    counts it as forwarded, so it must not be counted as delegated as well."""
+    closed = socket.socket()  # bound, not listening: a connection to it is refused
+    closed.bind(("127.0.0.1", 0))
+    try:
+        entry = Entry()
+        delegated = Delegated(entry, entry, object())  # type: ignore[arg-type]  # the parts it uses
+        delegated.end = entry  # type: ignore[assignment]
+        delegated.decided(5, (f"http://127.0.0.1:{closed.getsockname()[1]}", Turn("kept", None, False)))
+        await wait_for(lambda: entry.relayed == 1)
+        assert entry.told == [(5, False, 0, None, True)] and entry.answering == 0
+        assert entry.context.fleet.delegated == 0
+    finally:
+        closed.close()
+
+
+async def test_a_delegated_request_whose_client_left_is_answered_here_and_counted_delegated():
+    entry = Entry()
+    entry.gone = True
+    answered = []
+    entry.answered = answered.append  # type: ignore[attr-defined]
+    entry.context.metrics = type("Metrics", (), {"observe": lambda *a: None, "turn": lambda *a: None})()
+    delegated = Delegated(entry, entry, "request")  # type: ignore[arg-type]
+    delegated.end = entry  # type: ignore[assignment]
+    delegated.decided(6, ("http://127.0.0.1:9", Turn("kept", None, False)))
+    assert answered == ["request"] and entry.relayed == 0 and entry.told == [(6, True, 0, None, False)]
+    assert entry.context.fleet.delegated == 1 and entry.answering == 0

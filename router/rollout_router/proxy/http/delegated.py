@@ -57,10 +57,8 @@ class Delegated:
         if self.client.gone:
             return self._gone()
         fleet = self.proxy.context.fleet
-        if fleet is not None:
-            fleet.delegated += 1
-            if fleet.leaving:  # began leaving while it waited: as ``handle`` does, its client reconnects elsewhere
-                self.request.close_after = True
+        if fleet is not None and fleet.leaving:  # began leaving while it waited: as ``handle`` does, its client
+            self.request.close_after = True  # reconnects elsewhere
         pool = self.proxy.pools.get(self.replica)
         conn = pool.take()
         if conn is None:
@@ -130,6 +128,11 @@ class Delegated:
             self.end.finished(self.ident, ok, status, failure, refused)
 
     def _answered(self) -> None:
+        """Answered here on the owner's decision: counted as delegated (one that relays after all is counted
+        as forwarded instead, never as both)."""
+        fleet = self.proxy.context.fleet
+        if fleet is not None:
+            fleet.delegated += 1
         self.proxy.answering -= 1
         self.client.answered(self.request)
 
