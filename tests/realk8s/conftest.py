@@ -1,8 +1,7 @@
 """The real-Kubernetes tier is opt-in: ``ROLLOUT_ROUTER_REAL_K8S=1`` (``make test-k8s`` sets it).
 
-Without the variable nothing here is collected, so ``make test`` neither runs nor lists these tests
-and needs no Go. With it, a missing prerequisite (root, the built binaries) fails the run at
-collection, naming the command that fixes it; it is never skipped.
+Its prerequisites are root and the binaries build.sh makes (tests/opt_in.py: without the variable nothing here
+is collected, so ``make test`` needs no Go; with it, a missing prerequisite fails the run at collection).
 
 One control plane per session (cluster.py): etcd, kube-apiserver, kube-controller-manager and
 kube-scheduler built by build.sh, plus our node agent standing in for the kubelet. The chart is
@@ -18,15 +17,14 @@ from pathlib import Path
 
 import pytest
 
-ENV = "ROLLOUT_ROUTER_REAL_K8S"
+from tests.opt_in import OptInTier
+
+TIER = OptInTier("ROLLOUT_ROUTER_REAL_K8S", "realk8s", "runs against a real Kubernetes control plane")
+ENV, enabled = TIER.env, TIER.enabled
 ROOT = Path(__file__).resolve().parents[2]
 _NAMESPACES = itertools.count(1)
 RUNTIME = pytest.StashKey["object"]()  # runtime.Runtime, decided once per run
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def bin_dir() -> Path:
@@ -45,23 +43,17 @@ def missing_prerequisites() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"realk8s: runs against a real Kubernetes control plane (opt-in: {ENV}=1)")
+    TIER.configure(config)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Off unless asked for: the files here are not even imported."""
-    if not enabled() and collection_path.name != "conftest.py":
-        return True
-    return None
+    return TIER.ignore(collection_path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not enabled():
-        return
-    problems = missing_prerequisites()
-    if problems:
-        raise pytest.UsageError(f"{ENV}=1 but the k8s tier cannot run: " + "; ".join(problems)
-                                + ". Run it with `make test-k8s` (as root; it builds the components first).")
+    if enabled():
+        TIER.refuse("the k8s tier", missing_prerequisites(),
+                    "Run it with `make test-k8s` (as root; it builds the components first).")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

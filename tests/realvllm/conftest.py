@@ -1,8 +1,7 @@
 """The real-vLLM tier is opt-in: ``ROLLOUT_ROUTER_REAL_VLLM=1`` (``make test-vllm`` sets it).
 
-Without the variable nothing here is collected, so ``make test`` neither runs nor lists these
-tests. With it, a missing prerequisite (the vLLM virtualenv, the tiny model) fails the run loudly
-at collection, naming the command that prepares it; it is never skipped.
+Its prerequisites are the vLLM virtualenv and the tiny model (tests/opt_in.py: without the variable nothing
+here is collected; with it, a missing prerequisite fails the run at collection).
 """
 from __future__ import annotations
 
@@ -11,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-ENV = "ROLLOUT_ROUTER_REAL_VLLM"
+from tests.opt_in import OptInTier
+
+TIER = OptInTier("ROLLOUT_ROUTER_REAL_VLLM", "realvllm", "runs against real vLLM servers on the CPU")
+ENV, enabled = TIER.env, TIER.enabled
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _from_root(variable: str, default: str) -> Path:
@@ -42,21 +40,14 @@ def missing_prerequisites() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"realvllm: runs against real vLLM servers on the CPU (opt-in: {ENV}=1)")
+    TIER.configure(config)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Off unless asked for: the files here are not even imported."""
-    if not enabled() and collection_path.name != "conftest.py":
-        return True
-    return None
+    return TIER.ignore(collection_path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not enabled():
-        return
-    problems = missing_prerequisites()
-    if problems and any(item.get_closest_marker("realvllm") for item in items):
-        raise pytest.UsageError(
-            f"{ENV}=1 but the real-vLLM tier cannot run: " + "; ".join(problems)
-            + ". Prepare it with `bash tests/realvllm/setup.sh` (or `make test-vllm`).")
+    if enabled() and any(item.get_closest_marker("realvllm") for item in items):
+        TIER.refuse("the real-vLLM tier", missing_prerequisites(),
+                    "Prepare it with `bash tests/realvllm/setup.sh` (or `make test-vllm`).")
