@@ -166,6 +166,20 @@ class BrokenReplica:
 
 
 @contextlib.asynccontextmanager
+async def scripted_replicas(first: int, count: int):
+    """``count`` started ScriptedReplicas on 127.0.0.<first> and the addresses after it, each stopped afterwards
+    (one that failed to start too: the ones before it are stopped)."""
+    started: list[ScriptedReplica] = []
+    try:
+        for i in range(count):
+            started.append(await ScriptedReplica(f"127.0.0.{first + i}").start())
+        yield started
+    finally:
+        for replica in started:
+            await replica.stop()
+
+
+@contextlib.asynccontextmanager
 async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc: bool = False,
                          admin_token: TokenFile | None = None):
     """An in-process router on a real socket; yields (base_url, runtime).

@@ -8,7 +8,7 @@ import pytest
 from grpc import aio
 
 from rollout_router.settings import GroupSettings, RouterSettings, SessionSettings, parse_settings
-from tests.support import ScriptedReplica, running_router, wait_for
+from tests.support import running_router, scripted_replicas, wait_for
 from tests.test_grpc_proxy import GrpcReplica, backends
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "solve 2+2"}]}
@@ -16,10 +16,8 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "solve 2+2"}]}
 
 @pytest.fixture
 async def replicas():
-    started = [await ScriptedReplica(f"127.0.0.{70 + i}").start() for i in range(3)]
-    yield started
-    for replica in started:
-        await replica.stop()
+    async with scripted_replicas(70, 3) as started:
+        yield started
 
 
 async def post(http, base, headers=None, body=None):

@@ -6,17 +6,15 @@ import time
 import pytest
 
 from rollout_router.settings import HealthSettings, RouterSettings
-from tests.support import NO_PROBES, BrokenReplica, ScriptedReplica, running_router, wait_for
+from tests.support import NO_PROBES, BrokenReplica, ScriptedReplica, running_router, scripted_replicas, wait_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 
 
 @pytest.fixture
 async def good():
-    started = [await ScriptedReplica(f"127.0.0.{60 + i}").start() for i in range(2)]
-    yield started
-    for replica in started:
-        await replica.stop()
+    async with scripted_replicas(60, 2) as started:
+        yield started
 
 
 async def chat(http, base, session=None):

@@ -9,17 +9,15 @@ import aiohttp
 import pytest
 
 from rollout_router.settings import RouterSettings, SessionSettings
-from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
+from tests.support import NO_PROBES, running_router, scripted_replicas, wait_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 
 
 @pytest.fixture
 async def replicas():
-    started = [await ScriptedReplica(f"127.0.0.{10 + i}").start() for i in range(3)]
-    yield started
-    for replica in started:
-        await replica.stop()
+    async with scripted_replicas(10, 3) as started:
+        yield started
 
 
 async def chat(http, base, session=None, body=None, **kw):

@@ -11,7 +11,7 @@ import pytest
 
 from rollout_router.proxy.session_key import body_key
 from rollout_router.settings import RouterSettings, SessionSettings
-from tests.support import ScriptedReplica, running_router
+from tests.support import running_router, scripted_replicas
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 VLLM_ROUTER_HEADERS = ["X-Session-Id", "X-User-Id", "X-Tenant-Id", "X-Correlation-Id", "X-Request-Id", "X-Trace-Id"]
@@ -43,9 +43,8 @@ ROWS = [
 @pytest.mark.parametrize(("session", "headers", "fields", "key"), [row[1:] for row in ROWS],
                          ids=[row[0] for row in ROWS])
 async def test_convention_pins_the_session_under_its_key(session, headers, fields, key):
-    replicas = [await ScriptedReplica(f"127.0.0.{30 + i}").start() for i in range(3)]
-    settings = RouterSettings(backends=[r.url for r in replicas], session=SessionSettings(**session))
-    try:
+    async with scripted_replicas(30, 3) as replicas:
+        settings = RouterSettings(backends=[r.url for r in replicas], session=SessionSettings(**session))
         async with running_router(settings) as (base, runtime), aiohttp.ClientSession() as http:
             served = set()
             for _ in range(3):
@@ -55,9 +54,6 @@ async def test_convention_pins_the_session_under_its_key(session, headers, field
             assert len(served) == 1
             async with http.delete(f"{runtime.admin_url}/v1/sessions/{key}") as released:
                 assert released.status == 200, await released.text()
-    finally:
-        for replica in replicas:
-            await replica.stop()
 
 
 @pytest.mark.parametrize(("document", "expected"), [

@@ -12,17 +12,15 @@ import pytest
 from rollout_router.app import Runtime
 from rollout_router.proxy.http.admin_listener import TokenFile
 from rollout_router.settings import HealthSettings, RouterSettings
-from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
+from tests.support import NO_PROBES, running_router, scripted_replicas, wait_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 
 
 @pytest.fixture
 async def replicas():
-    started = [await ScriptedReplica(f"127.0.0.{20 + i}").start() for i in range(3)]
-    yield started
-    for replica in started:
-        await replica.stop()
+    async with scripted_replicas(20, 3) as started:
+        yield started
 
 
 async def call(http, method, url, **kw) -> tuple[int, object]:
