@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -26,10 +27,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def in_own_network_namespace(script: Path) -> subprocess.CompletedProcess:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.fail("unshare (util-linux) and ip (iproute2) are needed: `make system-deps` (run by `make test`) installs them")
-    return subprocess.run(["unshare", "--user", "--map-root-user", "--net", "sh", "-c",
+    # root makes the network namespace itself; anyone else needs a user namespace to (often blocked in containers)
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    done = subprocess.run(["unshare", *user, "--net", "sh", "-c",
                            f'ip link set lo up && exec "{sys.executable}" "{script}"'],
                           capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "PYTHONPATH": str(ROOT)})
+    if done.returncode != 0 and done.stderr.startswith("unshare:"):
+        pytest.fail(f"no network namespace of its own for the test ({done.stderr.strip()}): run it as root, or "
+                    "where unprivileged user namespaces are allowed (user.max_user_namespaces > 0)")
+    return done
 
 
 def test_a_router_on_every_address_answers_both_families_and_routes_to_an_ipv6_replica():
