@@ -7,12 +7,16 @@ to whoever asks the traffic port. So, without an allowlist, link-local,
 unspecified and multicast addresses and the metadata services' names and
 addresses are refused; with ``workerApi.allowedNetworks`` only IP literals
 inside those networks are taken (a name is refused: what it resolves to can
-change after the check). Pure: no name is ever resolved here.
+change after the check). And how a replica's address is spelled: ``http_url`` and ``host_port`` parse a
+backend's URL and gRPC target strictly (a worker URL from the API ends up in every request head to it).
+Pure: no name is ever resolved here.
 """
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -66,3 +70,37 @@ def _literal(host: str) -> Address | None:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+HOST_PORT = re.compile(r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}")
+CONTROL = re.compile(r"[\x00-\x20\x7f]")  # spaces and control bytes: a CR/LF would end up in a request head
+
+
+def host_port(target: str) -> str:
+    """A gRPC target as ``host:port`` or ``[v6]:port``, the port 1-65535."""
+    if not HOST_PORT.fullmatch(target):
+        raise ValueError(f"grpc target {target!r} must be host:port")
+    if not 1 <= int(target.rsplit(":", 1)[1]) <= 65535:
+        raise ValueError(f"grpc target {target!r}: the port must be 1-65535")
+    return target
+
+
+def http_url(url: str) -> str:
+    """A replica's base URL, parsed strictly: http(s), a host, a port 1-65535 if any, no user:password@, no query
+    or fragment, no space or control byte (a worker URL from the API ends up in every request head to it)."""
+    if CONTROL.search(url):
+        raise ValueError(f"backend {url!r} must not contain spaces or control characters")
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise ValueError(f"backend {url!r} must not carry user:password@")
+    if not parts.hostname:
+        raise ValueError(f"backend {url!r} has no host")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0 or (port is None and parts.netloc.endswith(":")):
+        raise ValueError(f"backend {url!r}: the port must be 1-65535")
+    if parts.query or parts.fragment:
+        raise ValueError(f"backend {url!r} must not have a query or a fragment")
+    return url.rstrip("/")

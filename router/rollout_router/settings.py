@@ -6,10 +6,8 @@ names are snake_case in Python and camelCase on the wire (YAML, JSON, CRD).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -167,41 +165,6 @@ class DiscoverySettings(Model):
 Seconds = Annotated[float, Field(gt=0)]
 
 
-HOST_PORT = re.compile(r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}")
-
-
-CONTROL = re.compile(r"[\x00-\x20\x7f]")  # spaces and control bytes: a CR/LF would end up in a request head
-
-
-def _host_port(target: str) -> str:
-    if not HOST_PORT.fullmatch(target):
-        raise ValueError(f"grpc target {target!r} must be host:port")
-    if not 1 <= int(target.rsplit(":", 1)[1]) <= 65535:
-        raise ValueError(f"grpc target {target!r}: the port must be 1-65535")
-    return target
-
-
-def _http_url(url: str) -> str:
-    """A replica's base URL, parsed strictly: http(s), a host, a port 1-65535 if any, no user:password@, no query
-    or fragment, no space or control byte (a worker URL from the API ends up in every request head to it)."""
-    if CONTROL.search(url):
-        raise ValueError(f"backend {url!r} must not contain spaces or control characters")
-    parts = urlsplit(url)
-    if "@" in parts.netloc:
-        raise ValueError(f"backend {url!r} must not carry user:password@")
-    if not parts.hostname:
-        raise ValueError(f"backend {url!r} has no host")
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port == 0 or (port is None and parts.netloc.endswith(":")):
-        raise ValueError(f"backend {url!r}: the port must be 1-65535")
-    if parts.query or parts.fragment:
-        raise ValueError(f"backend {url!r} must not have a query or a fragment")
-    return url.rstrip("/")
-
-
 class Backend(Model):
     """A static replica: its HTTP base URL (its identity) and, if it serves gRPC, where; or, for vLLM's gRPC
     frontend (which serves no HTTP), its gRPC address alone: ``grpc://HOST:PORT`` or ``{grpc: HOST:PORT}``."""
@@ -222,15 +185,15 @@ class Backend(Model):
     @classmethod
     def _url(cls, url: str) -> str:
         if url.startswith("grpc://"):
-            return "grpc://" + _host_port(url[len("grpc://"):].rstrip("/"))
+            return "grpc://" + addresses.host_port(url[len("grpc://"):].rstrip("/"))
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"backend {url!r} must be an http://, https:// or grpc:// URL")
-        return _http_url(url)
+        return addresses.http_url(url)
 
     @field_validator("grpc")
     @classmethod
     def _grpc_target(cls, target: str | None) -> str | None:
-        return None if target is None else _host_port(target)
+        return None if target is None else addresses.host_port(target)
 
     @model_validator(mode="after")
     def _one_grpc_address(self) -> Backend:
