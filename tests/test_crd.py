@@ -132,6 +132,9 @@ CEL_ONLY = [  # the schema's CEL rules, which jsonschema cannot run: the operato
     ({"selector": {"matchLabels": {"a": "b"}}, "router": {"sessionOwnership": False, "sessionOwner": "Entry"}},
      "sessionOwner Entry needs sessionOwnership true"),
     ({"selector": {"matchLabels": {"a": "b"}}, "policy": "cost_affinity"}, "policy cost_affinity needs a number"),
+    ({"selector": {"matchLabels": {"a": "b"}}, "backendPort": 70000}, "a port is a number from 1 to 65535"),
+    ({"selector": {"matchLabels": {"a": "b"}}, "backendPort": 0}, "a port is a number from 1 to 65535"),
+    ({"selector": {"matchLabels": {"a": "b"}}, "grpcPort": "Grpc_Port"}, "a port is a number from 1 to 65535"),
 ]
 
 

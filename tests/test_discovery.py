@@ -67,6 +67,21 @@ def test_named_ports_resolve_per_pod():
     assert discovery.pod_endpoint(pod(ports={"metrics": 9000}), settings) is None
 
 
+@pytest.mark.parametrize("port", [0, 70000, -1, "Http", "a--b", "-http", "http-", "abcdefghijklmnop", "99999", 8000.0,
+                                  True])
+def test_a_port_that_no_pod_could_serve_is_refused_naming_the_field(port):
+    """Out of range, a port would become a URL the data path cannot connect to (every request to it stuck), and a
+    name a container port cannot have would never resolve; both are refused when the settings are read."""
+    with pytest.raises(ValueError, match=r"(?s)port\n.*a port is a number from 1 to 65535"):
+        DiscoverySettings(selector={"matchLabels": {"app": "vllm"}}, port=port, grpc_port=9000)
+
+
+@pytest.mark.parametrize(("port", "expected"), [(1, 1), (65535, 65535), ("8000", 8000), ("http", "http"),
+                                                ("vllm-http2", "vllm-http2"), ("h", "h")])
+def test_ports_in_range_and_container_port_names_are_kept(port, expected):
+    assert DiscoverySettings(selector={"matchLabels": {"app": "vllm"}}, port=port).port == expected
+
+
 def test_tracker_follows_pods():
     replicas = ReplicaSet()
     tracker = discovery.PodTracker(SETTINGS, replicas)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
-from rollout_router.settings import LabelSelector, MetricsSettings, Model, PolicySettings, RlSettings
+from rollout_router.settings import PORT_RULE, LabelSelector, MetricsSettings, Model, PolicySettings, Port, RlSettings
 
 GROUP, VERSION, KIND, PLURAL = "rolloutrouter.dev", "v1alpha1", "RolloutRouter", "rolloutrouters"
 
@@ -27,7 +27,6 @@ def _package_version() -> str:
 
 
 DEFAULT_IMAGE = f"ghcr.io/rolloutrouter/rollout-router:{_package_version()}"
-Port = StrictInt | str  # a number, or a container port name (resolved on each pod)
 Quantity = StrictInt | str
 
 
@@ -238,11 +237,24 @@ COST_AFFINITY_RULE = cel(  # a null field is absent to CEL; policy and fullDeter
     "policy cost_affinity needs a number (e.g. 2); null would keep every pin", ".affinityBreakMargin")
 
 
+
+
+def port_rule(field: str) -> dict:
+    """``Port``'s check for the API server: an int-or-string takes no bounds or pattern, and a null port is absent
+    to CEL. The size is checked before the patterns (which bounds what CEL estimates they cost)."""
+    v = f"self.{field}"
+    in_range = "{0} >= 1 && {0} <= 65535"
+    return cel(f"!has({v}) || (type({v}) == int ? {in_range.format(v)} : {v}.size() <= 15 && "
+               f"({v}.matches('^[0-9]+$') ? {in_range.format(f'int({v})')} : "
+               f"{v}.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && {v}.matches('[a-z]') && !{v}.contains('--')))",
+               PORT_RULE, f".{field}")
+
+
 class RolloutRouterSpec(PolicySettings):
     """What a user writes under spec: the policy knobs, where the vLLM pods are, how the router runs."""
 
     model_config = PolicySettings.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
-        COST_AFFINITY_RULE]}}
+        COST_AFFINITY_RULE, port_rule("backendPort"), port_rule("grpcPort")]}}
 
     selector: LabelSelector = Field(
         description="The vLLM pods, in the resource's namespace.",

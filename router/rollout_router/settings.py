@@ -6,6 +6,7 @@ names are snake_case in Python and camelCase on the wire (YAML, JSON, CRD).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar, overload
 
@@ -146,14 +147,37 @@ class LabelSelector(Model):
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
 
 
+PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")  # a container port's name, as Kubernetes checks it
+PORT_RULE = ("a port is a number from 1 to 65535 or a container port's name (1-15 of a-z, 0-9 and '-', a letter "
+             "among them, a letter or digit at each end)")
+
+
+def _port(value: object) -> object:
+    """A number in range, or a name a container port can have (else a pod's port could never resolve, and a number
+    out of range would make a URL the data path cannot connect to). A string of digits is the number it spells."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 15:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(PORT_RULE)  # a list or a float: pydantic's own message would name every branch
+    if isinstance(value, int) and not 1 <= value <= 65535:
+        raise ValueError(f"{value}: {PORT_RULE}")
+    if isinstance(value, str) and (PORT_NAME.fullmatch(value) is None or "--" in value or not re.search("[a-z]", value)):
+        raise ValueError(f"{value!r}: {PORT_RULE}")
+    return value
+
+
+# A port by number, or by the name of a container port (resolved on each pod).
+Port = Annotated[int | str, BeforeValidator(_port), WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}]})]
+
+
 class DiscoverySettings(Model):
     """Kubernetes pod discovery: which pods are replicas and on which port."""
 
     namespace: str | None = Field(None, description="Defaults to POD_NAMESPACE, then the service account's namespace.")
     selector: LabelSelector
-    port: int | str | None = Field(8000, description="vLLM HTTP port: a number or a container port name; null for "
+    port: Port | None = Field(8000, description="vLLM HTTP port: a number or a container port name; null for "
                                                      "pods that serve gRPC only (vLLM's gRPC frontend), with grpcPort.")
-    grpc_port: int | str | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
+    grpc_port: Port | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
 
     @model_validator(mode="after")
     def _some_port(self) -> DiscoverySettings:

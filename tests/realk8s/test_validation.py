@@ -40,9 +40,13 @@ def rollouts(spec: dict) -> str:
      "spec.serviceMonitor.scrapeTimeout: Invalid value: \"object\": scrapeTimeout must be at most the interval"),
     ({"selector": {"matchLabels": {"app": "vllm"}}, "serviceMonitor": {"enabled": True, "interval": "1d"}},
      "spec.serviceMonitor.interval: Invalid value: \"1d\": spec.serviceMonitor.interval in body should match"),
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "backendPort": 70000},
+     "spec.backendPort: Invalid value: \"object\": a port is a number from 1 to 65535"),
+    ({"selector": {"matchLabels": {"app": "vllm"}}, "grpcPort": "Grpc_Port"},
+     "spec.grpcPort: Invalid value: \"object\": a port is a number from 1 to 65535"),
 ], ids=["negative-margin", "unknown-policy", "empty-selector-cel", "in-without-values-cel", "unknown-field",
         "lower-case-session-owner", "entry-without-ownership-cel", "cost-affinity-without-margin-cel",
-        "scrape-timeout-over-interval-cel", "interval-in-days"])
+        "scrape-timeout-over-interval-cel", "interval-in-days", "port-out-of-range-cel", "port-name-cel"])
 def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec, expected):
     cluster.kubectl("apply", "-f", "crds/")  # the CRD alone, as the README's first step does
     answer = cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=rollouts(spec), check=False)
@@ -60,9 +64,11 @@ def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec
     {"selector": {"matchLabels": {"app": "vllm"}}, "router": {"sessionOwnership": False, "workers": 4}},
     {"selector": {"matchLabels": {"app": "vllm"}}, "router": {"workers": 1}},
     {"selector": {"matchLabels": {"app": "vllm"}}, "router": {"workers": 2}},
+    {"selector": {"matchLabels": {"app": "vllm"}}, "backendPort": "http", "grpcPort": "9000"},
+    {"selector": {"matchLabels": {"app": "vllm"}}, "backendPort": None, "grpcPort": 65535},
 ], ids=["cost-affinity-with-margin-0", "cost-affinity-under-full-determinism", "entry-with-ownership",
         "scrape-timeout-within-interval", "workers-without-ownership", "one-worker-with-ownership",
-        "workers-with-ownership"])
+        "workers-with-ownership", "port-name-and-digit-string", "grpc-only-top-port"])
 def test_api_server_accepts_what_the_cel_rules_allow(cluster, namespace, spec):
     cluster.kubectl("apply", "-f", "crds/")
     answer = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rollouts(spec), check=False)
