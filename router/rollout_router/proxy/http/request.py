@@ -34,7 +34,7 @@ class HttpRequest:
         self.charged = 0  # bytes counted against the listener's budget until this request is answered
         self.head = 0  # head bytes read and not charged yet: charged at the end of the head or of a read
         self.connection: bytes | None = None
-        self.body: list[bytes] | bytes = []
+        self.body: list[bytes | bytearray] | bytes = []  # pieces while read, then the whole
         self.size, self.limit = 0, limit
         self.error: RouterError | None = None
         self.close_after = self.expect = self.http10 = self.has_body = False

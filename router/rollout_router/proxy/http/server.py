@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from .listener import HttpListener
     from .relay import Exchange
 
-MAX_HEAD = 64 * 1024  # request line + headers; more is a 431
+MAX_HEAD = 64 * 1024  # request line + headers, and a chunked body's trailers apart; more is a 431
+MAX_HEADERS = 100  # header fields in a head (Envoy's max_headers_count); more is a 431: each costs far more held
+#                    than its bytes
 IDLE_SECONDS = 75.0  # a client connection with nothing in flight is closed after this long without a byte
 LINGER_SECONDS = 2.0  # after a last answer, unread request bytes are drained this long before closing
 MAX_QUEUED = 16  # pipelined requests waiting before reading pauses
@@ -118,10 +120,16 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._reject(RouterError(400, f"malformed HTTP request: {error}"))
             return
-        if self._in_head and self._request is not None and self._request.head:
-            self._charge(self._request, 0)  # a head cut across reads holds what came so far
-        if self._in_head and self._head_bytes > MAX_HEAD:
-            self._reject(RouterError(431, f"request head exceeds {MAX_HEAD} bytes"))
+        request = self._request
+        if self._in_head and request is not None:  # a head cut across reads holds what came so far
+            if request.head:
+                self._charge(request, 0)
+            if len(request.headers) > MAX_HEADERS:
+                self._reject(_too_many_headers())
+                return
+        if self._head_bytes > MAX_HEAD:  # the head so far, or once it is complete the trailers so far
+            what = "head exceeds" if self._in_head else "trailers exceed"
+            self._reject(RouterError(431, f"request {what} {MAX_HEAD} bytes"))
 
     # llhttp callbacks
     def on_message_begin(self) -> None:
@@ -141,6 +149,9 @@ class ClientConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """Keep what forwarding needs: one lookup sorts the name (most are none of these: kept as they came)."""
+        if not self._in_head:  # a trailer after a chunked body: read and dropped (the body goes on with a length)
+            self._head_bytes += len(name) + len(value)
+            return
         request = self._request
         assert request is not None
         request.head += len(name) + len(value)
@@ -176,9 +187,14 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None
+        if request.charged + request.head > MAX_HEAD:  # a whole head in one read: never seen by data_received
+            request.error = RouterError(431, f"request head exceeds {MAX_HEAD} bytes")
+        elif len(request.headers) > MAX_HEADERS:
+            request.error = _too_many_headers()
         if request.head:
             self._charge(request, 0)
         self._in_head, self._head_at, self._body_at = False, None, self.listener.now
+        self._head_bytes = 0  # from here it counts the trailers
         parser = self._parser
         request.method = parser.get_method()
         request.head_only = request.method == b"HEAD"
@@ -203,7 +219,14 @@ class ClientConnection(asyncio.Protocol):
         if request.size > request.limit:
             request.error = RouterError(413, f"request body exceeds maxBodyBytes={request.limit}")
         elif self._charge(request, len(body)):
-            request.body.append(body)  # type: ignore[union-attr]
+            pieces = request.body
+            assert isinstance(pieces, list)
+            if not pieces:
+                pieces.append(body)
+            else:  # in pieces (chunks, reads): one growing buffer, not an object held per piece
+                if type(pieces[0]) is bytes:
+                    pieces[0] = bytearray(pieces[0])
+                pieces[0] += body
             return
         self._message_done()
         self._stop_reading()
@@ -263,7 +286,7 @@ class ClientConnection(asyncio.Protocol):
         assert request is not None
         body = request.body
         assert isinstance(body, list)
-        request.body = body[0] if len(body) == 1 else b"".join(body)
+        request.body = bytes(body[0]) if body else b""
         if request.error is not None:
             request.close_after = True
         self._queue.append(request)
@@ -394,3 +417,7 @@ class ClientConnection(asyncio.Protocol):
         """An informational (1xx) response, relayed to HTTP/1.1 clients only."""
         if self._parser.get_http_version() == "1.1":
             self.write(head)
+
+
+def _too_many_headers() -> RouterError:
+    return RouterError(431, f"request head has more than {MAX_HEADERS} header fields")
