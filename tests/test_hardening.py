@@ -16,7 +16,7 @@ from rollout_router.app import Runtime
 from rollout_router.policy.base import Counters
 from rollout_router.policy.sessions import SessionTable
 from rollout_router.proxy.http import server
-from rollout_router.settings import RouterSettings, SessionSettings
+from rollout_router.settings import MetricsSettings, RouterSettings, SessionSettings
 from tests.support import NO_PROBES, running_router, wait_for
 from tests.test_http_wire import CHAT, OK, RawReplica, exchange, post, read_response
 
@@ -82,6 +82,35 @@ async def test_session_keys_above_max_key_bytes_get_400_and_no_pin(raw):
             assert code == 400 and error["param"] == param and "session.maxKeyBytes=16" in error["message"]
         assert raw.requests == 1 and runtime.balancer.policy.sessions() == 1
         assert await metric(runtime, "rolloutrouter_request_errors_total", reason="session_key_too_long") == 2
+
+
+async def test_a_body_nested_too_deep_to_read_its_key_from_is_a_400_not_a_500(raw):
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, session=SessionSettings(body_fields=["session_id"]))
+    async with running_router(settings) as (base, runtime):
+        nested = post(b"[" * 100_000 + b"]" * 100_000).replace(b"X-Session-ID: s\r\n", b"")
+        [(code, _, body)] = await exchange(base, nested)
+        assert code == 400 and "not valid JSON (nested too deeply" in error_of(body)["message"]
+        assert raw.requests == 0 and runtime.replicas.total_inflight() == 0
+
+
+async def test_an_answer_whose_usage_cannot_be_read_still_ends_its_exchange():
+    """Every kept turn measured: a replica whose answer ends in a ``usage`` nested too deep for the parser. The
+    keep-alive connection goes on and nothing is left held (in flight, answering, budget, exchanges)."""
+    answer = b'{"id":"x","usage": ' + b"[" * 1500 + b"]" * 1500 + b"}"  # within the tail read (TAIL_BYTES)
+    raw = RawReplica(lambda index, connection: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                               b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer))
+    url = await raw.start()
+    settings = RouterSettings(backends=[url], health=NO_PROBES, metrics=MetricsSettings(kept_prefill_sample_rate=1.0))
+    try:
+        async with running_router(settings) as (base, runtime):
+            # new, then two kept turns, both measured; a third answer never came while the second's exchange hung
+            answers = await asyncio.wait_for(exchange(base, post() * 3, responses=3), 10)
+            assert [code for code, _, _ in answers] == [200, 200, 200]
+            proxy = runtime.http_proxy
+            await wait_for(lambda: runtime.replicas.total_inflight() == 0 and proxy.answering == 0
+                           and proxy.budget.held == 0 and not proxy.active)
+    finally:
+        await raw.stop()
 
 
 async def test_a_session_header_that_is_not_utf8_is_a_400_not_a_500(raw):

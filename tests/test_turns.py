@@ -34,6 +34,12 @@ def test_the_prefill_of_a_stream_is_read_from_its_last_usage_chunk():
     assert prefill_of(stream[-TAIL_BYTES:]) == 24
 
 
+def test_a_usage_nested_deeper_than_the_parser_goes_is_no_usage():
+    """A replica's bytes: a ``"usage":`` followed by thousands of ``[`` must be unknown, not a RecursionError raised
+    while its exchange ends (issue: the lease and the client connection were held for good)."""
+    assert prefill_of(b'{"id": "x", "usage": ' + b"[" * 100_000 + b"]" * 100_000 + b"}") is None
+
+
 def test_without_cached_tokens_the_prefill_is_unknown_not_zero():
     """vLLM without --enable-prompt-tokens-details answers prompt_tokens_details: null."""
     assert prefill_of(json.dumps({"usage": {**USAGE, "prompt_tokens_details": None}}).encode()) is None

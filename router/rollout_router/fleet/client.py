@@ -8,12 +8,13 @@ time; an answer with an error status is ``PeerError``.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
+
+from .. import jsonbody
 
 # No answer, or one cut short: the other side could not be reached, went away or was silent too long.
 UNANSWERED = (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError)
@@ -76,7 +77,7 @@ class PeerClient:
                     raise PeerError(f"GET {url} answered {answer.status}: {(await answer.text())[:200]}")
                 async for line in answer.content:
                     if line.strip():
-                        yield json.loads(line)
+                        yield jsonbody.parse(line)
         except UNANSWERED as error:
             raise Unreachable(f"GET {url}: {error!r}") from None
         except (aiohttp.ClientError, HttpProcessingError, ValueError) as error:  # a line too long among them

@@ -28,6 +28,7 @@ import zlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
+from .. import jsonbody
 from .admin import GET, AdminAnswer, AdminRequest, Route, Stream, error
 from .context import RouterContext
 
@@ -117,7 +118,7 @@ def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     if fleet is None:
         return _off()
     try:
-        body = json.loads(request.body or b"null")
+        body = jsonbody.parse(request.body or b"null")
     except ValueError:
         return error(400, "handoff body is not JSON; expected {\"key\": SESSION_KEY}")
     key = body.get("key") if isinstance(body, dict) else None
@@ -187,7 +188,7 @@ def _pin(item: object) -> tuple[str, str, float] | None:
 
 def _body(request: AdminRequest) -> object:
     try:
-        return json.loads(request.body or b"null")
+        return jsonbody.parse(request.body or b"null")
     except ValueError:
         return None
 

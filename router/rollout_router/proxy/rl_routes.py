@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
+from .. import jsonbody
 from ..fleet import rlfanout
 from ..fleet.client import PeerClient
 from .admin import GET, AdminAnswer, AdminRequest, Deferred, Route, error
@@ -48,7 +49,7 @@ def _body(request: AdminRequest) -> dict[str, Any] | AdminAnswer:
     if not request.body.strip():
         return {}
     try:
-        document = json.loads(request.body)
+        document = jsonbody.parse(request.body)
     except (UnicodeDecodeError, ValueError) as exc:
         return error(400, f"request body is not valid JSON ({exc})")
     if not isinstance(document, dict):
@@ -202,7 +203,7 @@ def engine(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     if not ENGINE_PATH.match(path):
         return error(400, f"engine path {path!r} must be one route name (letters, digits, _)", "path")
     try:
-        body = json.loads(request.body) if request.body.strip() else {}
+        body = jsonbody.parse(request.body) if request.body.strip() else {}
     except (UnicodeDecodeError, ValueError) as exc:
         return error(400, f"request body is not valid JSON ({exc})")
 

@@ -11,6 +11,7 @@ import json
 import zlib
 from collections.abc import Mapping
 
+from .. import jsonbody
 from ..settings import GroupSettings, SessionSettings
 from .errors import RouterError
 
@@ -89,7 +90,7 @@ def body_key(body: bytes, content_type: str | None, settings: SessionSettings,
     if content_type is not None and not content_type.split(";")[0].strip().lower().endswith("json"):
         return None
     try:
-        document = json.loads(body)
+        document = jsonbody.parse(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RouterError(400, f"request body is not valid JSON ({error}); the {kind} key is read from "
                                f"body fields {fields}") from None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from .. import jsonbody
 from ..policy import Decision, Outcome
 
 TAIL_BYTES: Final = 4096  # a vLLM usage block (and the SSE chunk around it) is a few hundred bytes
@@ -65,7 +66,7 @@ def prefill_of(tail: bytes) -> int | None:
     if not rest.startswith(b":"):
         return None
     try:
-        usage, _ = _DECODER.raw_decode(rest[1:].decode("utf-8", "replace").lstrip())
+        usage, _ = jsonbody.decode_prefix(_DECODER, rest[1:].decode("utf-8", "replace").lstrip())
     except ValueError:
         return None
     if not isinstance(usage, dict):

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .. import addresses
+from .. import addresses, jsonbody
 from ..replicas import API, Replica, grpc_only
 from ..settings import Backend, SettingsError, parse_settings
 from .admin import GET, AdminAnswer, Route
@@ -107,7 +107,7 @@ def _query_url(query: str, body: bytes) -> object:
     if values:
         return values[0]
     try:
-        document = json.loads(body) if body else {}
+        document = jsonbody.parse(body) if body else {}
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     return document.get("url") if isinstance(document, dict) else None
@@ -143,7 +143,7 @@ def list_workers(context: RouterContext, path: str, query: str, body: bytes) -> 
 def create_worker(context: RouterContext, path: str, query: str, body: bytes) -> AdminAnswer:
     """``POST /workers`` with ``{"url": U, "worker_type": "regular", ...}``: 202, idempotent (SGLang's router)."""
     try:
-        document = json.loads(body) if body else None
+        document = jsonbody.parse(body) if body else None
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         return _error(400, f"request body is not valid JSON ({error}); send {{\"url\": \"http://HOST:PORT\"}}")
     if not isinstance(document, dict):
