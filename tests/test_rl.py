@@ -230,6 +230,8 @@ async def test_bad_input_is_a_4xx_naming_the_problem(http):
             ("/v1/rl/update_weights", {"model_path": 3}, 400, "model_path"),
             ("/v1/rl/update_weights", {"weight_version": "v", "reset_prefix_cache": "yes"}, 400, "reset_prefix_cache"),
             ("/v1/rl/update_weights", {"weight_version": "v", "colour": "red"}, 400, "colour"),
+            ("/v1/rl/update_weights", {"weight_version": "v1\r\nX-Forged: yes"}, 400, "weight_version"),
+            ("/v1/rl/update_weights", {"weight_version": "v" * 257}, 400, "weight_version"),
             ("/v1/rl/engine/a.b", {}, 400, "path"),
             ("/fleet/v1/rl", {"paused": True}, 400, "epoch"),
         ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,6 +31,10 @@ from ..settings import RlSettings
 from .client import PeerClient
 
 RETRY_AFTER_CAP_SECONDS = 30  # the Retry-After of a refused request: the pause bound, at most this
+# A weight version goes into every answer's head (X-Weight-Version): visible ASCII, inner spaces, at most this long
+VERSION = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]{0,254}[\x21-\x7e])?")
+MAX_VERSIONS = 1024  # replicas whose version is kept (the oldest go first): what a peer may make this router hold
+MAX_REPLICA_ID = 512  # characters of a replica id a peer's versions may name
 
 
 class Paused(Exception):
@@ -52,7 +57,7 @@ class RlState:
         self._resumed.set()
         self.queued = 0  # requests waiting now
         self.queue = collections.Counter[str]()  # queued, dispatched, full, timeout
-        self.versions: dict[str, str] = {}  # replica id -> its weight_version, as last read from it
+        self.versions: dict[str, str] = {}  # replica id -> its weight_version, as last read from it (``set_version``)
         self.weight_version: str | None = None  # the version the last successful update set
         self.last: dict[str, dict[str, Any]] = {}  # "pause" / "resume" / "update" -> {at, outcome, ...}
         self.operations = collections.Counter[tuple[str, str]]()  # (operation, outcome)
@@ -117,6 +122,17 @@ class RlState:
         self.last[operation] = {"at": self._wall(), "outcome": outcome,
                                 **{k: v for k, v in detail.items() if v is not None}}
 
+    def set_version(self, replica: str, version: object) -> bool:
+        """Keep ``replica``'s weight version if a response head can carry it (a replica's or a peer's word: a CR or
+        LF in it would split every answer's head); the versions kept are bounded, the oldest dropped first."""
+        if not isinstance(version, str) or VERSION.fullmatch(version) is None:
+            return False
+        self.versions.pop(replica, None)  # re-inserted as the newest
+        self.versions[replica] = version
+        while len(self.versions) > MAX_VERSIONS:
+            del self.versions[next(iter(self.versions))]
+        return True
+
     def new_weights(self, version: str | None, updates: int | None = None) -> None:
         """A weight update succeeded (here, or on a peer: its count ``updates``): the pins follow the setting."""
         if updates is None:  # made here: a new epoch, so the peers adopt the versions
@@ -146,7 +162,9 @@ class RlState:
         self._set(paused, mode if isinstance(mode, str) else None, (epoch[0], epoch[1]))
         versions = document.get("versions")
         if isinstance(versions, dict):
-            self.versions.update({str(k): str(v) for k, v in versions.items()})
+            for replica, version in list(versions.items())[:MAX_VERSIONS]:
+                if isinstance(replica, str) and len(replica) <= MAX_REPLICA_ID:
+                    self.set_version(replica, version)
         version, updates = document.get("weightVersion"), document.get("updates")
         if isinstance(updates, int) and not isinstance(updates, bool) and updates > self.updates:
             self.new_weights(version if isinstance(version, str) else None, updates)

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from .. import jsonbody
-from ..fleet import rlfanout
+from ..fleet import rlfanout, rlstate
 from ..fleet.client import PeerClient
 from .admin import GET, AdminAnswer, AdminRequest, Deferred, Route, error
 from .context import RouterContext
@@ -141,6 +141,9 @@ def update_weights(context: RouterContext, request: AdminRequest) -> AdminAnswer
     for name, value in (("model_path", path), ("weight_version", version)):
         if value is not None and (not isinstance(value, str) or not value):
             return error(400, f"{name} must be a non-empty string", name)
+    if version is not None and rlstate.VERSION.fullmatch(version) is None:
+        return error(400, "weight_version must be 1-256 visible ASCII characters (spaces inside): answers carry it in "
+                          "their X-Weight-Version header", "weight_version")
     if path is None and version is None:
         return error(400, "update_weights needs model_path (a checkpoint directory every replica can read) "
                           "and/or weight_version", "model_path")
@@ -181,8 +184,8 @@ async def _update(context: RouterContext, step: rlfanout.Step, version: str | No
             return answer
     fanned = await rlfanout.fan_out(context.replicas, _engines(context, timeout), step)
     for worker in fanned.workers:
-        if worker["status"] == "ok" and isinstance(worker.get("weight_version"), str):
-            rl.versions[worker["url"]] = worker["weight_version"]
+        if worker["status"] == "ok":
+            rl.set_version(worker["url"], worker.get("weight_version"))
     failed = fanned.failed
     if failed:
         rl.record("update", "failed", weight_version=version, failed=[w["url"] for w in failed])
