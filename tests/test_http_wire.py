@@ -228,6 +228,41 @@ async def test_stale_retry_happens_only_once():
         await raw.stop()
 
 
+@pytest.mark.parametrize("extra", [b"garbage!", b"HTTP/1.1 200 OK\r\nContent-Length: 30\r\n\r\n"],
+                         ids=["junk", "a second head"])
+async def test_bytes_after_an_answer_in_the_same_read_keep_its_connection_out_of_the_pool(extra):
+    """Parsed after the answer ended, they would be taken for the next request's answer (a 502 counted against a
+    replica that answered it, or the bytes of an answer nobody asked for)."""
+    raw = RawReplica(lambda index, connection: OK + extra if index == 0 else OK)  # one write: one read, mostly
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, runtime):
+            answers = await exchange(base, post()) + await exchange(base, post())
+            assert [(code, body) for code, _, body in answers] == [(200, b'{"ok":true}')] * 2
+            assert raw.connections == 2  # the first one was closed, not pooled
+            [replica] = runtime.replicas.replicas()
+            assert replica.failures == 0 and runtime.replicas.total_inflight() == 0
+    finally:
+        await raw.stop()
+
+
+@pytest.mark.parametrize("answer, words", [
+    (b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", "101"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 101 + b"Content-Length: 11\r\n\r\n{\"ok\":true}", "header fields"),
+    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 200_000, "response head over 65536 bytes"),
+], ids=["101", "too-many-fields", "head-never-ends"])
+async def test_a_response_head_the_router_cannot_relay_is_a_502(answer, words):
+    raw = RawReplica(lambda index, connection: answer)
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, runtime):
+            [(code, _, body)] = await exchange(base, post())
+            assert code == 502 and words in json.loads(body)["error"]["message"], body
+            assert runtime.replicas.total_inflight() == 0 and not runtime.http_proxy.active
+    finally:
+        await raw.stop()
+
+
 async def test_silent_replica_times_out_by_the_sweep(replica):
     replica.hold = asyncio.Event()
     settings = RouterSettings(backends=[replica.url], first_byte_timeout_seconds=0.5)

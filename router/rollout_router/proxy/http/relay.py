@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUFFER_LIMIT = 1 << 20  # non-streaming bodies of known length up to this size are relayed in one piece
+MAX_RESPONSE_HEAD = 64 * 1024  # a replica's response head, in bytes read before it ends; more is a 502
+MAX_RESPONSE_FIELDS = 100  # ... and in header fields (vLLM sends five)
 SSE_DONE = b"data: [DONE]"
 DONE_TAIL = len(SSE_DONE) + 4  # the stream's last bytes kept to find SSE_DONE (and the blank line after it)
 CLIENT_CLOSED = 499  # nginx's code for "client went away", used in metrics only
@@ -55,7 +57,7 @@ class Exchange:
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
-                 "turn", "usage_tail", "on_done", "stamp", "length")
+                 "turn", "usage_tail", "on_done", "stamp", "length", "head_bytes", "feeding", "ending")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None,
@@ -84,6 +86,9 @@ class Exchange:
         self.failure: str | None = None  # why the replica failed before its response head (passive health)
         self.tail = b""
         self.seen, self.swept, self.silent = 0, 0, 0.0
+        self.head_bytes = 0  # read while the response head had not ended
+        self.feeding = False  # in the parser's callbacks
+        self.ending: tuple[bool, str | None] | None = None  # finished there: ended once the read is parsed
 
     def start(self, data: bytes) -> None:
         self.conn.exchange = self.client.exchange = self
@@ -93,6 +98,7 @@ class Exchange:
     # bytes from the replica
     def feed(self, data: bytes) -> None:
         self.seen += 1
+        self.feeding = True
         try:
             self.conn.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -100,11 +106,28 @@ class Exchange:
         except httptools.HttpParserError as error:
             if self.state != DONE:
                 self.fail(f"sent an invalid response ({error})", INVALID_RESPONSE)
+            self.conn.surplus = True  # bytes after the answer: the connection is not to be trusted
+        self.feeding = False
+        ending = self.ending
+        if ending is not None:  # the answer ended in this read, which is parsed to its end now
+            self.ending = None
+            self._end(ending[0] and not self.conn.surplus, ending[1])
+        elif self.state == WAITING:  # a head that has not ended yet
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_RESPONSE_HEAD or len(self.headers) > MAX_RESPONSE_FIELDS:
+                self.fail(self._head_too_big(), INVALID_RESPONSE)
         self.flush()
+
+    def _head_too_big(self) -> str:
+        return f"sent a response head over {MAX_RESPONSE_HEAD} bytes or {MAX_RESPONSE_FIELDS} header fields"
 
     def on_headers_complete(self) -> None:
         parser = self.conn.parser
         status, headers, self.headers = parser.get_status_code(), self.headers, []
+        if len(headers) > MAX_RESPONSE_FIELDS:  # a whole head in one read
+            return self.fail(self._head_too_big(), INVALID_RESPONSE)
+        if status == 101:
+            return self.fail("answered 101 Switching Protocols, which the router does not relay", INVALID_RESPONSE)
         if status < 200:
             self.interim, self.length = True, None
             if status != 100:  # the body went out with the head; 103 and the like are the client's
@@ -266,7 +289,14 @@ class Exchange:
                 log.exception("measuring the answer of replica %s failed", self.replica)
         conn = self.conn
         if conn.exchange is self:
-            conn.exchange = None
+            conn.exchange = None  # what else the read brings is nobody's (``UpstreamConnection.surplus``)
+        if self.feeding:  # in the parser's callbacks: the rest of the read must hold nothing more
+            self.ending = (reusable, result)
+        else:
+            self._end(reusable, result)
+
+    def _end(self, reusable: bool, result: str | None) -> None:
+        conn = self.conn
         if reusable and not conn.closed:
             if self.paused:
                 conn.transport.resume_reading()  # type: ignore[union-attr]

@@ -41,6 +41,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.exchange: Exchange | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.surplus = False  # bytes after an answer in the read that ended it: not to be pooled (``Exchange``)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -51,6 +52,10 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         exchange.feed(data)
+
+    def on_message_begin(self) -> None:
+        if self.exchange is None:  # a second answer in the read that ended the first: nobody asked for it
+            self.surplus = True
 
     def reset(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
