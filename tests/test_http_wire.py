@@ -95,6 +95,23 @@ async def test_bad_framing_gets_json_error_and_reaches_no_replica(replica, case,
         assert code == 200  # the router goes on
 
 
+async def test_an_upgrade_without_a_body_is_answered_and_the_connection_closed(replica):
+    """``curl --http2 http://...`` asks for h2c this way. Upgrades are not offered: the request is answered over
+    HTTP/1.1, saying the connection closes, and it does (it used to stay open, never read again)."""
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime):
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: r\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                         b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
+            code, headers, _ = await asyncio.wait_for(read_response(reader), 10)
+            assert code == 200 and headers["connection"] == "close"
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the router
+        finally:
+            writer.close()
+        assert runtime.replicas.total_inflight() == 0
+
+
 async def test_pipelined_requests_are_answered_in_order(replica):
     async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime):
         models = b"GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n"

@@ -112,9 +112,8 @@ class ClientConnection(asyncio.Protocol):
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._request is not None:  # upgrades are not offered: answer this request, then close
-                self._request.close_after = True
+        except httptools.HttpParserUpgrade:  # an upgrade's request is answered, then the connection closed
+            if self._request is not None:  # (marked ``close_after`` at its head, ``on_headers_complete``)
                 self._message_done()
             self._stop_reading()
         except httptools.HttpParserError as error:
@@ -205,6 +204,8 @@ class ClientConnection(asyncio.Protocol):
             named = connection_tokens(request.connection)
             if named:
                 request.headers = [(n, v) for n, v in request.headers if n.lower() not in named]
+            if b"upgrade" in named:  # not offered: answered over HTTP/1.1, then closed (llhttp reads no further)
+                request.close_after = True
         if request.error is not None:
             self._message_done()  # answer now without reading a body we will not forward
             self._stop_reading()
