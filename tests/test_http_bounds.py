@@ -3,13 +3,14 @@ pipelined requests, thousands of chunks. ``ClientConnection`` is fed those reads
 own ``Budget`` and ``Limits``; what it dispatches, writes and holds is what the tests read."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import tracemalloc
 
 import pytest
 
 from rollout_router.proxy.http.request import HttpRequest
-from rollout_router.proxy.http.server import MAX_HEAD, MAX_HEADERS, ClientConnection
+from rollout_router.proxy.http.server import HELD_PER_REQUEST, MAX_HEAD, MAX_HEADERS, ClientConnection
 from rollout_router.proxy.listener import Budget, Limits
 
 LIMITS = Limits(max_connections=100, max_body_bytes=32 << 20, max_buffered_bytes=256 << 20, header_timeout=30.0,
@@ -36,11 +37,12 @@ class Transport:
 class Listener:
     """The part of ``HttpListener`` a client connection uses; requests it is handed are answered by the test."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits) -> None:
         self.now, self.budget, self.buffered, self.clients = 0.0, Budget(), 0, set()
         self.dispatched: list[HttpRequest] = []
+        self._limits = limits
 
-    def limits(self) -> Limits: return LIMITS
+    def limits(self) -> Limits: return self._limits
     def admit(self) -> bool: return True
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]: return (b"x-session-id",), frozenset({b"x-session-id"})
 
@@ -52,8 +54,8 @@ class Listener:
         self.dispatched.append(request)
 
 
-def connected() -> tuple[ClientConnection, Listener, Transport]:
-    listener, transport = Listener(), Transport()
+def connected(limits: Limits = LIMITS) -> tuple[ClientConnection, Listener, Transport]:
+    listener, transport = Listener(limits), Transport()
     client = ClientConnection(listener)  # type: ignore[arg-type]
     client.connection_made(transport)  # type: ignore[arg-type]
     return client, listener, transport
@@ -151,3 +153,25 @@ async def test_trailers_are_dropped_and_bounded():
     assert answered_with(refused) == (431, f"request trailers exceed {MAX_HEAD} bytes")
     client.answered(refused)
     assert listener.budget.held == 0 and not refused.headers[1:]
+
+
+async def test_thousands_of_tiny_pipelined_requests_in_one_read_are_bounded_by_the_budget():
+    """Reading pauses only after the read: what one read queues is charged what holding it costs, not its few
+    bytes, so maxBufferedBytes bounds it (those beyond get 503) however tiny the requests."""
+    budget = 64 * 1024
+    client, listener, _ = connected(dataclasses.replace(LIMITS, max_buffered_bytes=budget))
+    requests = 1000  # 37 bytes each: 37 KB in all, within the budget, but held as some 430 KB of objects
+    client.data_received(b"GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n" * requests)
+    assert listener.budget.held <= budget
+    assert budget // HELD_PER_REQUEST // 2 < listener.budget.held // HELD_PER_REQUEST <= budget // HELD_PER_REQUEST
+    served = refused = 0
+    while listener.dispatched:
+        request = listener.dispatched.pop()
+        if request.error is None:
+            served += 1
+        else:
+            assert request.error.status == 503 and "maxBufferedBytes" in request.error.message
+            refused += 1
+            break  # answered, then the connection closes
+        client.answered(request)
+    assert served > 0 and refused == 1
