@@ -592,6 +592,30 @@ def test_a_peer_saying_it_is_not_leaving_after_it_left_is_a_new_router_there():
     assert not member.leaving and peer not in fleet.handoff.departed and peer in fleet.members()
 
 
+def test_a_previous_owner_that_missed_one_question_is_asked_again_once_it_answers_a_poll():
+    """One timeout (a slow moment, a reset keep-alive connection) made a live peer 'gone' until it left the fleet:
+    every session it held was then placed anew and counted replaced, its pins ignored."""
+    peer = ROUTERS[1]
+    fleet = _worker_fleet([])
+    fleet.membership.set_source(STATIC, [peer])
+    member = fleet.membership.peers[peer]
+    member.http = "http://127.0.0.1:1"
+    fleet._loads_answered(member, {"loads": {}, "leaving": False})
+    fleet.handoff.gone.add(peer)  # as ``Handoff._fetch`` does when asking it fails
+    fleet._loads_answered(member, {"loads": {"http://r1:8000": 3}, "leaving": False})
+    assert peer not in fleet.handoff.gone and peer in fleet.members()
+
+
+def test_a_peers_negative_load_counts_as_none():
+    peer = ROUTERS[1]
+    fleet = _worker_fleet([])
+    fleet.membership.set_source(STATIC, [peer])
+    member = fleet.membership.peers[peer]
+    member.http = "http://127.0.0.1:1"
+    fleet._loads_answered(member, {"loads": {"http://r1:8000": -1_000_000, "http://r2:8000": 2}, "leaving": False})
+    assert member.loads == {"http://r1:8000": 0, "http://r2:8000": 2}
+
+
 @pytest.mark.parametrize("fleet", [{"pollIntervalSeconds": 0.25, "peerTimeoutSeconds": 0.5},
                                    {"pollIntervalSeconds": 0.001}, {"peerTimeoutSeconds": 31}])
 def test_fleet_timing_is_checked(fleet):

@@ -47,7 +47,8 @@ class Handoff:
         self.history, self.balancer, self._ask, self._clock, self._leaving = history, balancer, ask, clock, leaving
         self.handoffs = self.replaced = 0
         self.lookups = 0  # entry ownership: keys without a pin here that every peer was asked for
-        self.gone: set[str] = set()  # previous owners that could not be reached: not asked again
+        self.gone: set[str] = set()  # previous owners that could not be reached: not asked again until they answer
+        #                              a poll of their loads (``Fleet._loads_answered``)
         self.departed: set[str] = set()  # previous owners that left after handing over every pin they held
         self._pending: dict[str, asyncio.Future[None]] = {}
 

@@ -225,19 +225,20 @@ class Fleet:
                 member.asked = True
 
     def _loads_answered(self, member: Member, answer: dict) -> None:
-        loads = {str(replica): int(count) for replica, count in answer["loads"].items()}
+        # a peer's word: a negative count would make its replica look idler than it is
+        loads = {str(replica): max(0, int(count)) for replica, count in answer["loads"].items()}
         if self.rl is not None and "rl" in answer:
             self.rl.adopt(answer["rl"])  # how a router that missed a pause, resume or update learns it
         old = member.loads if member.live else {}
         joined = self.membership.answered(member.id, self.clock())
         member.loads = loads
+        self.handoff.gone.discard(member.id)  # it answers: a previous owner to ask again (one timeout made it gone)
         if self.settings.load_view == "peers":
             self.loads.change(old, loads)
         if answer.get("leaving") is True and not member.leaving:
             self.peer_leaving(member.id, done=False)
         elif (joined and not member.leaving) or (answer.get("leaving") is False and member.leaving):
             member.leaving = False  # a leaving router never says so: this is a new one there (a restart)
-            self.handoff.gone.discard(member.id)
             self.handoff.departed.discard(member.id)
             log.info("router %s joined the fleet", member.id)
             self._changed()
