@@ -258,10 +258,12 @@ class Fleet:
         self._owners.clear()
 
     def peer_leaving(self, peer_id: str, done: bool) -> None:
-        """A peer is leaving the fleet: it owns no key from now on; ``done``: it handed over every pin."""
-        if done:
-            self.handoff.departed.add(peer_id)
+        """A peer is leaving the fleet: it owns no key from now on; ``done``: it handed over every pin. Only a
+        member, or one of a recent member set (it may be out of discovery already), is recorded: anyone with the
+        admin token could send any id."""
         member = self.membership.get(peer_id)
+        if done and (member is not None or self.history.knows(peer_id)):
+            self.handoff.departed.add(peer_id)
         if member is not None and not member.leaving:
             member.leaving = True
             log.info("router %s is leaving the fleet: its sessions move to the other routers", peer_id)

@@ -51,6 +51,10 @@ class History:
     def expire(self, now: float) -> None:
         self._earlier = [(members, ended) for members, ended in self._earlier if now - ended <= self.window]
 
+    def knows(self, member: str) -> bool:
+        """Whether ``member`` is in the current member set or one that ended within the window."""
+        return member in self.current or any(member in members for members, _ in self._earlier)
+
     def previous_owners(self, key: str, now: float) -> list[str]:
         """Who may hold ``key``'s pin, newest member set first (empty in a fleet that has not changed lately)."""
         found: list[str] = []

@@ -41,6 +41,7 @@ MIN_WATCH_SECONDS, MAX_WATCH_SECONDS, MAX_HEARTBEAT_SECONDS = 0.01, 1.0, 10.0
 # the same ticks and share it, so a member's cost of being watched does not grow with its peers' number.
 _LINES: weakref.WeakKeyDictionary[Fleet, tuple[float, bytes]] = weakref.WeakKeyDictionary()
 SHARED_FOR = 1 / 8  # a line is shared for this fraction of a watch's interval: how much older it may be
+MAX_REPLICA_CHARS = 2048  # a pushed pin's replica URL
 
 
 def _json(document: dict) -> AdminAnswer:
@@ -157,10 +158,12 @@ def adopt(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     if not isinstance(items, list):
         return error(400, "adopt body needs \"pins\": [{\"key\", \"replica\", \"idleSeconds\"}, ...]", "pins")
     pins = []
+    max_key = context.settings.session.max_key_bytes  # as a client's key is bounded: what a pin may make us hold
     for index, item in enumerate(items):
-        pin = _pin(item)
+        pin = _pin(item, max_key)
         if pin is None:
-            return error(400, f"pins[{index}] needs a non-empty \"key\" and \"replica\" and \"idleSeconds\" >= 0",
+            return error(400, f"pins[{index}] needs a \"key\" of 1-{max_key} bytes (session.maxKeyBytes), a "
+                              f"\"replica\" URL of at most {MAX_REPLICA_CHARS} characters and \"idleSeconds\" >= 0",
                          f"pins[{index}]")
         pins.append(pin)
     assert isinstance(body, dict)
@@ -175,11 +178,12 @@ def adopt(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     return _json({"adopted": adopted, "kept": len(pins) - adopted - len(elsewhere), "elsewhere": elsewhere})
 
 
-def _pin(item: object) -> tuple[str, str, float] | None:
+def _pin(item: object, max_key: int) -> tuple[str, str, float] | None:
     if not isinstance(item, dict):
         return None
     key, replica, idle = item.get("key"), item.get("replica"), item.get("idleSeconds")
-    if not (isinstance(key, str) and key and isinstance(replica, str) and replica):
+    if not (isinstance(key, str) and 0 < len(key.encode("utf-8", "surrogatepass")) <= max_key
+            and isinstance(replica, str) and 0 < len(replica) <= MAX_REPLICA_CHARS):
         return None
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle >= 0:
         return None
