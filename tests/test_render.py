@@ -208,6 +208,14 @@ def test_long_names_are_refused():
         render(resource(name="r" * 57))
 
 
+@pytest.mark.parametrize("name", ["a.b", "1abc", "rollouts.team-a"])
+def test_names_a_service_cannot_have_are_refused_before_any_child(name):
+    """The API takes a RolloutRouter named like a DNS subdomain; its Service, named after it, must be an RFC 1035
+    label: refused then, it came after the Deployment, whose pods ran without their Service."""
+    with pytest.raises(InvalidSpec, match=r"metadata.name: .* must be lower-case letters, digits and '-'"):
+        render(resource(name=name))
+
+
 @pytest.mark.parametrize("margin, determinism, replicas", list(itertools.product([None, 0, 3], [False, True], [1, 2])))
 def test_render_is_pure(margin, determinism, replicas):
     body = resource({"affinityBreakMargin": margin, "fullDeterminism": determinism, "router": {"replicas": replicas}})

@@ -41,6 +41,7 @@ RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "POD_IP", "PYTHONDONTWRITEBYTECODE"
 # On the router Service of a resource with its own ServiceMonitor; the chart's ServiceMonitor skips such Services.
 OWN_MONITOR_LABEL = {"rolloutrouter.dev/service-monitor": "own"}
 LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a label's name, or a non-empty value
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # RFC 1035: what a Service's name must be
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -112,6 +113,9 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
         raise InvalidSpec(describe_spec_error(error)) from None
     if len(name) > MAX_NAME:
         raise InvalidSpec(f"metadata.name: at most {MAX_NAME} characters (children are named {child_name(name)!r})")
+    if not DNS_LABEL.fullmatch(name):  # kopf takes any DNS subdomain; the Service would be refused after the pods ran
+        raise InvalidSpec(f"metadata.name: {name!r} must be lower-case letters, digits and '-', starting with a "
+                          f"letter (the Service {child_name(name)!r} is named after it)")
     if matches(spec.selector, pod_labels(name)):
         raise InvalidSpec("spec.selector: matches the router's own pods; select the vLLM pods only")
     if spec.grpc_port is not None and str(spec.grpc_port) == str(spec.backend_port):
