@@ -578,12 +578,18 @@ def test_an_adopt_tells_the_receiver_that_the_pusher_is_leaving():
     assert receiver.membership.peers[a].leaving and a not in receiver.members()
 
 
-def test_a_peer_saying_it_is_not_leaving_after_it_left_is_a_new_router_there():
+def _fleet_of_one_peer():
+    """A worker's fleet with one static peer, ``ROUTERS[1]``, that has not answered yet: (fleet, peer, member)."""
     peer = ROUTERS[1]
     fleet = _worker_fleet([])
     fleet.membership.set_source(STATIC, [peer])
     member = fleet.membership.peers[peer]
     member.http = "http://127.0.0.1:1"
+    return fleet, peer, member
+
+
+def test_a_peer_saying_it_is_not_leaving_after_it_left_is_a_new_router_there():
+    fleet, peer, member = _fleet_of_one_peer()
     fleet._loads_answered(member, {"loads": {}, "leaving": False})
     fleet._loads_answered(member, {"loads": {}, "leaving": True})
     fleet.peer_leaving(peer, done=True)
@@ -595,11 +601,7 @@ def test_a_peer_saying_it_is_not_leaving_after_it_left_is_a_new_router_there():
 def test_a_previous_owner_that_missed_one_question_is_asked_again_once_it_answers_a_poll():
     """One timeout (a slow moment, a reset keep-alive connection) made a live peer 'gone' until it left the fleet:
     every session it held was then placed anew and counted replaced, its pins ignored."""
-    peer = ROUTERS[1]
-    fleet = _worker_fleet([])
-    fleet.membership.set_source(STATIC, [peer])
-    member = fleet.membership.peers[peer]
-    member.http = "http://127.0.0.1:1"
+    fleet, peer, member = _fleet_of_one_peer()
     fleet._loads_answered(member, {"loads": {}, "leaving": False})
     fleet.handoff.gone.add(peer)  # as ``Handoff._fetch`` does when asking it fails
     fleet._loads_answered(member, {"loads": {"http://r1:8000": 3}, "leaving": False})
@@ -607,11 +609,7 @@ def test_a_previous_owner_that_missed_one_question_is_asked_again_once_it_answer
 
 
 def test_a_peers_negative_load_counts_as_none():
-    peer = ROUTERS[1]
-    fleet = _worker_fleet([])
-    fleet.membership.set_source(STATIC, [peer])
-    member = fleet.membership.peers[peer]
-    member.http = "http://127.0.0.1:1"
+    fleet, peer, member = _fleet_of_one_peer()
     fleet._loads_answered(member, {"loads": {"http://r1:8000": -1_000_000, "http://r2:8000": 2}, "leaving": False})
     assert member.loads == {"http://r1:8000": 0, "http://r2:8000": 2}
 

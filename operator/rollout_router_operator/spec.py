@@ -237,8 +237,6 @@ COST_AFFINITY_RULE = cel(  # a null field is absent to CEL; policy and fullDeter
     "policy cost_affinity needs a number (e.g. 2); null would keep every pin", ".affinityBreakMargin")
 
 
-
-
 def port_rule(field: str) -> dict:
     """``Port``'s check for the API server: an int-or-string takes no bounds or pattern, and a null port is absent
     to CEL. The size is checked before the patterns (which bounds what CEL estimates they cost)."""

@@ -176,7 +176,7 @@ class DiscoverySettings(Model):
     namespace: str | None = Field(None, description="Defaults to POD_NAMESPACE, then the service account's namespace.")
     selector: LabelSelector
     port: Port | None = Field(8000, description="vLLM HTTP port: a number or a container port name; null for "
-                                                     "pods that serve gRPC only (vLLM's gRPC frontend), with grpcPort.")
+                                                "pods that serve gRPC only (vLLM's gRPC frontend), with grpcPort.")
     grpc_port: Port | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
 
     @model_validator(mode="after")

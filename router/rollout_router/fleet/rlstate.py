@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import math
 import re
 import time
@@ -162,7 +163,7 @@ class RlState:
         self._set(paused, mode if isinstance(mode, str) else None, (epoch[0], epoch[1]))
         versions = document.get("versions")
         if isinstance(versions, dict):
-            for replica, version in list(versions.items())[:MAX_VERSIONS]:
+            for replica, version in itertools.islice(versions.items(), MAX_VERSIONS):
                 if isinstance(replica, str) and len(replica) <= MAX_REPLICA_ID:
                     self.set_version(replica, version)
         version, updates = document.get("weightVersion"), document.get("updates")
