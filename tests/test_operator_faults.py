@@ -194,3 +194,22 @@ def test_a_resource_whose_status_is_null_is_reconciled(faulty: Faulty):
     faulty.faults.outage = False
     wait_for(lambda: faulty.rr().get("status", {}).get("observedGeneration") == 2, "the status written again", 60)
     assert "'NoneType' object is not iterable" not in faulty.log.read_text()
+
+
+
+def test_a_reconcile_that_cannot_list_pods_applies_its_children_and_says_why_in_one_line(faulty: Faulty):
+    """Seen: a 403 listing pods (RBAC) after an update's children were applied ended the reconcile in a
+    traceback. Now the children stand, the failure is one counted warning, and the status follows once pods list."""
+    faulty.create()
+    wait_for(lambda: faulty.rr().get("status", {}).get("observedGeneration") == 1, "the first status")
+    faulty.faults.pods_forbidden = True
+    faulty.cluster.patch_rr(NAME, {"affinityBreakMargin": 4})
+    wait_for(lambda: "affinityBreakMargin: 4" in faulty.children()["ConfigMap"]["data"]["config.yaml"],
+             "the update to reach the ConfigMap")
+    wait_for(lambda: "Updating is processed: 1 succeeded" in faulty.log.read_text(), "the update's reconcile to end")
+    assert faulty.faults.injected[403] >= 1
+    assert "Traceback" not in faulty.log.read_text()
+    assert faulty.rr()["status"]["observedGeneration"] == 1
+    faulty.faults.pods_forbidden = False
+    wait_for(lambda: faulty.rr()["status"].get("observedGeneration") == 2, "the status once pods list again")
+    assert "Traceback" not in faulty.log.read_text()

@@ -31,6 +31,12 @@ from .status import collect, invalid, rejected
 MISSING_KIND_RECHECK = 6
 
 
+def _poll_failed(logger: logging.Logger | logging.LoggerAdapter[Any], error: Exception) -> None:
+    """Reading the routers' state failed: counted and said in one line; the status timer tries again."""
+    metrics.status_poll_failed()
+    logger.warning("status poll failed, the status timer tries again: %s", error)
+
+
 def _retry(error: Exception, retry: int) -> kopf.TemporaryError:
     return kopf.TemporaryError(str(error), delay=min(2 ** retry, 60))
 
@@ -130,7 +136,11 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
                 run.outcome = metrics.INVALID_SPEC
                 document = invalid(_status(body), generation, problem)
             else:
-                document = await collect(dict(body), generation, token_key)
+                try:
+                    document = await collect(dict(body), generation, token_key)
+                except (kube.RetryableError, ApiError) as error:  # e.g. 403 listing pods: the children stand
+                    _poll_failed(logger, error)
+                    return generation, None, False  # the status timer reads the routers again
         try:  # after the run is counted: a failed write retries the handler, which counts again
             await _write_status(body["metadata"], document)
         except kube.RetryableError as error:
@@ -172,5 +182,4 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
             try:
                 await _write_status(body["metadata"], await collect(dict(body), generation, token_key))
             except (kube.RetryableError, ApiError) as error:
-                metrics.status_poll_failed()
-                logging.getLogger(__name__).warning("status poll failed, next in %ss: %s", status_interval, error)
+                _poll_failed(logging.getLogger(__name__), error)

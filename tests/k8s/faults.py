@@ -15,7 +15,7 @@ import re
 from aiohttp import web
 
 ROLLOUTROUTER = re.compile(r"/apis/rolloutrouter\.dev/[^/]+/namespaces/[^/]+/rolloutrouters/[^/]+$")
-REASONS = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
+REASONS = {403: "Forbidden", 409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
 
 
 def _ours(request: web.BaseRequest) -> bool:
@@ -26,7 +26,8 @@ def _ours(request: web.BaseRequest) -> bool:
 
 class Faults:
     """Set ``rate`` (a share of requests answered with an error), ``outage`` (every request 503),
-    or ``status_conflicts`` (every status patch 409); ``injected`` counts what was answered.
+    ``status_conflicts`` (every status patch 409), or ``pods_forbidden`` (listing pods 403, as with RBAC
+    that lacks it); ``injected`` counts what was answered.
 
     Under ``rate`` every fifth write of ours is a 409, so conflicts are always exercised; other
     faults are drawn at random. ``redeleted`` counts DELETEs of a path after one had gone through.
@@ -37,6 +38,7 @@ class Faults:
         self.rate = 0.0
         self.outage = False
         self.status_conflicts = False
+        self.pods_forbidden = False
         self.injected: collections.Counter[int] = collections.Counter()
         self.redeleted: collections.Counter[str] = collections.Counter()
         self._deleted: set[str] = set()
@@ -48,6 +50,8 @@ class Faults:
             return 503
         if self.status_conflicts and request.method == "PATCH" and request.path.endswith("/status"):
             return 409
+        if self.pods_forbidden and request.method == "GET" and request.path.endswith("/pods"):
+            return 403
         if self.rate and _ours(request):
             self._writes += 1
             if self._writes % 5 == 0:
