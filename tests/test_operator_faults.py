@@ -196,7 +196,6 @@ def test_a_resource_whose_status_is_null_is_reconciled(faulty: Faulty):
     assert "'NoneType' object is not iterable" not in faulty.log.read_text()
 
 
-
 def test_a_reconcile_that_cannot_list_pods_applies_its_children_and_says_why_in_one_line(faulty: Faulty):
     """Seen: a 403 listing pods (RBAC) after an update's children were applied ended the reconcile in a
     traceback. Now the children stand, the failure is one counted warning, and the status follows once pods list."""
