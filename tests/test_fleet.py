@@ -35,6 +35,7 @@ from rollout_router.localfleet import (
     wait_healthy,
 )
 from tests.support import keys_spread, wait_until
+from tests.test_workers_peers import call
 
 # Held turns generate for minutes (until released); quick turns take a few engine steps.
 REPLICA_ARGS = ["--step-base-ms", "20"]
@@ -401,6 +402,38 @@ def test_pins_pushed_by_a_view_that_lacks_the_owner_go_on_to_the_owner(replicas,
         for i, key in enumerate(keys):
             assert quick_turn([b, c][i % 2], key).replica == first[key], key
         assert fleet_sum([b, c], "new_sessions") == placed and fleet_sum([b, c], "replaced") == 0
+    finally:
+        for router in routers:
+            router.stop()
+
+
+def test_a_released_session_is_forgotten_by_every_router_whichever_the_delete_reaches(replicas, workdir):
+    """``DELETE /v1/sessions/KEY`` reaches one router of many (a Service picks it): the pin at the key's owner
+    goes, and so does one left at another router (here pushed there, as a leaving router would)."""
+    routers = start_router_fleet(3, replicas, workdir)
+    try:
+        converged(routers, 3)
+        ids = [r.admin_url for r in routers]
+        key = next(k for k in (f"finished-{n}" for n in range(1000)) if owner(k, ids) == ids[1])
+        replica = quick_turn(routers[0], key).replica  # forwarded to its owner and pinned there
+        pushed = call(routers[2].admin_url, "POST", "/fleet/v1/adopt",
+                      {"pins": [{"key": key, "replica": replica, "idleSeconds": 0}]})
+        assert pushed == (200, {"adopted": 1, "kept": 0, "elsewhere": {}})
+        assert [status(r)["sessions"] for r in routers] == [0, 1, 1]
+        code, answer = call(routers[0].admin_url, "DELETE", f"/v1/sessions/{key}")
+        assert code == 200, answer
+        assert answer == {"session": key, "released": True,
+                          "routers": {ids[0]: "not pinned", ids[1]: "released", ids[2]: "released"}}
+        assert [status(r)["sessions"] for r in routers] == [0, 0, 0]
+        assert [status(r)["released"] for r in routers] == [0, 1, 1]
+        code, answer = call(routers[2].admin_url, "DELETE", f"/v1/sessions/{key}")
+        assert code == 404 and answer["error"]["param"] == "key", answer
+        assert "not pinned on any of the fleet's 3 routers" in answer["error"]["message"]
+        placed = status(routers[1])["new_sessions"]
+        quick_turn(routers[2], key)
+        assert status(routers[1])["new_sessions"] == placed + 1  # the next turn is a new session at its owner
+        code, answer = call(routers[1].admin_url, "POST", "/fleet/v1/release", {"key": ""})
+        assert code == 400 and answer["error"]["param"] == "key", answer
     finally:
         for router in routers:
             router.stop()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -12,11 +14,12 @@ from rollout_router.balancer import Balancer
 from rollout_router.fleet.client import PeerError, Unreachable
 from rollout_router.fleet.handoff import Handoff
 from rollout_router.fleet.loadview import PeerLoads, vllm_load
-from rollout_router.fleet.membership import PODS, STATIC, Membership
+from rollout_router.fleet.membership import PODS, STATIC, Member, Membership
 from rollout_router.fleet.node import advertised
 from rollout_router.fleet.ownership import History, owner
 from rollout_router.fleet.peerpods import PodPeers, admin_urls
 from rollout_router.policy import LiveConfig
+from rollout_router.proxy import admin
 from rollout_router.replicas import ReplicaSet
 
 ROUTERS = [f"http://10.0.0.{i}:8081" for i in range(1, 9)]
@@ -187,6 +190,37 @@ async def test_handoff_counts_a_replaced_session_only_when_the_previous_owner_is
     for key in keys:
         await handoff.fetch(key)
     assert handoff.replaced == 1 and handoff.handoffs == 0 and a in handoff.gone
+
+
+async def test_a_released_session_names_the_routers_that_did_not_answer_instead_of_calling_it_unpinned():
+    me, a, b, c = ROUTERS[:4]
+    balancer, _ = _balancer()
+    answers: dict[str, object] = {a: {"key": "k", "released": False}, b: Unreachable("refused"),
+                                  c: PeerError("404: no such route (an older router)")}
+
+    class Client:
+        async def call(self, method: str, url: str, body: object = None) -> object:
+            peer, _, route = url.rpartition("/fleet/v1/")
+            assert (method, route, body) == ("POST", "release", {"key": "k"})
+            answer = answers[peer]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    fleet = SimpleNamespace(self_id=me, client=Client(), live_peers=lambda: [Member(p, live=True) for p in answers])
+    context = SimpleNamespace(balancer=balancer, fleet=fleet)
+    answer = admin.release_session(context, admin.AdminRequest("DELETE", "/v1/sessions/k", {"key": "k"}))
+    assert isinstance(answer, admin.Deferred) and answer.then is not None
+    answer = await answer.then()
+    message = json.loads(answer.body)["error"]["message"]
+    assert answer.status == 503 and a not in message and f"{b} (unreachable: refused)" in message, message
+    assert f"{c} (failed: 404" in message
+    answers[b] = answers[c] = {"key": "k", "released": False}
+    assert (await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()).status == 404
+    answers[c] = {"key": "k", "released": True}
+    released = await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()
+    assert released.status == 200
+    assert json.loads(released.body)["routers"] == {me: "not pinned", a: "not pinned", b: "not pinned", c: "released"}
 
 
 def test_pushed_pins_are_adopted_unless_the_pin_here_was_used_since():

@@ -114,6 +114,19 @@ def test_every_turn_of_a_session_stays_on_one_replica_whichever_worker_it_enters
     assert (report["new_sessions"], report["affinity_kept"]) == (SESSIONS, SESSIONS * (TURNS - 1))
 
 
+def test_a_session_released_at_the_public_admin_port_is_gone_from_both_workers(router):
+    keys = [f"finished-{index}" for index in range(8)]
+    for key in keys:
+        quick_turn(router, key)
+    assert all(worker_status(url)["sessions"] > 0 for url in workers(router)), "both workers own sessions"
+    for key in keys:
+        code, answer = call(router.admin_url, "DELETE", f"/v1/sessions/{key}")
+        assert code == 200 and isinstance(answer, dict) and list(answer["routers"].values()).count("released") == 1
+    public = status(router)
+    assert public["sessions"] == 0 and public["released"] == len(keys)
+    assert call(router.admin_url, "DELETE", f"/v1/sessions/{keys[0]}")[0] == 404
+
+
 def test_a_worker_is_not_ready_before_it_sees_its_sibling(replicas):
     """Ready alone, a worker would relay a key its sibling owns: the key's next turn, entering the sibling, would
     go to the owner's replica and the session would sit on two. So its /readyz waits for the sibling."""

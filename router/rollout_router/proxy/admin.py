@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..fleet.release import NOT_PINNED, RELEASED, release_at_peers
 from .context import RouterContext
 from .errors import error_body
 
@@ -121,11 +122,31 @@ def status_document(context: RouterContext, request: AdminRequest) -> AdminAnswe
 
 
 def release_session(context: RouterContext, request: AdminRequest) -> AdminAnswer:
-    """Drop a finished conversation's pin now instead of waiting for the idle timeout."""
+    """Drop a finished conversation's pin now instead of waiting for the idle timeout: here, and in a fleet at
+    every live router (``fleet/release.py``), whichever router the call reaches."""
     key = request.params["key"]
-    if not context.balancer.release_session(key):
-        return error(404, f"session {key!r} is not pinned", "key")
-    return _json({"session": key, "released": True})
+    released = context.balancer.release_session(key)
+    fleet = context.fleet
+    if fleet is None or not fleet.live_peers():
+        return _json({"session": key, "released": True}) if released \
+            else error(404, f"session {key!r} is not pinned", "key")
+
+    async def everywhere() -> AdminAnswer:
+        routers = {fleet.self_id: RELEASED if released else NOT_PINNED, **await release_at_peers(fleet, key)}
+        return _released_in_fleet(key, routers)
+    return Deferred(200, b"", then=everywhere)
+
+
+def _released_in_fleet(key: str, routers: dict[str, str]) -> AdminAnswer:
+    """200 when some router held the pin; 404 when every router answered that none did; 503 otherwise, naming
+    the routers that did not answer (the pin may be theirs)."""
+    if RELEASED in routers.values():
+        return _json({"session": key, "released": True, "routers": routers})
+    silent = sorted(peer for peer, outcome in routers.items() if outcome != NOT_PINNED)
+    if not silent:
+        return error(404, f"session {key!r} is not pinned on any of the fleet's {len(routers)} routers", "key")
+    return error(503, f"session {key!r} is not pinned on the routers that answered; "
+                      f"{', '.join(f'{peer} ({routers[peer]})' for peer in silent)}: retry")
 
 
 GET = ("GET", "HEAD")

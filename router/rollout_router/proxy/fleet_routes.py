@@ -9,6 +9,8 @@
 - ``POST /fleet/v1/handoff`` ``{"key": K}``: give up K's pin to its new owner; ``{"key", "replica", "idleSeconds"}``
   (``replica`` null and no ``idleSeconds`` when this router held no pin for K; ``idleSeconds``: since
   the pin's last use, so a router that finds two pins keeps the fresher).
+- ``POST /fleet/v1/release`` ``{"key": K}``: drop K's pin here (``DELETE /v1/sessions/K`` at a peer, which asks
+  every router: ``fleet/release.py``); ``{"key", "released": bool}``.
 - ``POST /fleet/v1/leave`` ``{"id": PEER, "done": bool}``: that peer is leaving (``done``: it handed over
   every pin it held); ``{"id"}``.
 - ``POST /fleet/v1/adopt`` ``{"from": PEER, "pins": [{"key", "replica", "idleSeconds"}, ...], "redirect"}``: pins
@@ -114,23 +116,41 @@ async def _watch(context: RouterContext, fleet: Fleet, every: float, heartbeat: 
         await asyncio.sleep(every - (loop.time() - phase) % every)
 
 
+def _key(request: AdminRequest, route: str) -> str | AdminAnswer:
+    """The ``{"key": K}`` body of a route about one session, or the 400 naming what is wrong with it."""
+    try:
+        body = jsonbody.parse(request.body or b"null")
+    except ValueError:
+        return error(400, f"{route} body is not JSON; expected {{\"key\": SESSION_KEY}}")
+    key = body.get("key") if isinstance(body, dict) else None
+    if not isinstance(key, str) or not key:
+        return error(400, f"{route} body needs \"key\": a non-empty session key", "key")
+    return key
+
+
 def handoff(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     fleet = context.fleet
     if fleet is None:
         return _off()
-    try:
-        body = jsonbody.parse(request.body or b"null")
-    except ValueError:
-        return error(400, "handoff body is not JSON; expected {\"key\": SESSION_KEY}")
-    key = body.get("key") if isinstance(body, dict) else None
-    if not isinstance(key, str) or not key:
-        return error(400, "handoff body needs \"key\": a non-empty session key", "key")
+    key = _key(request, "handoff")
+    if isinstance(key, AdminAnswer):
+        return key
     used = context.balancer.last_used(key)
     replica = fleet.handoff.surrender(key)
     answer: dict = {"key": key, "replica": replica}
     if replica is not None and used is not None:
         answer["idleSeconds"] = round(max(0.0, context.clock() - used), 3)
     return _json(answer)
+
+
+def release(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    """Drop this router's own pin of a key (a peer took ``DELETE /v1/sessions/KEY``); asks no one further."""
+    if context.fleet is None:
+        return _off()
+    key = _key(request, "release")
+    if isinstance(key, AdminAnswer):
+        return key
+    return _json({"key": key, "released": context.balancer.release_session(key)})
 
 
 def peer_leaving(context: RouterContext, request: AdminRequest) -> AdminAnswer:
@@ -201,6 +221,7 @@ ROUTES = [
     Route("/fleet/v1/info", GET, info),
     Route("/fleet/v1/loads", GET, loads),
     Route("/fleet/v1/handoff", ("POST",), handoff),
+    Route("/fleet/v1/release", ("POST",), release),
     Route("/fleet/v1/leave", ("POST",), peer_leaving),
     Route("/fleet/v1/adopt", ("POST",), adopt),
 ]
