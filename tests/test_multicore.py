@@ -255,14 +255,14 @@ def test_the_public_admin_port_wants_the_workers_token(replicas, tmp_path):
 
 
 def test_status_documents_add_up_counts_and_keep_one_workers_view():
-    one = {"new_sessions": 3, "backends_ready": 2, "policy": "affinity", "full_determinism": False,
+    one = {"new_sessions": 3, "started_at": 1767225600.5, "backends_ready": 2, "policy": "affinity", "full_determinism": False,
            "backends": [{"url": "a", "inflight": 1, "fleet_inflight": 3}],
            "margin": {"ttfb": {"kept": {"turns": 1, "seconds": 1.0, "mean": 1.0}}}, "rl": {"version": 4}}
-    two = {"new_sessions": 4, "backends_ready": 2, "policy": "affinity", "full_determinism": False,
+    two = {"new_sessions": 4, "started_at": 1767225601.25, "backends_ready": 2, "policy": "affinity", "full_determinism": False,
            "backends": [{"url": "a", "inflight": 2, "fleet_inflight": 3}],
            "margin": {"ttfb": {"kept": {"turns": 3, "seconds": 5.0, "mean": 1.667}}}, "rl": {"version": 4}}
     assert summed([one, two]) == {
-        "new_sessions": 7, "backends_ready": 2, "policy": "affinity", "full_determinism": False,
+        "new_sessions": 7, "started_at": 1767225600.5, "backends_ready": 2, "policy": "affinity", "full_determinism": False,
         "backends": [{"url": "a", "inflight": 3, "fleet_inflight": 3}],
         "margin": {"ttfb": {"kept": {"turns": 4, "seconds": 6.0, "mean": 1.5}}}, "rl": {"version": 4}}
 

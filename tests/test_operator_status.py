@@ -5,6 +5,8 @@ import json
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollout_router_operator.status import (
     MAX_STATUS_BYTES,
@@ -185,6 +187,8 @@ async def test_pods_not_owned_by_our_deployment_are_ignored_and_logged(cluster_o
     (b'{"affinity_kept": "12"}', "not a count"),
     (b'{"affinity_broken": -1}', "not a count"),
     (b'{"new_sessions": 1e309}', "not a count"),
+    (b'{"started_at": "yesterday"}', "started_at is not a time"),
+    (b'{"started_at": 1e309}', "started_at is not a time"),
 ])
 def test_a_status_that_is_not_a_routers_is_refused(body, problem):
     with pytest.raises(BadStatus, match=problem):
@@ -199,7 +203,8 @@ NO_MARGIN = {"repin_prefill_tokens": 0, "repin_prefill_turns": 0,
 def test_a_routers_status_gives_its_counters():
     assert parse_report(b'{"affinity_kept": 3, "affinity_broken": 1, "sessions": 9, "backends": []}') == \
         {"affinity_kept": 3, "affinity_broken": 1, "new_sessions": 0, "group_colocated": 0, "group_spilled": 0,
-         "fleet": NO_FLEET, "margin": NO_MARGIN}
+         "started_at": None, "fleet": NO_FLEET, "margin": NO_MARGIN}
+    assert parse_report(b'{"started_at": 1767225600.125}')["started_at"] == 1767225600.125
     assert parse_report(b'{"affinity_kept": 3, "fleet": null}')["fleet"] == NO_FLEET  # a router without ownership
     owned = b'{"fleet": {"self": "http://10.0.0.1:8081", "members": ["a", "b"], "forwarded": 4, "handoffs": 2, ' \
             b'"ownerUnreachable": 1, "replaced": 3, "lookups": 6, "loadView": "exchange", "peerLoadAgeSeconds": {"b": 0.1}}}'
@@ -333,3 +338,63 @@ def test_the_margin_summary_is_summed_over_router_pods_with_ttfb_weighted_by_tur
 def test_a_margin_summary_that_is_not_counts_is_refused(body, problem):
     with pytest.raises(BadStatus, match=problem):
         parse_report(body)
+
+
+def polled(previous: dict, reports: dict[str, dict], listed: list[str], unreachable: list[str] = ()) -> dict:
+    """One poll's status written over ``previous``, as the merge patch leaves it (lists and values replaced)."""
+    document = summarize(obs(reports=reports, listed=listed, unreachable=list(unreachable)), previous, 1)
+    return {**previous, **document}
+
+
+def test_counters_never_go_backwards_when_a_pod_is_replaced_restarts_or_misses_a_poll():
+    status = polled({}, {"r0": {"affinity_kept": 5, "fleet": {"forwarded": 2}}, "r1": {"affinity_kept": 7}},
+                    ["r0", "r1"])
+    assert status["affinity"]["kept"] == 12 and status["fleet"]["forwarded"] == 2
+    status = polled(status, {"r1": {"affinity_kept": 8}}, ["r0", "r1"], unreachable=["r0"])  # r0 slow this time
+    assert status["affinity"]["kept"] == 13 and status["fleet"]["forwarded"] == 2
+    assert status["affinity"]["unreachable"] == ["r0"] and by_type(status)["Degraded"]["status"] == "True"
+    status = polled(status, {"r1": {"affinity_kept": 9}}, ["r0", "r1"])  # r0 not Ready (not polled), still listed
+    assert status["affinity"]["kept"] == 14
+    status = polled(status, {"r1": {"affinity_kept": 9}, "r2": {"affinity_kept": 1}}, ["r1", "r2"])  # r0 replaced
+    assert status["affinity"]["kept"] == 15 and status["fleet"]["forwarded"] == 2
+    assert [entry["pod"] for entry in status["ledger"]["pods"]] == ["r1", "r2"]  # the gone pod leaves the list
+    status = polled(status, {"r1": {"affinity_kept": 2}, "r2": {"affinity_kept": 1}}, ["r1", "r2"])  # r1 restarted
+    assert status["affinity"]["kept"] == 5 + 9 + 2 + 1
+    assert status["ledger"]["retired"]["affinity_kept"] == 14 and status["ledger"]["retired"]["fleet.forwarded"] == 2
+    again = polled(status, {"r1": {"affinity_kept": 2}, "r2": {"affinity_kept": 1}}, ["r1", "r2"])
+    assert again["affinity"] == status["affinity"]  # a poll that sees nothing new changes nothing
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["count", "restart", "miss", "replace"]), st.integers(0, 2),
+                          st.integers(0, 5)), max_size=30))
+def test_the_summed_counters_are_what_every_pod_ever_counted_up_to_its_last_answer(events):
+    """Pods count, restart (counting again before the next poll, or not), miss polls and are replaced in any
+    order: the status's sum never drops, and is what every pod ever counted up to its last answer."""
+    pods = {f"p{i}": [0.0, 0] for i in range(3)}  # each pod's router: [started_at, counted since]
+    answered = {pod: 0 for pod in pods}  # what each pod had counted at its last answer, since its last start
+    counted, next_pod, clock = 0, 3, 1.0  # what gone or restarted routers counted up to their last answer
+    status = polled({}, {pod: {"started_at": 0.0, "affinity_kept": 0} for pod in pods}, list(pods))
+    shown = 0
+    for kind, index, amount in events:
+        pod = sorted(pods)[index]
+        silent: list[str] = []
+        if kind == "count":
+            pods[pod][1] += amount + 1
+        elif kind == "restart":
+            counted += answered[pod]
+            pods[pod], answered[pod], clock = [clock, amount], 0, clock + 1
+        elif kind == "miss":
+            pods[pod][1] += amount
+            silent = [pod]
+        else:
+            counted += answered.pop(pod)
+            del pods[pod]
+            pods[f"p{next_pod}"], answered[f"p{next_pod}"] = [clock, 0], 0
+            next_pod, clock = next_pod + 1, clock + 1
+        status = polled(status, {p: {"started_at": s, "affinity_kept": n} for p, (s, n) in pods.items()
+                                 if p not in silent}, sorted(pods), silent)
+        answered.update({p: n for p, (_, n) in pods.items() if p not in silent})
+        assert status["affinity"]["kept"] >= shown
+        shown = status["affinity"]["kept"]
+        assert shown == counted + sum(answered.values())

@@ -2,7 +2,7 @@
 
 The pods of one fleet share the RL state (each change carries an epoch), so the
 pod reporting the newest epoch speaks for them all; only the pins cleared are
-summed, as each pod clears its own.
+summed (by ``status.summarize``, with the other counters), as each pod clears its own.
 """
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ def parse(section: object) -> dict[str, Any]:
     }
 
 
-def summarize(sections: list[dict[str, Any]]) -> Rl:
+def summarize(sections: list[dict[str, Any]], pins_cleared: int) -> Rl:
+    """The newest pod's state, with ``pins_cleared`` summed over the pods by the caller (gone pods included)."""
     reported = [section for section in sections if section]
     if not reported:
-        return Rl()
+        return Rl(pins_cleared=pins_cleared)
     newest = max(reported, key=lambda section: section["epoch"])
     fields = {key: value for key, value in newest.items() if key not in ("epoch", "pins_cleared")}
-    return Rl(**fields, pins_cleared=sum(section["pins_cleared"] for section in reported))
+    return Rl(**fields, pins_cleared=pins_cleared)
 
 
 def _text(value: object) -> str | None:

@@ -334,12 +334,30 @@ class Rl(Model):
     pins_cleared: int = Field(0, description="Pins cleared at weight updates (rl.onWeightUpdate: clear), summed.")
 
 
+class PodCounts(Model):
+    pod: str
+    started: float | None = Field(None, description="When its router started counting (its /status started_at).")
+    counts: dict[str, float] = Field(default_factory=dict, description="Its last /status counters, by dotted path.")
+
+
+class Ledger(Model):
+    """What keeps the summed counters from going backwards when router pods go or restart (``ledger.py``)."""
+
+    retired: dict[str, float] = Field(default_factory=dict, description="Counted by router pods gone or restarted "
+                                      "since, by dotted path (affinity_kept, fleet.forwarded, ...).")
+    pods: list[PodCounts] = Field(default_factory=list, description="Each router pod's last counters: a pod that "
+                                  "misses a poll still counts with them.")
+
+
 class RolloutRouterStatus(Model):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     backends: Counts = Field(default_factory=Counts, description="vLLM pods matching the selector: ready/total.")
     routers: Counts = Field(default_factory=Counts, description="Router pods: ready/desired (total is desired).")
-    affinity: Affinity = Field(default_factory=Affinity, description="Counters summed over all router pods.")
+    affinity: Affinity = Field(default_factory=Affinity, description="Counters summed over all router pods, those "
+                               "gone included (status.ledger).")
     fleet: Fleet = Field(default_factory=Fleet, description="Session-ownership counters summed over all router pods "
                          "(0 without spec.router.sessionOwnership).")
     rl: Rl = Field(default_factory=Rl, description="The RL step: weight version, pause, last update and outcomes.")
+    ledger: Ledger = Field(default_factory=Ledger, description="Each router pod's last counters and what pods "
+                           "gone or restarted counted: the sums above include both, so they never go backwards.")

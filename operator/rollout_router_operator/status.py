@@ -1,4 +1,4 @@
-"""The resource's status: router /status counters summed, pods counted, conditions set.
+"""The resource's status: router /status counters summed (never backwards: ``ledger``), pods counted, conditions set.
 
 ``summarize`` and ``conditions`` are pure; ``collect`` does the I/O (pod and
 ReplicaSet listings, and one GET per router pod, concurrently). A router pod that
@@ -24,7 +24,7 @@ from rollout_router.kube.selectors import labels_query, to_query
 from rollout_router.listening import address
 from rollout_router.settings import LabelSelector
 
-from . import kube, rlstatus
+from . import kube, ledger, rlstatus
 from .render import ROUTER_ADMIN_PORT, InvalidSpec, child_name, parse_spec, router_labels, token_for
 from .spec import Affinity, Condition, Counts, Fleet, RolloutRouterStatus
 
@@ -41,6 +41,10 @@ FLEET_COUNTERS = {"forwarded": "forwarded", "handoffs": "handoffs", "owner_unrea
 # time to first byte of moved and kept turns as {turns, seconds}.
 MARGIN_COUNTS = ("repin_prefill_tokens", "repin_prefill_turns")
 MARGIN_TTFB = ("moved", "kept")
+# Every counter the status sums, by its dotted path in a parsed report: kept in the ledger (``ledger.py``).
+PATHS = (*COUNTERS.values(), *(f"fleet.{key}" for key in FLEET_COUNTERS.values()),
+         *(f"margin.{key}" for key in MARGIN_COUNTS),
+         *(f"margin.ttfb.{which}.{part}" for which in MARGIN_TTFB for part in ("turns", "seconds")), "rl.pins_cleared")
 
 
 def now() -> str:
@@ -56,6 +60,7 @@ class Observation:
     backends_ready: int = 0
     backends_total: int = 0
     reports: dict[str, dict] = field(default_factory=dict)  # router pod -> its /status
+    listed: list[str] = field(default_factory=list)  # router pods of ours that exist, Ready or not
     unreachable: list[str] = field(default_factory=list)
     read_at: str = ""
 
@@ -92,27 +97,31 @@ def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
                    if obs.routers_ready < obs.routers_desired else ("False", "Stable", "all router pods ready"))
     degraded = (("True", "RoutersUnreachable", "no /status from " + ", ".join(obs.unreachable))
                 if obs.unreachable else ("False", "AsExpected", ""))
-    affinity = Affinity(**{name: sum(int(r.get(key, 0)) for r in obs.reports.values()) for name, key in COUNTERS.items()},
-                        read_at=obs.read_at, routers_read=len(obs.reports), unreachable=obs.unreachable)
-    affinity.repin_prefill_tokens, affinity.repin_prefill_turns = (
-        sum(r.get("margin", {}).get(key, 0) for r in obs.reports.values()) for key in MARGIN_COUNTS)
-    affinity.ttfb_moved_vs_kept = ttfb_moved_vs_kept(list(obs.reports.values()))
-    fleet = Fleet(**{name: sum(int((r.get("fleet") or {}).get(key, 0)) for r in obs.reports.values())
-                     for name, key in FLEET_COUNTERS.items()})
+    kept = ledger.carry(previous.get("ledger") or {}, sorted({*obs.listed, *obs.reports, *obs.unreachable}),
+                        {pod: ledger.entry(report.get("started_at"), ledger.flat(report, PATHS))
+                         for pod, report in obs.reports.items()})
+    sums = ledger.totals(kept, PATHS)
+    count = {path: int(value) for path, value in sums.items()}
+    affinity = Affinity(**{name: count[key] for name, key in COUNTERS.items()},
+                        read_at=obs.read_at, routers_read=len(obs.reports), unreachable=obs.unreachable,
+                        repin_prefill_tokens=count["margin.repin_prefill_tokens"],
+                        repin_prefill_turns=count["margin.repin_prefill_turns"], ttfb_moved_vs_kept=ttfb_moved_vs_kept(sums))
+    fleet = Fleet(**{name: count[f"fleet.{key}"] for name, key in FLEET_COUNTERS.items()})
+    rl = rlstatus.summarize([r.get("rl") or {} for r in obs.reports.values()], count["rl.pins_cleared"])
     status = RolloutRouterStatus(observed_generation=generation, backends=backends, routers=routers, affinity=affinity,
-                                 fleet=fleet, rl=rlstatus.summarize([r.get("rl") or {} for r in obs.reports.values()]))
+                                 fleet=fleet, rl=rl)
     document = status.dump()
+    document["ledger"] = kept  # as carried: counts stay integers (the model's schema says number)
     document["conditions"] = conditions(previous.get("conditions", []), [
         ("Ready", *ready), ("Progressing", *progressing), ("Degraded", *degraded)], generation, obs.read_at)
     return document
 
 
-def ttfb_moved_vs_kept(reports: list[dict]) -> str | None:
+def ttfb_moved_vs_kept(sums: dict[str, float]) -> str | None:
     """Mean TTFB of moved turns / of kept turns over every pod, e.g. ``0.412s/0.108s``; None before both."""
     means = []
     for which in MARGIN_TTFB:
-        turns = sum(r.get("margin", {}).get("ttfb", {}).get(which, {}).get("turns", 0) for r in reports)
-        seconds = sum(r.get("margin", {}).get("ttfb", {}).get(which, {}).get("seconds", 0.0) for r in reports)
+        turns, seconds = sums[f"margin.ttfb.{which}.turns"], sums[f"margin.ttfb.{which}.seconds"]
         if not turns:
             return None
         means.append(f"{seconds / turns:.3f}s")
@@ -159,7 +168,11 @@ def parse_report(raw: bytes) -> dict:
     fleet = report.get("fleet") or {}
     if not isinstance(fleet, dict):
         raise BadStatus("/status fleet is not a JSON object")
-    return {**{key: _count(report, key, "") for key in COUNTERS.values()},
+    started = report.get("started_at")
+    if started is not None and (isinstance(started, bool) or not isinstance(started, int | float)
+                                or not 0 <= started < float("inf")):
+        raise BadStatus(f"/status started_at is not a time: {str(started)[:40]!r}")
+    return {**{key: _count(report, key, "") for key in COUNTERS.values()}, "started_at": started,
             "fleet": {key: _count(fleet, key, "fleet.") for key in FLEET_COUNTERS.values()},
             "margin": _margin(report.get("margin") or {}),
             **({"rl": rlstatus.parse(report["rl"])} if report.get("rl") else {})}
@@ -234,6 +247,7 @@ async def observe(namespace: str, name: str, selector: LabelSelector, desired: i
     # Only Ready pods: one still starting (or shutting down) is not "unreachable", and would flap Degraded.
     live = [pod for pod in routers if is_ready(pod) and (pod.get("status") or {}).get("podIP")]
     obs = Observation(routers_ready=sum(map(is_ready, routers)), routers_desired=desired,
+                      listed=[pod["metadata"]["name"] for pod in routers],
                       backends_ready=sum(map(is_ready, backends)), backends_total=len(backends), read_at=now())
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(*(_poll(session, pod, token) for pod in live), return_exceptions=True)

@@ -40,7 +40,7 @@ FLEET_PREFIX = "/fleet/v1/"  # the routes routers of a fleet call each other on:
 # /status keys whose value is one router's view, not a count to add
 NOT_SUMMED = frozenset({"affinity_break_margin", "backends_ready", "backends_ready_http", "backends_ready_grpc",
                         "backends_ejected", "fleet_inflight", "ejected_until", "consecutive_failures", "mean",
-                        "break_gap_mean", "rl", "peerLoadAgeSeconds", "pushed"})
+                        "break_gap_mean", "rl", "peerLoadAgeSeconds", "pushed", "started_at"})
 RL_SUMMED = ("queued", "queue", "pinsCleared")  # the rl section's counts of each worker's own
 # /metrics families that are one router's view of the pod (settings, replica health, members), not counts to add
 NOT_SUMMED_FAMILIES = frozenset({

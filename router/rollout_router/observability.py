@@ -149,6 +149,8 @@ class Metrics:
     def __init__(self, balancer: Balancer, replicas: ReplicaSet, settings: Callable[[], RouterSettings],
                  fleet: Callable[[], Fleet | None], clock: Callable[[], float]):
         self.balancer, self.replicas, self.settings, self.fleet, self.clock = balancer, replicas, settings, fleet, clock
+        # When this process began counting (Unix time): the operator tells a restart from a slow count by it.
+        self.started_at = round(time.time(), 3)
         self.registry = CollectorRegistry()
         self.registry.register(_LiveCollector(self))
         # Counted per request: plain numbers a collector reads at scrape time (tallies.py), not locked metrics.
@@ -265,6 +267,7 @@ def _status(live: Metrics) -> dict:
     return {
         **balancer.policy.counters.as_dict(),
         "policy": balancer.policy.name,
+        "started_at": live.started_at,
         "affinity_break_margin": settings.affinity_break_margin,
         "full_determinism": settings.full_determinism,
         "sessions": balancer.policy.sessions(),

@@ -117,6 +117,10 @@ def test_three_router_pods_act_as_one_through_a_rolling_update_and_a_deleted_pod
     print(f"\nrolling update: {len(results)} turns, {len(changed)} of {len(SESSIONS)} sessions re-placed; "
           f"the new pods' counters {rolled}")
     assert not changed, changed  # every turn during the update went to its session's replica
+    # The resource's sums never go backwards: the old pods' counts stay in them (status.ledger).
+    eventually(lambda: cluster.get("rr", "rollouts", "-n", namespace)["status"]["affinity"]["kept"]
+               >= totals["affinity_kept"] + rolled["affinity_kept"], 60,
+               "status.affinity.kept to keep the replaced pods' counts beside the new pods'")
     # Each old pod handed its pins over as it left: every session reached a new pod by a handoff, none anew.
     assert rolled["replaced"] == 0 and rolled["handoffs"] >= len(SESSIONS), rolled
     assert {s: turn(cluster, namespace, s, i + 1) for i, s in enumerate(SESSIONS)} == pins  # the new pods agree
