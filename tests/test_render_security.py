@@ -59,6 +59,11 @@ def test_network_policy_without_clients_lets_only_prometheus_in_and_is_off_by_de
     assert policy_of(render(resource({"networkPolicy": {"enabled": False, "clients": CLIENTS}}))) is None
 
 
+def test_the_network_policy_is_applied_before_the_router_pods_can_start():
+    kinds = [m["kind"] for m in render(resource({"networkPolicy": {"enabled": True, "clients": CLIENTS}}))]
+    assert kinds.index("NetworkPolicy") < kinds.index("Deployment")  # children are applied in order
+
+
 @pytest.mark.parametrize("peer", [{}, {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}, {"podName": "x"}])
 def test_a_peer_must_be_selectors_or_an_ip_block(peer):
     with pytest.raises(InvalidSpec, match=r"spec\.networkPolicy\.clients\[0\]"):

@@ -198,6 +198,9 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
               subjects=[{"kind": "ServiceAccount", "name": full, "namespace": namespace}]),
         *secret,
         child("v1", "ConfigMap", f"{full}-config", data={CONFIG_FILE: yaml.safe_dump(settings.dump(), sort_keys=False)}),
+        # Before the Deployment (children are applied in order): no router pod runs before its ingress is narrowed.
+        *([child("networking.k8s.io/v1", "NetworkPolicy", full, spec=_network_policy_spec(name, spec))]
+          if spec.network_policy.enabled else []),
         child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image, bool(secret))),
         child("v1", "Service", full, OWN_MONITOR_LABEL if spec.service_monitor.enabled else None, spec={
             "type": spec.router.service.type, "selector": router_labels(name), **_affinity(spec),
@@ -209,8 +212,6 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
     if spec.router.replicas > 1:
         children.append(child("policy/v1", "PodDisruptionBudget", full, spec={
             "maxUnavailable": 1, "selector": {"matchLabels": router_labels(name)}}))
-    if spec.network_policy.enabled:
-        children.append(child("networking.k8s.io/v1", "NetworkPolicy", full, spec=_network_policy_spec(name, spec)))
     if spec.service_monitor.enabled:
         children.append(child("monitoring.coreos.com/v1", "ServiceMonitor", full, spec.service_monitor.labels,
                               spec=_service_monitor_spec(name, spec, token_secret_name(name) if secret else None)))
