@@ -25,11 +25,11 @@ from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, cluster  # noqa: 
 from tests.k8s.pods import set_status
 from tests.k8s.resources import SERVICE_MONITOR
 from tests.k8s.stack import (
-    OPTIONAL_CHILDREN,
     ROUTER_IMAGE,
     VLLM_IPS,
     Operator,
     Stack,
+    default_children,
     fake_replicas,
     get_object,
     loopback_address,
@@ -69,8 +69,8 @@ def test_children_appear_owned_labelled_and_locked_down(stack: Stack):
     uid = stack.create()["metadata"]["uid"]
     deployment = wait_for(lambda: c.apps.read_namespaced_deployment(f"{name}-router", c.namespace), "the Deployment")
     for api_version, kind, child in child_refs(name):
-        if kind in OPTIONAL_CHILDREN:
-            assert get_object(c, api_version, kind, child) is None  # one replica: no PDB; no networkPolicy asked
+        if (api_version, kind, child) not in default_children(name):  # one replica: no PDB; ClusterIP: one Service
+            assert get_object(c, api_version, kind, child) is None  # no networkPolicy or serviceMonitor asked
             continue
         meta = wait_for(lambda: get_object(c, api_version, kind, child), kind)["metadata"]
         assert meta["ownerReferences"][0]["uid"] == uid and meta["ownerReferences"][0]["controller"] is True
@@ -221,6 +221,24 @@ def test_image_and_replicas_roll_and_an_unreachable_router_is_reported(stack: St
     c.patch_rr(name, {"router": {"replicas": 1}})
     wait_for(lambda: get_object(c, "policy/v1", "PodDisruptionBudget", f"{name}-router") is None, "the PDB to go")
     wait_for(lambda: stack.rr()["status"]["affinity"]["unreachable"] == [], "the router list to recover")
+
+
+def test_an_exposed_service_moves_the_admin_port_to_a_service_of_its_own_and_back(stack: Stack):
+    c, name = stack.cluster, stack.name
+    stack.create()
+    stack.wait_for_children()
+
+    def ports(service: str) -> list[str] | None:
+        body = get_object(c, "v1", "Service", service)
+        return None if body is None else [p["name"] for p in body["spec"]["ports"]]
+    assert ports(f"{name}-router") == ["http", "admin"] and ports(f"{name}-admin") is None
+    c.patch_rr(name, {"router": {"service": {"type": "NodePort"}}})
+    wait_for(lambda: ports(f"{name}-admin") == ["admin"] and ports(f"{name}-router") == ["http"],
+             "the admin port on its own ClusterIP Service")
+    assert get_object(c, "v1", "Service", f"{name}-admin")["spec"]["type"] == "ClusterIP"
+    c.patch_rr(name, {"router": {"service": {"type": "ClusterIP"}}})
+    wait_for(lambda: ports(f"{name}-admin") is None and ports(f"{name}-router") == ["http", "admin"],
+             "one Service again")
 
 
 def test_invalid_spec_gets_its_condition_and_no_children(stack: Stack):

@@ -26,12 +26,12 @@ from tests.k8s.cluster import GROUP, PLURAL, VERSION, Cluster, emulated_resource
 from tests.k8s.emulator import Emulator, EmulatorServer
 from tests.k8s.faults import Faults
 from tests.k8s.resources import object_path
-from tests.k8s.stack import OPTIONAL_CHILDREN
+from tests.k8s.stack import default_children
 from tests.support import wait_until
 
 SCRIPT = str(Path(sys.executable).with_name("rollout-router"))
 NAME = "flaky"
-ALWAYS = {kind for _, kind, _ in child_refs(NAME)} - set(OPTIONAL_CHILDREN)  # 1 replica, no policy, no monitor
+ALWAYS = {kind for _, kind, _ in default_children(NAME)}  # 1 replica, no policy, no monitor, ClusterIP
 
 
 @dataclass
@@ -124,7 +124,7 @@ def test_one_request_in_five_failing_loses_and_duplicates_nothing(faulty: Faulty
     wait_for(lambda: faulty.rr()["status"].get("observedGeneration") == 2, "observedGeneration 2", 30)
     refreshing(faulty)
     c = faulty.cluster
-    for api_version, kind, name in [ref for ref in child_refs(NAME) if ref[1] in ALWAYS]:  # none written twice
+    for api_version, kind, name in default_children(NAME):  # none written twice
         items = c.api.call_api(*c.api.param_serialize("GET", object_path(api_version, kind, c.namespace),
                                                       auth_settings=["BearerToken"]))
         items.read()
@@ -135,7 +135,7 @@ def test_one_request_in_five_failing_loses_and_duplicates_nothing(faulty: Faulty
     wait_for(lambda: faulty.children() == {} and _gone(faulty), "the children and the resource to go", 60)
     # Absent optional children (PDB, NetworkPolicy) are deleted-if-present on every reconcile; the ones
     # that existed must each be deleted once, not again after another child's delete failed.
-    existed = {f"{object_path(v, kind, c.namespace)}/{name}" for v, kind, name in child_refs(NAME) if kind in ALWAYS}
+    existed = {f"{object_path(v, kind, c.namespace)}/{name}" for v, kind, name in default_children(NAME)}
     redeleted = {path: n for path, n in faulty.faults.redeleted.items() if path in existed}
     assert not redeleted, f"deletion restarted its list after a failure: {redeleted}"
     assert sum(faulty.faults.injected.values()) >= 10 and faulty.faults.injected[409] >= 1, faulty.faults.injected

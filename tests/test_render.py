@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rollout_router.settings import parse_settings
-from rollout_router_operator.render import InvalidSpec, child_refs, render
+from rollout_router_operator.render import InvalidSpec, child_refs, render, router_labels
 from rollout_router_operator.spec import DEFAULT_IMAGE
 
 
@@ -19,7 +19,11 @@ def resource(spec: dict | None = None, name: str = "rr1") -> dict:
 
 
 def by_kind(manifests: list[dict]) -> dict[str, dict]:
-    return {m["kind"]: m for m in manifests}
+    """The first child of each kind (the traffic Service before an exposed router's admin Service)."""
+    kinds: dict[str, dict] = {}
+    for manifest in manifests:
+        kinds.setdefault(manifest["kind"], manifest)
+    return kinds
 
 
 FULL = {
@@ -120,6 +124,21 @@ def test_every_optional_field_lands():
     assert kinds["Service"]["spec"]["type"] == "LoadBalancer"
     assert kinds["Service"]["spec"]["ports"][0]["port"] == 80
     assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("exposed", ["NodePort", "LoadBalancer"])
+def test_an_exposed_router_exposes_its_traffic_ports_and_keeps_the_admin_port_in_the_cluster(exposed):
+    spec = {"grpcPort": 50051, "router": {"service": {"type": exposed}}, "serviceMonitor": {"enabled": True}}
+    services = {m["metadata"]["name"]: m for m in render(resource(spec)) if m["kind"] == "Service"}
+    assert list(services) == ["rr1-router", "rr1-admin"]
+    traffic, admin = services["rr1-router"], services["rr1-admin"]
+    assert traffic["spec"]["type"] == exposed and [p["name"] for p in traffic["spec"]["ports"]] == ["http", "grpc"]
+    assert admin["spec"] == {"type": "ClusterIP", "selector": router_labels("rr1"),
+                             "ports": [{"name": "admin", "port": 8081, "targetPort": "admin", "protocol": "TCP"}]}
+    assert admin["metadata"]["labels"] == traffic["metadata"]["labels"]  # what the ServiceMonitors select
+    assert ("v1", "Service", "rr1-admin") in child_refs("rr1")  # deleted again when the Service is ClusterIP
+    inside = [m for m in render(resource({"grpcPort": 50051})) if m["kind"] == "Service"]
+    assert [p["name"] for s in inside for p in s["spec"]["ports"]] == ["http", "admin", "grpc"]  # one Service
 
 
 def test_service_keeps_each_client_on_one_router_pod_without_session_ownership():

@@ -64,6 +64,11 @@ def child_name(name: str) -> str:
     return f"{name}-router"
 
 
+def admin_service_name(name: str) -> str:
+    """The admin port's own Service when the traffic Service is exposed (NodePort, LoadBalancer)."""
+    return f"{name}-admin"  # not "<name>-router-admin": a Service name is at most 63 characters (MAX_NAME)
+
+
 def token_secret_name(name: str) -> str:
     return f"{child_name(name)}-admin-token"
 
@@ -90,7 +95,8 @@ def child_refs(name: str) -> list[tuple[str, str, str]]:
     return [("v1", "ServiceAccount", full), ("rbac.authorization.k8s.io/v1", "Role", full),
             ("rbac.authorization.k8s.io/v1", "RoleBinding", full), ("v1", "Secret", token_secret_name(name)),
             ("v1", "ConfigMap", f"{full}-config"),
-            ("apps/v1", "Deployment", full), ("v1", "Service", full), ("policy/v1", "PodDisruptionBudget", full),
+            ("apps/v1", "Deployment", full), ("v1", "Service", full), ("v1", "Service", admin_service_name(name)),
+            ("policy/v1", "PodDisruptionBudget", full),
             ("networking.k8s.io/v1", "NetworkPolicy", full), ("monitoring.coreos.com/v1", "ServiceMonitor", full)]
 
 
@@ -202,12 +208,8 @@ def render(resource: dict, default_image: str = DEFAULT_IMAGE, allowed_images: S
         *([child("networking.k8s.io/v1", "NetworkPolicy", full, spec=_network_policy_spec(name, spec))]
           if spec.network_policy.enabled else []),
         child("apps/v1", "Deployment", full, spec=_deployment_spec(name, spec, labels, default_image, bool(secret))),
-        child("v1", "Service", full, OWN_MONITOR_LABEL if spec.service_monitor.enabled else None, spec={
-            "type": spec.router.service.type, "selector": router_labels(name), **_affinity(spec),
-            "ports": [{"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
-                      {"name": "admin", "port": ROUTER_ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"},
-                      *([{"name": "grpc", "port": ROUTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
-                          "appProtocol": "grpc"}] if spec.grpc_port is not None else [])]}),
+        *(child("v1", "Service", service, OWN_MONITOR_LABEL if spec.service_monitor.enabled else None, spec=body)
+          for service, body in _services(name, spec)),
     ]
     if spec.router.replicas > 1:
         children.append(child("policy/v1", "PodDisruptionBudget", full, spec={
@@ -232,6 +234,25 @@ def _service_monitor_spec(name: str, spec: RolloutRouterSpec, token_secret: str 
         endpoint["authorization"] = {"type": "Bearer", "credentials": {"name": token_secret, "key": TOKEN_FILE}}
     return {"jobLabel": "app.kubernetes.io/name", "selector": {"matchLabels": router_labels(name)},
             "endpoints": [endpoint]}
+
+
+def _services(name: str, spec: RolloutRouterSpec) -> list[tuple[str, dict]]:
+    """(name, spec) of the router's Services. A ClusterIP Service carries the traffic ports and the admin port;
+    a NodePort or LoadBalancer one only the traffic ports, and the admin port (``/status``, ``/metrics``, the
+    fleet's routes: what Prometheus scrapes) gets a ClusterIP Service of its own, ``<name>-admin``, so exposing
+    the traffic never exposes the admin listener and its connection limit beyond the cluster."""
+    admin = {"name": "admin", "port": ROUTER_ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}
+    exposed = spec.router.service.type != "ClusterIP"
+    traffic = {"type": spec.router.service.type, "selector": router_labels(name), **_affinity(spec), "ports": [
+        {"name": "http", "port": spec.router.service.port, "targetPort": "http", "protocol": "TCP"},
+        *([] if exposed else [admin]),
+        *([{"name": "grpc", "port": ROUTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
+            "appProtocol": "grpc"}] if spec.grpc_port is not None else [])]}
+    services = [(child_name(name), traffic)]
+    if exposed:
+        services.append((admin_service_name(name), {"type": "ClusterIP", "selector": router_labels(name),
+                                                    "ports": [admin]}))
+    return services
 
 
 def _affinity(spec: RolloutRouterSpec) -> dict:

@@ -33,7 +33,14 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_router.localfleet import Service, Starting, command, spawn, stop
-from rollout_router_operator.render import ROUTER_ADMIN_PORT, ROUTER_PORT, child_refs, router_labels, token_secret_name
+from rollout_router_operator.render import (
+    ROUTER_ADMIN_PORT,
+    ROUTER_PORT,
+    admin_service_name,
+    child_refs,
+    router_labels,
+    token_secret_name,
+)
 from tests.support import wait_until as wait_for
 
 from .cluster import GROUP, PLURAL, VERSION, Cluster
@@ -46,6 +53,12 @@ ROUTER_IMAGE = "registry.example.com/mirror/rollout-router:e2e"  # the operator'
 METRICS_PORT = 8080  # the operator's --metrics-port (0 turns metrics off, so it cannot pick one)
 # rendered for 2+ replicas, for spec.networkPolicy, for spec.serviceMonitor
 OPTIONAL_CHILDREN = ("PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor")
+
+
+def default_children(name: str) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of what a one-replica ClusterIP spec renders: every child but the optional
+    kinds and the admin Service of a NodePort or LoadBalancer router."""
+    return [ref for ref in child_refs(name) if ref[1] not in OPTIONAL_CHILDREN and ref[2] != admin_service_name(name)]
 
 
 def loopback_address() -> str:
@@ -166,9 +179,8 @@ class Stack:
 
     def wait_for_children(self) -> None:
         """Every child a one-replica spec renders, applied by the operator."""
-        for api_version, kind, child in child_refs(self.name):
-            if kind not in OPTIONAL_CHILDREN:
-                wait_for(lambda: get_object(self.cluster, api_version, kind, child), kind)
+        for api_version, kind, child in default_children(self.name):
+            wait_for(lambda: get_object(self.cluster, api_version, kind, child), kind)
 
     def add_router_pod(self, index: int, ip: str) -> str:
         """A router pod of our Deployment (as its ReplicaSet would make it) at ``ip``; returns its name."""
