@@ -56,6 +56,10 @@ class ScriptedService(DecisionService):
         routed[1].release()
         self.ended.append((key, accepted, status, failure, refused))
 
+    def abandoned(self, routed):
+        routed[1].release()
+        self.ended.append(("abandoned", routed[1].replica.id))
+
 
 class Clock:
     def __init__(self) -> None:
@@ -172,7 +176,7 @@ async def test_an_answer_not_come_in_time_relays_and_its_late_lease_is_released_
         assert answers == [None]  # given up: the request relays
         end.transport.resume_reading()
         await wait_for(lambda: service.ended)
-        assert service.ended == [("slow", False, 0, None, False)] and service.leases[-1].released == 1
+        assert service.ended == [("abandoned", "http://replica-a")] and service.leases[-1].released == 1
         assert answers == [None]
 
 
@@ -225,6 +229,21 @@ async def test_the_owner_told_of_an_ending_counts_it_in_passive_health_releases_
                 assert runtime.replicas.total_inflight() == 0
             assert runtime.balancer.pinned("conversation-1") == replica.url  # accepted once: the pin stays
             assert runtime.replicas.why_unroutable(replica.url) == "ejected"  # two 5xx in a row
+    finally:
+        await replica.stop()
+
+
+async def test_a_decision_answered_too_late_ends_its_lease_and_leaves_the_pin_the_relayed_turn_uses():
+    replica = await ScriptedReplica("127.0.0.20").start()
+    try:
+        async with running_router(RouterSettings(backends=[replica.url])) as (_, runtime):
+            service = DecisionService(runtime)
+            late = route(runtime, "conversation")  # a new pin, answered after the sibling gave up waiting,
+            relayed = route(runtime, "conversation")  # which relayed the request: decided again, on that pin
+            service.abandoned(late)
+            assert runtime.replicas.total_inflight() == 1  # the relayed request's lease alone
+            relayed[1].release()
+            assert runtime.balancer.pinned("conversation") == replica.url  # the pin the relayed turn used stays
     finally:
         await replica.stop()
 

@@ -15,7 +15,10 @@ decide at once, a connection to open) goes back to the relay, which is unchanged
 Messages: a header ``!BIB`` (kind, id, number of fields), then each field as ``!I`` length and bytes
 (``NONE``: absent). ``D`` id key group: decide. ``R`` id replica outcome reason measure: routed. ``N`` id:
 decide it yourself (relay). ``F`` id accepted status failure refused: finished (refused: the connection to the
-replica was refused or timed out, so the owner marks it down as its own attempt would).
+replica was refused or timed out, so the owner marks it down as its own attempt would). ``A`` id: abandoned,
+the answer came after the entry stopped waiting and relayed the request instead; the owner releases the lease
+and leaves the pin alone (the relayed request decided again on it: handing the decision back would drop the
+pin under the turn that is using it). The abandoned decision stays counted in the owner's counters.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ LENGTH: Final = struct.Struct("!I")
 NONE: Final = 0xFFFFFFFF  # the length that means an absent field
 MAX_BUFFERED: Final = 1 << 20  # unparsed bytes a sibling may leave on the channel before it is cut
 MAX_PENDING: Final = 1 << 16  # decisions one sibling may hold leases for at once (beyond: "N", relay)
-DECIDE, ROUTED, NOT_HERE, FINISHED = b"DRNF"
+DECIDE, ROUTED, NOT_HERE, FINISHED, ABANDONED = b"DRNFA"
 RECONNECT_SECONDS: Final = 1.0  # a lost channel is opened again at most this often (meanwhile: relay)
 
 Fields = list[bytes | None]
@@ -183,6 +186,11 @@ class DecisionService:
         if not accepted:
             context.balancer.forget(key, decision)
 
+    def abandoned(self, routed: tuple[Decision, Lease, Turn]) -> None:
+        """A decision the sibling gave up waiting for (it relayed the request): nothing reached the replica
+        through it, so only its lease ends."""
+        routed[1].release()
+
 
 class _OwnerEnd(Channel):
     """One sibling's channel into a ``DecisionService``."""
@@ -212,6 +220,10 @@ class _OwnerEnd(Channel):
             key, routed = held
             self.service.finished(key, routed, fields[0] == b"1", int(fields[1] or b"0"), untext(fields[2]),
                                   fields[3] == b"1")
+        elif kind == ABANDONED and not fields:
+            abandoned = self.pending.pop(ident, None)
+            if abandoned is not None:
+                self.service.abandoned(abandoned[1])
         else:
             log.error("a sibling worker sent a message the decision channel does not know (kind %r): closing it", kind)
             if self.transport is not None:
@@ -323,7 +335,7 @@ class EntryEnd(Channel):
             if ident in self.abandoned:
                 self.abandoned.discard(ident)
                 if kind == ROUTED:
-                    self.finished(ident, False)
+                    self.send(message(ABANDONED, ident))
             return
         answer = asked[0]
         if kind == ROUTED and len(fields) == 4 and fields[0] and fields[1]:
