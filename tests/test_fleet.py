@@ -120,12 +120,12 @@ def grpc_replicas():
             stop(s.process)
 
 
-def grpc_turn(router: Service, key: str) -> str:
+def grpc_turn(router: Service, key: str, metadata: tuple[tuple[str, str], ...] = ()) -> str:
     """One streamed Generate call with session ``key`` through ``router``, read to its end; the replica it went to."""
     assert router.grpc_target is not None
     with grpc.insecure_channel(router.grpc_target) as channel:
         request = pb.GenerateRequest(text="hello there", stream=True, sampling_params=pb.SamplingParams(max_tokens=3))
-        call = pb_grpc.VllmEngineStub(channel).Generate(request, metadata=(("x-session-id", key),))
+        call = pb_grpc.VllmEngineStub(channel).Generate(request, metadata=(("x-session-id", key), *metadata))
         assert list(call)[-1].WhichOneof("response") == "complete"
         return dict(call.initial_metadata())["x-rolloutrouter-replica"]
 
@@ -486,6 +486,29 @@ def test_grpc_calls_are_forwarded_to_the_owner(workdir, grpc_replicas):
         entry, owning = status(routers[0]), status(routers[1])
         assert len(seen) == 1 and entry["fleet"]["forwarded"] == 1 and owning["fleet"]["forwarded"] == 0
         assert owning["new_sessions"] == 1 and owning["affinity_kept"] == 1 and entry["new_sessions"] == 0
+    finally:
+        for router in routers:
+            router.stop()
+
+
+FORGED = "http://127.0.0.1:1"  # a hop mark naming no router of the fleet (never connected to)
+
+
+def test_a_clients_own_hop_mark_does_not_make_a_router_decide_a_key_it_does_not_own(workdir, grpc_replicas):
+    routers = start_router_fleet(2, grpc_replicas, workdir, grpc=True)
+    try:
+        converged(routers, 2)
+        ids = [r.admin_url for r in routers]
+        key = next(k for k in (f"forged-{n}" for n in range(1000)) if owner(k, ids) == ids[1])
+        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        ask = urllib.request.Request(f"{routers[0].url}/v1/chat/completions", data=body.encode(), headers={
+            "Content-Type": "application/json", "X-Session-ID": key, "X-RolloutRouter-Forwarded-By": FORGED})
+        with urllib.request.urlopen(ask, timeout=10) as answer:
+            assert answer.status == 200
+        grpc_turn(routers[0], key, (("x-rolloutrouter-forwarded-by", FORGED),))
+        entry, owning = status(routers[0]), status(routers[1])
+        assert entry["fleet"]["forwarded"] == 2 and entry["sessions"] == 0  # both went to the owner
+        assert (owning["new_sessions"], owning["affinity_kept"], owning["sessions"]) == (1, 1, 1)
     finally:
         for router in routers:
             router.stop()

@@ -290,6 +290,15 @@ class Fleet:
             owner_id = self._owners[key] = owner(key, members)
         return None if owner_id == self.self_id else self.membership.get(owner_id)
 
+    def hopped(self, mark: bytes | None) -> bool:
+        """Whether a request's hop mark (``proxy/owner.py``) names a router of this fleet: a member or a candidate
+        peer, the one a forward comes from. A client's own mark naming anyone else is not honoured, so a
+        client cannot make a router decide a key it does not own (and pin it there beside the owner's pin)."""
+        if mark is None:
+            return False
+        sender = mark.decode("latin-1")
+        return sender == self.self_id or sender in self.membership.peers
+
     def decided_here(self, key: str, hopped: bool) -> bool:
         """Whether ``via_owner`` would return False at once, with nothing to wait for: no owner to forward to
         and no pin to fetch or look up first (the traffic listener's fast path serves such a request)."""

@@ -149,7 +149,8 @@ class GrpcProxy(Listener):
             return call.refuse(h2.INVALID_ARGUMENT, error.message, error.reason)
         fleet = self.context.fleet
         if fleet is not None and key is not None and await fleet.via_owner(
-                key, any(name == HOP for name, _ in call.metadata), lambda member: to_owner(call, fleet, member)):
+                key, fleet.hopped(next((value for name, value in call.metadata if name == HOP), None)),
+                lambda member: to_owner(call, fleet, member)):
             return
         if call.finished:
             return

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from ...fleet.rlstate import Paused
 from ...policy import NoReplicaError
@@ -25,6 +26,9 @@ from .relay import STALE, WAITING, Exchange, attempt, request_bytes, verdict
 from .routes import REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import KEEPALIVE_SECONDS, Pools
+
+if TYPE_CHECKING:
+    from ...fleet.node import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +78,7 @@ class HttpProxy(HttpListener):
             if not forwarded(path):
                 return False
             key, group = (None, None) if unkeyed(path) else self._keys(request)
-            if fleet is not None and key is not None and not fleet.decided_here(key, hopped := _hopped(request)):
+            if fleet is not None and key is not None and not fleet.decided_here(key, hopped := _hopped(fleet, request)):
                 # a sibling worker's key: ask it; else its owner router relays, or a pin to fetch first
                 return not hopped and self._delegate(client, request, key, group)
             routed = route(context, key, group=group)
@@ -141,7 +145,7 @@ class HttpProxy(HttpListener):
         forwarding = Forwarding(self, client, request, key, group)
         fleet = self.context.fleet
         if fleet is not None and key is not None and await fleet.via_owner(
-                key, _hopped(request),
+                key, _hopped(fleet, request),
                 lambda owner: to_owner(self, fleet, client, request, forwarding.headers, owner)):
             return
         await self._send(forwarding)
@@ -262,9 +266,9 @@ class HttpProxy(HttpListener):
                 exchange.timeout()
 
 
-def _hopped(request: HttpRequest) -> bool:
-    """Another router of the fleet sent this request here (its hop header)."""
-    return bool(request.keys and HOP in request.keys)
+def _hopped(fleet: Fleet, request: HttpRequest) -> bool:
+    """Another router of the fleet sent this request here (its hop header, naming it)."""
+    return fleet.hopped(request.keys.get(HOP) if request.keys else None)
 
 
 def write_admin(listener: HttpListener, client: ClientConnection, request: HttpRequest, answer: admin.AdminAnswer,
