@@ -126,6 +126,8 @@ def test_bad_resources_are_rejected_naming_the_field(change, field):
 CEL_ONLY = [  # the schema's CEL rules, which jsonschema cannot run: the operator's own check mirrors each
     ({"selector": {}}, "selector must have matchLabels or matchExpressions"),
     ({"selector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}}, "In and NotIn need values"),
+    ({"selector": {"matchLabels": {"a": "b"}}, "networkPolicy": {"prometheus": {"namespaceSelector": {
+        "matchExpressions": [{"key": "a", "operator": "NotIn"}]}}}}, "In and NotIn need values"),
     ({"selector": {"matchLabels": {"a": "b"}}, "router": {"tolerations": [{"operator": "Equal"}]}}, "without a key"),
     ({"selector": {"matchLabels": {"a": "b"}}, "router": {"env": [{"name": "A", "value": "1", "valueFrom": {}}]}},
      "not both"),

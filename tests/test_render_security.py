@@ -2,6 +2,8 @@
 and a resource whose status is null reaching the handlers."""
 from __future__ import annotations
 
+import re
+
 import kopf
 import kubernetes_validate
 import pytest
@@ -68,6 +70,27 @@ def test_the_network_policy_is_applied_before_the_router_pods_can_start():
 def test_a_peer_must_be_selectors_or_an_ip_block(peer):
     with pytest.raises(InvalidSpec, match=r"spec\.networkPolicy\.clients\[0\]"):
         render(resource({"networkPolicy": {"enabled": True, "clients": [peer]}}))
+
+
+@pytest.mark.parametrize(("peer", "problem"), [
+    ({"ipBlock": {"cidr": "10.0.0.0/33"}}, r"ipBlock\.cidr: .*'10\.0\.0\.0/33' is not a CIDR"),
+    ({"ipBlock": {"cidr": "10.0.0.1"}}, r"ipBlock\.cidr: .*'10\.0\.0\.1' is not a CIDR"),
+    ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.0.0.0/8"]}}, r"except\[0\] '10\.0\.0\.0/8' must be a strict"),
+    ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16", "192.168.0.0/16"]}}, r"except\[1\]"),
+    ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["fd00::/64"]}}, r"except\[0\] 'fd00::/64' must be a strict"),
+    ({"podSelector": {"matchExpressions": [{"key": "role", "operator": "In"}]}},
+     r"podSelector\.matchExpressions\[role\]: In and NotIn need values"),
+    ({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["rl"]}]}},
+     r"namespaceSelector\.matchExpressions\[team\]: .*Exists and DoesNotExist take none"),
+])
+def test_a_peer_the_api_server_would_refuse_is_an_invalid_spec_before_any_child(peer, problem):
+    """Refused by the operator, not by the API server when the NetworkPolicy is applied: a bad peer names its
+    field in the resource's condition and no child is applied (not the ConfigMap before a refused policy)."""
+    with pytest.raises(InvalidSpec, match=r"spec\.networkPolicy\.clients\[0\]") as refused:
+        render(resource({"networkPolicy": {"enabled": True, "clients": [peer]}}))
+    assert re.search(problem, str(refused.value)), refused.value
+    good = {"ipBlock": {"cidr": "10.0.0.1/8", "except": ["10.0.5.0/24", "10.1.0.0/16"]}}  # host bits may be set
+    assert policy_of(render(resource({"networkPolicy": {"enabled": True, "clients": [good]}}))) is not None
 
 
 def test_an_image_off_the_allowlist_is_an_invalid_spec_and_renders_nothing():

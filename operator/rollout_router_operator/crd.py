@@ -109,10 +109,23 @@ def model_schema(model: type[BaseModel]) -> dict:
     return _structural(raw, raw.get("$defs", {}))
 
 
+def _check_requirements(node: Any) -> None:
+    """REQUIREMENT_RULE on every label selector's matchExpressions (spec.selector, the NetworkPolicy peers'):
+    LabelSelectorRequirement belongs to the router's settings, which carry no CEL."""
+    if isinstance(node, list):
+        for item in node:
+            _check_requirements(item)
+    elif isinstance(node, dict):
+        expressions = node.get("properties", {}).get("matchExpressions")
+        if isinstance(expressions, dict) and "items" in expressions:
+            expressions["items"]["x-kubernetes-validations"] = [dict(REQUIREMENT_RULE)]  # a copy: no YAML alias
+        for value in node.values():
+            _check_requirements(value)
+
+
 def crd_manifest() -> dict:
     spec = model_schema(RolloutRouterSpec)
-    spec["properties"]["selector"]["properties"]["matchExpressions"]["items"]["x-kubernetes-validations"] = [
-        REQUIREMENT_RULE]  # LabelSelectorRequirement belongs to the router's settings, which carry no CEL
+    _check_requirements(spec)
     status = model_schema(RolloutRouterStatus)
     status["properties"]["conditions"]["x-kubernetes-list-type"] = "map"
     status["properties"]["conditions"]["x-kubernetes-list-map-keys"] = ["type"]

@@ -8,11 +8,12 @@ operator reports them when the server does not run CEL, e.g. the emulator).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool, StrictInt, model_validator
+from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from rollout_router.settings import PORT_RULE, LabelSelector, MetricsSettings, Model, PolicySettings, Port, RlSettings
 
@@ -143,9 +144,46 @@ class RouterDeploymentSpec(Model):
 
 
 class IPBlock(Model):
+    """An IP range, as in a NetworkPolicy's ipBlock."""
+
+    # Checked here as the API server checks a NetworkPolicy's (the CRD cannot: CEL's isCIDR needs Kubernetes
+    # 1.31), so a bad one is the resource's InvalidSpec before any child is applied, not a refused child.
     cidr: str = Field(description="A CIDR, e.g. 10.0.0.0/16.")
     # `except` is a Python keyword: the field is named for its alias.
     except_: list[str] = Field(default_factory=list, alias="except", description="CIDRs inside cidr to leave out.")
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        _network(value)
+        return value
+
+    @model_validator(mode="after")
+    def _inside(self) -> IPBlock:
+        outer = _network(self.cidr)
+        for index, value in enumerate(self.except_):
+            inner = _network(value)
+            inside = inner.version == outer.version and inner.subnet_of(outer)  # type: ignore[arg-type]  # same family
+            if not inside or inner.prefixlen <= outer.prefixlen:
+                raise ValueError(f"except[{index}] {value!r} must be a strict subset of cidr {self.cidr!r}")
+        return self
+
+
+def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A CIDR as Kubernetes reads it (an address and a prefix length; host bits may be set), or the error."""
+    try:
+        if "/" in value:
+            return ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        pass
+    raise ValueError(f"{value!r} is not a CIDR (e.g. 10.0.0.0/16 or fd00::/8)")
+
+
+def check_requirements(selector: LabelSelector | None, where: str) -> None:
+    """In and NotIn with values, Exists and DoesNotExist without, as the API server checks a selector."""
+    for expr in selector.match_expressions if selector is not None else ():
+        if (expr.operator in ("In", "NotIn")) != bool(expr.values):
+            raise ValueError(f"{where}.matchExpressions[{expr.key}]: {REQUIREMENT_RULE['message']}")
 
 
 PEER_RULE = cel("has(self.ipBlock) ? !has(self.podSelector) && !has(self.namespaceSelector) : "
@@ -168,6 +206,8 @@ class NetworkPolicyPeer(Model):
         selectors = self.pod_selector is not None or self.namespace_selector is not None
         if selectors == (self.ip_block is not None):
             raise ValueError(PEER_RULE["message"])
+        check_requirements(self.pod_selector, "podSelector")
+        check_requirements(self.namespace_selector, "namespaceSelector")
         return self
 
 
@@ -272,9 +312,7 @@ class RolloutRouterSpec(PolicySettings):
     def _selector(self) -> RolloutRouterSpec:
         if not self.selector.match_labels and not self.selector.match_expressions:
             raise ValueError(f"selector: {SELECTOR_RULE['message']}")
-        for expr in self.selector.match_expressions:
-            if (expr.operator in ("In", "NotIn")) != bool(expr.values):
-                raise ValueError(f"selector.matchExpressions[{expr.key}]: {REQUIREMENT_RULE['message']}")
+        check_requirements(self.selector, "selector")
         return self
 
 

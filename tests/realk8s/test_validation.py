@@ -29,6 +29,10 @@ def rollouts(spec: dict) -> str:
     ({"selector": {}}, "spec.selector: Invalid value: \"object\": selector must have matchLabels or matchExpressions"),
     ({"selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
      "In and NotIn need values"),
+    ({"selector": {"matchLabels": {"app": "vllm"}},
+      "networkPolicy": {"enabled": True, "clients": [{"podSelector": {"matchExpressions": [
+          {"key": "role", "operator": "NotIn"}]}}]}},
+     "networkPolicy.clients[0].podSelector.matchExpressions[0]: Invalid value: \"object\": In and NotIn need values"),
     ({"selector": {"matchLabels": {"app": "vllm"}}, "affinityBreakMarginn": 3}, 'unknown field "spec.affinityBreakMarginn"'),
     ({"selector": {"matchLabels": {"app": "vllm"}}, "router": {"sessionOwner": "entry"}},
      'spec.router.sessionOwner: Unsupported value: "entry"'),
@@ -44,7 +48,8 @@ def rollouts(spec: dict) -> str:
      "spec.backendPort: Invalid value: \"object\": a port is a number from 1 to 65535"),
     ({"selector": {"matchLabels": {"app": "vllm"}}, "grpcPort": "Grpc_Port"},
      "spec.grpcPort: Invalid value: \"object\": a port is a number from 1 to 65535"),
-], ids=["negative-margin", "unknown-policy", "empty-selector-cel", "in-without-values-cel", "unknown-field",
+], ids=["negative-margin", "unknown-policy", "empty-selector-cel", "in-without-values-cel",
+        "peer-notin-without-values-cel", "unknown-field",
         "lower-case-session-owner", "entry-without-ownership-cel", "cost-affinity-without-margin-cel",
         "scrape-timeout-over-interval-cel", "interval-in-days", "port-out-of-range-cel", "port-name-cel"])
 def test_api_server_rejects_what_the_crd_schema_catches(cluster, namespace, spec, expected):
