@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -208,6 +209,7 @@ def test_a_reconcile_that_cannot_list_pods_applies_its_children_and_says_why_in_
     wait_for(lambda: "Updating is processed: 1 succeeded" in faulty.log.read_text(), "the update's reconcile to end")
     assert faulty.faults.injected[403] >= 1
     assert "Traceback" not in faulty.log.read_text()
+    assert re.search(r"status poll failed, the status timer tries again within [0-9.]+s: .*403", faulty.log.read_text())
     assert faulty.rr()["status"]["observedGeneration"] == 1
     faulty.faults.pods_forbidden = False
     wait_for(lambda: faulty.rr()["status"].get("observedGeneration") == 2, "the status once pods list again")

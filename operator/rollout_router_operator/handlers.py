@@ -31,10 +31,10 @@ from .status import collect, invalid, rejected
 MISSING_KIND_RECHECK = 6
 
 
-def _poll_failed(logger: logging.Logger | logging.LoggerAdapter[Any], error: Exception) -> None:
+def _poll_failed(logger: logging.Logger | logging.LoggerAdapter[Any], error: Exception, interval: float) -> None:
     """Reading the routers' state failed: counted and said in one line; the status timer tries again."""
     metrics.status_poll_failed()
-    logger.warning("status poll failed, the status timer tries again: %s", error)
+    logger.warning("status poll failed, the status timer tries again within %gs: %s", interval, error)
 
 
 def _retry(error: Exception, retry: int) -> kopf.TemporaryError:
@@ -139,7 +139,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
                 try:
                     document = await collect(dict(body), generation, token_key)
                 except (kube.RetryableError, ApiError) as error:  # e.g. 403 listing pods: the children stand
-                    _poll_failed(logger, error)
+                    _poll_failed(logger, error, status_interval)
                     return generation, None, False  # the status timer reads the routers again
         try:  # after the run is counted: a failed write retries the handler, which counts again
             await _write_status(body["metadata"], document)
@@ -182,4 +182,4 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
             try:
                 await _write_status(body["metadata"], await collect(dict(body), generation, token_key))
             except (kube.RetryableError, ApiError) as error:
-                _poll_failed(logging.getLogger(__name__), error)
+                _poll_failed(logging.getLogger(__name__), error, status_interval)
