@@ -97,10 +97,7 @@ def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
                    if obs.routers_ready < obs.routers_desired else ("False", "Stable", "all router pods ready"))
     degraded = (("True", "RoutersUnreachable", "no /status from " + ", ".join(obs.unreachable))
                 if obs.unreachable else ("False", "AsExpected", ""))
-    kept = ledger.carry(previous.get("ledger") or {}, sorted({*obs.listed, *obs.reports, *obs.unreachable}),
-                        {pod: ledger.entry(report.get("started_at"), ledger.flat(report, PATHS))
-                         for pod, report in obs.reports.items()})
-    sums = ledger.totals(kept, PATHS)
+    carried, sums = _carried(obs, previous)
     count = {path: int(value) for path, value in sums.items()}
     affinity = Affinity(**{name: count[key] for name, key in COUNTERS.items()},
                         read_at=obs.read_at, routers_read=len(obs.reports), unreachable=obs.unreachable,
@@ -111,10 +108,18 @@ def summarize(obs: Observation, previous: dict, generation: int | None) -> dict:
     status = RolloutRouterStatus(observed_generation=generation, backends=backends, routers=routers, affinity=affinity,
                                  fleet=fleet, rl=rl)
     document = status.dump()
-    document["ledger"] = kept  # as carried: counts stay integers (the model's schema says number)
+    document["ledger"] = carried  # as carried: counts stay integers (the model's schema says number)
     document["conditions"] = conditions(previous.get("conditions", []), [
         ("Ready", *ready), ("Progressing", *progressing), ("Degraded", *degraded)], generation, obs.read_at)
     return document
+
+
+def _carried(obs: Observation, previous: dict) -> tuple[dict, dict[str, float]]:
+    """The ledger carried over from ``previous`` with this poll's reports, and every counter's sum from it."""
+    carried = ledger.carry(previous.get("ledger") or {}, sorted({*obs.listed, *obs.reports, *obs.unreachable}),
+                           {pod: ledger.entry(report.get("started_at"), ledger.flat(report, PATHS))
+                            for pod, report in obs.reports.items()})
+    return carried, ledger.totals(carried, PATHS)
 
 
 def ttfb_moved_vs_kept(sums: dict[str, float]) -> str | None:
