@@ -164,6 +164,16 @@ async def test_unary_calls_stick_to_one_replica(router, replicas):
     assert all(m["metadata"]["x-session-id"] for m in seen)
 
 
+async def test_a_clients_hop_mark_is_never_relayed(router, replicas):
+    """As over HTTP (tests/test_proxy.py): the mark a call came with is not what the replica (or an owner) gets."""
+    _, _, channel = router
+    call = channel.unary_unary("/test.Echo/Unary")(b"x", metadata=(
+        ("x-session-id", "s"), ("x-rolloutrouter-forwarded-by", "http://127.0.0.1:1")))
+    await call
+    [seen] = [m for r in replicas for m in r.seen]
+    assert seen["metadata"]["x-session-id"] == "s" and "x-rolloutrouter-forwarded-by" not in seen["metadata"]
+
+
 async def test_server_streaming_passes_messages_and_metadata_through(router):
     _, runtime, channel = router
     call = channel.unary_stream("/test.Echo/Stream")(b"tok", metadata=(("x-session-id", "s"),))

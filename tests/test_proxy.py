@@ -227,6 +227,19 @@ async def test_headers_query_and_replica_header_forwarded(replicas, http):
     assert seen["headers"]["X-Session-ID"] == "q"
 
 
+async def test_a_clients_hop_mark_is_never_relayed(replicas, http):
+    """The fleet's hop mark is read, never forwarded: a router forwarding to an owner adds its own, so the owner
+    reads that one and not one a client sent first (else a forged mark could make two routers forward a turn to
+    each other while their views differ); a replica gets none."""
+    async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, _):
+        async with http.post(f"{base}/v1/chat/completions", json=CHAT, headers={
+                "X-Session-ID": "q", "X-RolloutRouter-Forwarded-By": "http://127.0.0.1:1"}) as response:
+            assert response.status == 200
+            served_by = response.headers["X-RolloutRouter-Replica"]
+    seen = next(r for r in replicas if r.url == served_by).seen[0]
+    assert seen["headers"]["X-Session-ID"] == "q" and "X-RolloutRouter-Forwarded-By" not in seen["headers"]
+
+
 @pytest.mark.parametrize("policy", ["affinity", "consistent_hash"])
 async def test_live_session_limits_apply_under_every_session_policy(replicas, http, tmp_path, policy):
     """A reload of maxSessions / idleTimeoutSeconds reaches the pin table whatever the policy."""

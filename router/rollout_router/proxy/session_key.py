@@ -28,16 +28,15 @@ def session_key(headers: Mapping[str, str], body: bytes, settings: SessionSettin
 class KeyNames:
     """The session-key header names, lower-cased, in precedence order; recomputed when the settings change.
 
-    ``of`` also returns the names as a set with ``also`` and the group-key names (the headers a parser must
+    ``of`` also returns the names as a set with the group-key names (the headers a parser must
     keep for the listener); ``groups`` then holds the group-key names, lower-cased, in precedence order, and
     ``session_pairs`` and ``group_pairs`` each key's headers as (configured name, lower-cased), for lookups that
     name the header in their errors.
     """
 
-    __slots__ = ("_also", "_session", "_group", "_names", "_kept", "groups", "session_pairs", "group_pairs")
+    __slots__ = ("_session", "_group", "_names", "_kept", "groups", "session_pairs", "group_pairs")
 
-    def __init__(self, *also: bytes) -> None:
-        self._also = also
+    def __init__(self) -> None:
         self._session: SessionSettings | None = None
         self._group: GroupSettings | None = None
         self._names: tuple[bytes, ...] = ()
@@ -53,7 +52,7 @@ class KeyNames:
             self._session, self._group, self._names = session, group, names
             self.session_pairs = tuple(zip(session.headers, names))
             self.group_pairs = tuple(zip(group.headers, self.groups)) if group is not None else ()
-            self._kept = frozenset((*names, *self.groups, *self._also))
+            self._kept = frozenset((*names, *self.groups))
         return self._names, self._kept
 
 

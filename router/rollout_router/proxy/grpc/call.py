@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ...health import CLOSED, TIMEOUT
+from ..owner import HOP
 from . import h2
 from .usage import LastMessage
 
@@ -205,8 +206,10 @@ class Call:
             return REFUSED
         self.upstream = conn
         chunks, ended = self.chunks, self.request_ended
+        # The hop mark a call came with is never relayed: a forward carries this router's own (``extra``), which
+        # the owner must read rather than one a client sent; a replica gets none.
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path), (b":authority", target.encode()),
-                (b"te", b"trailers"), *self.metadata, *extra]
+                (b"te", b"trailers"), *(h for h in self.metadata if h[0] != HOP), *extra]
         self.ustream = stream = conn.open(self, head, ended and not chunks)
         for index, chunk in enumerate(chunks):
             conn.send_data(stream, chunk, ended and index == len(chunks) - 1)

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import httptools
 
+from .. import owner
 from ..errors import RouterError
 from .routes import HOP_BY_HOP
 
 # What on_header does with a header, by lower-cased name (``header_kinds``); no entry: forwarded as it came.
-HOST, CONNECTION, TRANSFER, EXPECT, LENGTH, HOP, KEY, TYPE, ENCODING = range(9)
+# MARK, the fleet's hop mark, is read and never forwarded: a router forwarding to an owner adds its own, so the
+# owner reads that one, not one a client sent first (``Fleet.hopped``), and no replica sees either.
+HOST, CONNECTION, TRANSFER, EXPECT, LENGTH, HOP, MARK, KEY, TYPE, ENCODING = range(10)
 _HOP_KINDS = dict.fromkeys(HOP_BY_HOP, HOP) | {b"host": HOST, b"connection": CONNECTION,
                                                b"transfer-encoding": TRANSFER, b"expect": EXPECT,
-                                               b"content-length": LENGTH}
+                                               b"content-length": LENGTH, owner.HOP: MARK}
 
 
 def header_kinds(keys: frozenset[bytes]) -> dict[bytes, int]:

@@ -27,7 +27,7 @@ import httptools
 from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS
 from . import wire
-from .request import CONNECTION, EXPECT, HOST, KEY, LENGTH, TRANSFER, TYPE, HttpRequest, head_error, header_kinds
+from .request import CONNECTION, EXPECT, HOST, KEY, LENGTH, MARK, TRANSFER, TYPE, HttpRequest, head_error, header_kinds
 from .routes import connection_tokens
 
 if TYPE_CHECKING:
@@ -173,6 +173,10 @@ class ClientConnection(asyncio.Protocol):
                 request.content_encoding = value
         elif kind == HOST:  # hop-by-hop from here on, Host among them: the replica gets its own
             request.hosts += 1
+        elif kind == MARK:  # read, never forwarded (``request.MARK``)
+            if request.keys is None:
+                request.keys = {}
+            request.keys.setdefault(lower, value)
         elif kind == CONNECTION:
             request.connection = value if request.connection is None else request.connection + b"," + value
         elif kind == TRANSFER:

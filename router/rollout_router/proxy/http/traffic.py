@@ -43,7 +43,7 @@ class HttpProxy(HttpListener):
         self.pools = Pools()
         self.active: set[Exchange] = set()
         self.answering = 0  # requests being answered now (decided, forwarded or relayed)
-        self._key_names = KeyNames(HOP)  # the parser keeps the hop header too
+        self._key_names = KeyNames()
         self.decisions: DecisionClient | None = None  # a --workers N worker's channels to its siblings
 
     def limits(self) -> Limits:
