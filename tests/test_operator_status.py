@@ -4,10 +4,13 @@ from __future__ import annotations
 import json
 
 import aiohttp
+import kopf
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollout_router_operator import handlers
+from rollout_router_operator import status as status_module
 from rollout_router_operator.status import (
     MAX_STATUS_BYTES,
     BadStatus,
@@ -18,6 +21,7 @@ from rollout_router_operator.status import (
     rejected,
     summarize,
 )
+from tests.test_render_security import _handler, resource
 
 
 def obs(**changes) -> Observation:
@@ -398,3 +402,35 @@ def test_the_summed_counters_are_what_every_pod_ever_counted_up_to_its_last_answ
         assert status["affinity"]["kept"] >= shown
         shown = status["affinity"]["kept"]
         assert shown == counted + sum(answered.values())
+
+
+async def test_a_reconcile_with_a_body_older_than_the_timers_last_write_loses_no_count(monkeypatch):
+    """kopf hands a reconcile the body of its event, which can predate what the timer wrote while the reconcile
+    waited for the status lock: computed from that body's status, a pod replaced meanwhile would take its counts
+    with it. The status handlers build on what they last wrote."""
+    written: list[dict] = []
+    seen = [obs(reports={"old-pod": {"affinity_kept": 5}}, listed=["old-pod"])]
+
+    async def patch_status(namespace, name, document):
+        written.append(document)
+
+    async def observe(*args, **kwargs):
+        return seen[-1]
+
+    async def apply(manifest):
+        pass
+    monkeypatch.setattr(handlers.kube, "patch_status", patch_status)
+    monkeypatch.setattr(handlers.kube, "apply", apply)
+    monkeypatch.setattr(handlers.kube, "delete", lambda *args: apply(None))
+    monkeypatch.setattr(status_module, "observe", observe)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, 1.0, "example.com/rr:1")
+    body = {**resource(), "status": None}
+    body["metadata"]["generation"] = 1
+    memo = kopf.Memo()
+    logger = kopf.LocalObjectLogger(body=kopf.Body(body), settings=kopf.OperatorSettings())
+    await _handler(registry, "refresh")(body=kopf.Body(body), memo=memo)
+    assert written[-1]["affinity"]["kept"] == 5
+    seen.append(obs(reports={"new-pod": {"affinity_kept": 1}}, listed=["new-pod"]))  # the pod was replaced
+    await _handler(registry, "reconcile")(body=kopf.Body(body), retry=0, reason="update", memo=memo, logger=logger)
+    assert written[-1]["affinity"]["kept"] == 6 and written[-1]["ledger"]["retired"]["affinity_kept"] == 5

@@ -88,14 +88,22 @@ def _status_lock(memo: kopf.Memo) -> asyncio.Lock:
     return lock
 
 
-def _status(body: kopf.Body) -> dict:
-    """The resource's status as a plain dict; ``{}`` when it is null or missing (a new resource)."""
-    return dict(body.get("status") or {})
+def _status(body: kopf.Body, memo: kopf.Memo) -> dict:
+    """The resource's status as this operator last wrote it (``memo``), else as the body has it (``{}`` when it
+    is null or missing: a new resource). A reconcile's body can be older than what the timer wrote while it
+    waited for the lock; computed from it, the status would undo that write (and the ledger lose counts)."""
+    written = memo.get("status")
+    return dict(written) if written is not None else dict(body.get("status") or {})
 
 
-async def _write_status(meta: Mapping[str, Any], document: dict) -> None:
-    """Patch the status and let the metrics see what was written."""
+def _with_status(body: kopf.Body, status: dict) -> dict:
+    return {**body, "status": status}
+
+
+async def _write_status(meta: Mapping[str, Any], previous: dict, document: dict, memo: kopf.Memo) -> None:
+    """Patch the status (a merge patch over ``previous``), remember what it is now, let the metrics see it."""
     await kube.patch_status(meta["namespace"], meta["name"], document)
+    memo["status"] = {**previous, **document}  # the top-level fields it writes are whole (ledger.pods: a list)
     metrics.status_written(meta["namespace"], meta["name"], document)
 
 
@@ -110,16 +118,17 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
     async def reconcile(body: kopf.Body, retry: int, reason: str, memo: kopf.Memo,
                         logger: logging.Logger | logging.LoggerAdapter[Any], **_: object) -> None:
         async with _status_lock(memo):
-            generation, problem, missing_kind = await _reconcile(body, retry, reason, logger)
+            generation, problem, missing_kind = await _reconcile(body, retry, reason, logger, memo)
             memo["observed"] = generation, not problem
         if missing_kind:  # reported, and looked for again: installing the CRD later heals the resource by itself
             raise kopf.TemporaryError(problem, delay=status_interval * MISSING_KIND_RECHECK)
 
     async def _reconcile(body: kopf.Body, retry: int, reason: str, logger: logging.Logger | logging.LoggerAdapter[Any],
-                         ) -> tuple[int | None, str | None, bool]:
+                         memo: kopf.Memo) -> tuple[int | None, str | None, bool]:
         """Apply the children and write the status: the generation observed, the problem that made it invalid
         (or None), and whether that problem is a kind the API does not serve (a CRD not installed yet)."""
         generation = body["metadata"].get("generation")
+        previous = _status(body, memo)
         missing_kind = False
         with metrics.reconcile(kopf.Reason(reason).value) as run:
             try:
@@ -134,15 +143,15 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
             if problem:  # reported; retried only for a missing kind, else nothing changes until the spec does
                 logger.warning("invalid spec: %s", problem)
                 run.outcome = metrics.INVALID_SPEC
-                document = invalid(_status(body), generation, problem)
+                document = invalid(previous, generation, problem)
             else:
                 try:
-                    document = await collect(dict(body), generation, token_key)
+                    document = await collect(_with_status(body, previous), generation, token_key)
                 except (kube.RetryableError, ApiError) as error:  # e.g. 403 listing pods: the children stand
                     _poll_failed(logger, error, status_interval)
                     return generation, None, False  # the status timer reads the routers again
         try:  # after the run is counted: a failed write retries the handler, which counts again
-            await _write_status(body["metadata"], document)
+            await _write_status(body["metadata"], previous, document, memo)
         except kube.RetryableError as error:
             raise _retry(error, retry) from error
         return generation, problem, missing_kind
@@ -174,12 +183,13 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
         """Poll the routers; observedGeneration stays what reconcile last applied. Never raises on
         an API error: the next tick tries again, whatever the API answered this time."""
         async with _status_lock(memo):  # never a document computed before a reconcile written after it
-            status = _status(body)  # after a restart, before the resume handler ran: as last written
+            status = _status(body, memo)  # after a restart, before the resume handler ran: as last written
             generation, valid = memo.get("observed") or (status.get("observedGeneration"),
                                                          not rejected(status, body["metadata"].get("generation")))
             if not valid:
                 return  # reconcile found this generation invalid: nothing runs, and its message stays
             try:
-                await _write_status(body["metadata"], await collect(dict(body), generation, token_key))
+                await _write_status(body["metadata"], status,
+                                    await collect(_with_status(body, status), generation, token_key), memo)
             except (kube.RetryableError, ApiError) as error:
                 _poll_failed(logging.getLogger(__name__), error, status_interval)
