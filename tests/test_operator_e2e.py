@@ -231,13 +231,13 @@ def test_an_exposed_service_moves_the_admin_port_to_a_service_of_its_own_and_bac
     def ports(service: str) -> list[str] | None:
         body = get_object(c, "v1", "Service", service)
         return None if body is None else [p["name"] for p in body["spec"]["ports"]]
-    assert ports(f"{name}-router") == ["http", "admin"] and ports(f"{name}-admin") is None
+    assert ports(f"{name}-router") == ["http", "admin"] and ports(f"{name}-router-admin") is None
     c.patch_rr(name, {"router": {"service": {"type": "NodePort"}}})
-    wait_for(lambda: ports(f"{name}-admin") == ["admin"] and ports(f"{name}-router") == ["http"],
+    wait_for(lambda: ports(f"{name}-router-admin") == ["admin"] and ports(f"{name}-router") == ["http"],
              "the admin port on its own ClusterIP Service")
-    assert get_object(c, "v1", "Service", f"{name}-admin")["spec"]["type"] == "ClusterIP"
+    assert get_object(c, "v1", "Service", f"{name}-router-admin")["spec"]["type"] == "ClusterIP"
     c.patch_rr(name, {"router": {"service": {"type": "ClusterIP"}}})
-    wait_for(lambda: ports(f"{name}-admin") is None and ports(f"{name}-router") == ["http", "admin"],
+    wait_for(lambda: ports(f"{name}-router-admin") is None and ports(f"{name}-router") == ["http", "admin"],
              "one Service again")
 
 

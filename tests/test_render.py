@@ -19,11 +19,8 @@ def resource(spec: dict | None = None, name: str = "rr1") -> dict:
 
 
 def by_kind(manifests: list[dict]) -> dict[str, dict]:
-    """The first child of each kind (the traffic Service before an exposed router's admin Service)."""
-    kinds: dict[str, dict] = {}
-    for manifest in manifests:
-        kinds.setdefault(manifest["kind"], manifest)
-    return kinds
+    """The last child of each kind (the traffic Service, after an exposed router's admin Service)."""
+    return {m["kind"]: m for m in manifests}
 
 
 FULL = {
@@ -130,13 +127,18 @@ def test_every_optional_field_lands():
 def test_an_exposed_router_exposes_its_traffic_ports_and_keeps_the_admin_port_in_the_cluster(exposed):
     spec = {"grpcPort": 50051, "router": {"service": {"type": exposed}}, "serviceMonitor": {"enabled": True}}
     services = {m["metadata"]["name"]: m for m in render(resource(spec)) if m["kind"] == "Service"}
-    assert list(services) == ["rr1-router", "rr1-admin"]
-    traffic, admin = services["rr1-router"], services["rr1-admin"]
+    assert list(services) == ["rr1-router-admin", "rr1-router"]  # applied in order: the admin port never lacks one
+    traffic, admin = services["rr1-router"], services["rr1-router-admin"]
     assert traffic["spec"]["type"] == exposed and [p["name"] for p in traffic["spec"]["ports"]] == ["http", "grpc"]
     assert admin["spec"] == {"type": "ClusterIP", "selector": router_labels("rr1"),
                              "ports": [{"name": "admin", "port": 8081, "targetPort": "admin", "protocol": "TCP"}]}
     assert admin["metadata"]["labels"] == traffic["metadata"]["labels"]  # what the ServiceMonitors select
-    assert ("v1", "Service", "rr1-admin") in child_refs("rr1")  # deleted again when the Service is ClusterIP
+    assert ("v1", "Service", "rr1-router-admin") in child_refs("rr1")  # deleted again when the Service is ClusterIP
+    with pytest.raises(InvalidSpec, match=r"metadata\.name: at most 50 characters with spec\.router\.service\.type "
+                                          f"{exposed} \\(its admin port's Service is '{'x' * 51}-router-admin'\\)"):
+        render(resource(spec, name="x" * 51))
+    assert render(resource(spec, name="x" * 50)) and render(resource(name="x" * 56))  # ClusterIP: 56 as before
+    assert all(len(ref[2]) <= 63 for ref in child_refs("x" * 56) if ref[1] == "Service")
     inside = [m for m in render(resource({"grpcPort": 50051})) if m["kind"] == "Service"]
     assert [p["name"] for s in inside for p in s["spec"]["ports"]] == ["http", "admin", "grpc"]  # one Service
 

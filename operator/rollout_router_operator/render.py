@@ -37,6 +37,7 @@ ROUTER_TERMINATION_GRACE_SECONDS = 30
 TOKEN_DIR, TOKEN_FILE = "/var/run/secrets/rollout-router", "token"  # the admin token Secret, mounted
 RUN_AS = 65532  # the "nonroot" user of distroless images
 MAX_NAME = 56  # children are "<name>-router", and a Service name is at most 63 characters
+MAX_EXPOSED_NAME = 50  # ... and an exposed router's admin Service is "<name>-router-admin"
 RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "POD_IP", "PYTHONDONTWRITEBYTECODE"}
 # On the router Service of a resource with its own ServiceMonitor; the chart's ServiceMonitor skips such Services.
 OWN_MONITOR_LABEL = {"rolloutrouter.dev/service-monitor": "own"}
@@ -65,8 +66,9 @@ def child_name(name: str) -> str:
 
 
 def admin_service_name(name: str) -> str:
-    """The admin port's own Service when the traffic Service is exposed (NodePort, LoadBalancer)."""
-    return f"{name}-admin"  # not "<name>-router-admin": a Service name is at most 63 characters (MAX_NAME)
+    """The admin port's own Service when the traffic Service is exposed (NodePort, LoadBalancer): named like
+    the other children, so it never takes the name of a Service of the user's."""
+    return f"{child_name(name)}-admin"
 
 
 def token_secret_name(name: str) -> str:
@@ -95,7 +97,8 @@ def child_refs(name: str) -> list[tuple[str, str, str]]:
     return [("v1", "ServiceAccount", full), ("rbac.authorization.k8s.io/v1", "Role", full),
             ("rbac.authorization.k8s.io/v1", "RoleBinding", full), ("v1", "Secret", token_secret_name(name)),
             ("v1", "ConfigMap", f"{full}-config"),
-            ("apps/v1", "Deployment", full), ("v1", "Service", full), ("v1", "Service", admin_service_name(name)),
+            ("apps/v1", "Deployment", full), ("v1", "Service", full),
+            *([("v1", "Service", admin_service_name(name))] if len(name) <= MAX_EXPOSED_NAME else []),
             ("policy/v1", "PodDisruptionBudget", full),
             ("networking.k8s.io/v1", "NetworkPolicy", full), ("monitoring.coreos.com/v1", "ServiceMonitor", full)]
 
@@ -119,6 +122,9 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
         raise InvalidSpec(describe_spec_error(error)) from None
     if len(name) > MAX_NAME:
         raise InvalidSpec(f"metadata.name: at most {MAX_NAME} characters (children are named {child_name(name)!r})")
+    if spec.router.service.type != "ClusterIP" and len(name) > MAX_EXPOSED_NAME:
+        raise InvalidSpec(f"metadata.name: at most {MAX_EXPOSED_NAME} characters with spec.router.service.type "
+                          f"{spec.router.service.type} (its admin port's Service is {admin_service_name(name)!r})")
     if not DNS_LABEL.fullmatch(name):  # kopf takes any DNS subdomain; the Service would be refused after the pods ran
         raise InvalidSpec(f"metadata.name: {name!r} must be lower-case letters, digits and '-', starting with a "
                           f"letter (the Service {child_name(name)!r} is named after it)")
@@ -239,8 +245,9 @@ def _service_monitor_spec(name: str, spec: RolloutRouterSpec, token_secret: str 
 def _services(name: str, spec: RolloutRouterSpec) -> list[tuple[str, dict]]:
     """(name, spec) of the router's Services. A ClusterIP Service carries the traffic ports and the admin port;
     a NodePort or LoadBalancer one only the traffic ports, and the admin port (``/status``, ``/metrics``, the
-    fleet's routes: what Prometheus scrapes) gets a ClusterIP Service of its own, ``<name>-admin``, so exposing
-    the traffic never exposes the admin listener and its connection limit beyond the cluster."""
+    fleet's routes: what Prometheus scrapes) gets a ClusterIP Service of its own, ``<name>-router-admin``, so
+    exposing the traffic never exposes the admin listener and its connection limit beyond the cluster. That one
+    comes first: applied in order, the admin port has a Service all along when the type changes."""
     admin = {"name": "admin", "port": ROUTER_ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}
     exposed = spec.router.service.type != "ClusterIP"
     traffic = {"type": spec.router.service.type, "selector": router_labels(name), **_affinity(spec), "ports": [
@@ -248,11 +255,8 @@ def _services(name: str, spec: RolloutRouterSpec) -> list[tuple[str, dict]]:
         *([] if exposed else [admin]),
         *([{"name": "grpc", "port": ROUTER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
             "appProtocol": "grpc"}] if spec.grpc_port is not None else [])]}
-    services = [(child_name(name), traffic)]
-    if exposed:
-        services.append((admin_service_name(name), {"type": "ClusterIP", "selector": router_labels(name),
-                                                    "ports": [admin]}))
-    return services
+    admin_service = {"type": "ClusterIP", "selector": router_labels(name), "ports": [admin]}
+    return [*([(admin_service_name(name), admin_service)] if exposed else []), (child_name(name), traffic)]
 
 
 def _affinity(spec: RolloutRouterSpec) -> dict:
