@@ -75,6 +75,8 @@ def test_a_peer_must_be_selectors_or_an_ip_block(peer):
 @pytest.mark.parametrize(("peer", "problem"), [
     ({"ipBlock": {"cidr": "10.0.0.0/33"}}, r"ipBlock\.cidr: .*'10\.0\.0\.0/33' is not a CIDR"),
     ({"ipBlock": {"cidr": "10.0.0.1"}}, r"ipBlock\.cidr: .*'10\.0\.0\.1' is not a CIDR"),
+    ({"ipBlock": {"cidr": "10.0.0.0/255.0.0.0"}}, r"'10\.0\.0\.0/255\.0\.0\.0' is not a CIDR"),  # Python reads netmasks
+    ({"ipBlock": {"cidr": "fe80::%eth0/64"}}, r"'fe80::%eth0/64' is not a CIDR"),  # ... and zones; Go does not
     ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.0.0.0/8"]}}, r"except\[0\] '10\.0\.0\.0/8' must be a strict"),
     ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16", "192.168.0.0/16"]}}, r"except\[1\]"),
     ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["fd00::/64"]}}, r"except\[0\] 'fd00::/64' must be a strict"),

@@ -169,10 +169,13 @@ class IPBlock(Model):
         return self
 
 
+CIDR = re.compile(r"[0-9A-Fa-f:.]+/[0-9]{1,3}")  # what Go's ParseCIDR reads: no netmask, no zone (%eth0)
+
+
 def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     """A CIDR as Kubernetes reads it (an address and a prefix length; host bits may be set), or the error."""
     try:
-        if "/" in value:
+        if CIDR.fullmatch(value):
             return ipaddress.ip_network(value, strict=False)
     except ValueError:
         pass
