@@ -207,7 +207,10 @@ async def test_a_released_session_names_the_routers_that_did_not_answer_instead_
                 raise answer
             return answer
 
-    fleet = SimpleNamespace(self_id=me, client=Client(), live_peers=lambda: [Member(p, live=True) for p in answers])
+    down = ROUTERS[4]  # a candidate not answering its polls: out of the membership, not asked
+    peers = {p: Member(p, live=True) for p in answers} | {down: Member(down)}
+    fleet = SimpleNamespace(self_id=me, client=Client(), membership=SimpleNamespace(peers=peers),
+                            live_peers=lambda: [m for m in peers.values() if m.live])
     context = SimpleNamespace(balancer=balancer, fleet=fleet)
     answer = admin.release_session(context, admin.AdminRequest("DELETE", "/v1/sessions/k", {"key": "k"}))
     assert isinstance(answer, admin.Deferred) and answer.then is not None
@@ -215,12 +218,17 @@ async def test_a_released_session_names_the_routers_that_did_not_answer_instead_
     message = json.loads(answer.body)["error"]["message"]
     assert answer.status == 503 and a not in message and f"{b} (unreachable: refused)" in message, message
     assert f"{c} (failed: 404" in message
+    assert down not in message  # not asked, and routes nothing: no reason to retry
     answers[b] = answers[c] = {"key": "k", "released": False}
-    assert (await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()).status == 404
+    unpinned = await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()
+    assert unpinned.status == 404
+    assert json.loads(unpinned.body)["error"]["message"].endswith(
+        f"is not pinned on any of the fleet's 4 live routers ({down} not live, not asked)")
     answers[c] = {"key": "k", "released": True}
     released = await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()
     assert released.status == 200
-    assert json.loads(released.body)["routers"] == {me: "not pinned", a: "not pinned", b: "not pinned", c: "released"}
+    assert json.loads(released.body)["routers"] == {me: "not pinned", a: "not pinned", b: "not pinned", c: "released",
+                                                    down: "not asked: not live"}
 
 
 def test_pushed_pins_are_adopted_unless_the_pin_here_was_used_since():
