@@ -195,8 +195,9 @@ async def test_handoff_counts_a_replaced_session_only_when_the_previous_owner_is
 async def test_a_released_session_names_the_routers_that_did_not_answer_instead_of_calling_it_unpinned():
     me, a, b, c = ROUTERS[:4]
     balancer, _ = _balancer()
+    down = ROUTERS[4]  # a candidate not answering its polls: not live here, asked all the same
     answers: dict[str, object] = {a: {"key": "k", "released": False}, b: Unreachable("refused"),
-                                  c: PeerError("404: no such route (an older router)")}
+                                  c: PeerError("404: no such route (an older router)"), down: Unreachable("refused")}
 
     class Client:
         async def call(self, method: str, url: str, body: object = None) -> object:
@@ -207,9 +208,8 @@ async def test_a_released_session_names_the_routers_that_did_not_answer_instead_
                 raise answer
             return answer
 
-    down = ROUTERS[4]  # a candidate not answering its polls: out of the membership, not asked
-    peers = {p: Member(p, live=True) for p in answers} | {down: Member(down)}
-    fleet = SimpleNamespace(self_id=me, client=Client(), membership=SimpleNamespace(peers=peers),
+    peers = {p: Member(p, live=p != down) for p in answers}
+    fleet = SimpleNamespace(self_id=me, client=Client(), membership=SimpleNamespace(peers=peers), siblings=frozenset(),
                             live_peers=lambda: [m for m in peers.values() if m.live])
     context = SimpleNamespace(balancer=balancer, fleet=fleet)
     answer = admin.release_session(context, admin.AdminRequest("DELETE", "/v1/sessions/k", {"key": "k"}))
@@ -218,17 +218,21 @@ async def test_a_released_session_names_the_routers_that_did_not_answer_instead_
     message = json.loads(answer.body)["error"]["message"]
     assert answer.status == 503 and a not in message and f"{b} (unreachable: refused)" in message, message
     assert f"{c} (failed: 404" in message
-    assert down not in message  # not asked, and routes nothing: no reason to retry
+    assert down not in message  # not live here either, and silent: most likely gone, no reason to retry for it
     answers[b] = answers[c] = {"key": "k", "released": False}
     unpinned = await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()
     assert unpinned.status == 404
     assert json.loads(unpinned.body)["error"]["message"].endswith(
-        f"is not pinned on any of the fleet's 4 live routers ({down} not live, not asked)")
+        f"is not pinned on any of the 4 routers that answered; {down} did not and is not live")
+    answers[down] = {"key": "k", "released": True}  # not live in this router's view, yet it held the pin
+    assert (await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()).status == 200
+    answers[down] = Unreachable("refused")
     answers[c] = {"key": "k", "released": True}
     released = await admin.release_session(context, admin.AdminRequest("DELETE", "/", {"key": "k"})).then()
     assert released.status == 200
-    assert json.loads(released.body)["routers"] == {me: "not pinned", a: "not pinned", b: "not pinned", c: "released",
-                                                    down: "not asked: not live"}
+    routers = json.loads(released.body)["routers"]
+    assert routers.pop(down).startswith("not live, unreachable: ")
+    assert routers == {me: "not pinned", a: "not pinned", b: "not pinned", c: "released"}
 
 
 def test_pushed_pins_are_adopted_unless_the_pin_here_was_used_since():

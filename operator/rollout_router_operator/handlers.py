@@ -102,8 +102,9 @@ def _with_status(body: kopf.Body, status: dict) -> dict:
 
 async def _write_status(meta: Mapping[str, Any], previous: dict, document: dict, memo: kopf.Memo) -> None:
     """Patch the status (a merge patch over ``previous``), remember what it is now, let the metrics see it."""
-    await kube.patch_status(meta["namespace"], meta["name"], document)
-    memo["status"] = {**previous, **document}  # the top-level fields it writes are whole (ledger.pods: a list)
+    stored = await kube.patch_status(meta["namespace"], meta["name"], document)
+    # As the API server answered it; else as the merge leaves it (each top-level field is written whole).
+    memo["status"] = stored if stored is not None else {**previous, **document}
     metrics.status_written(meta["namespace"], meta["name"], document)
 
 

@@ -97,9 +97,12 @@ async def list_of(resource: Resource, namespace: str, label_selector: str) -> li
     return await _call(f"list {resource.plural} in {namespace}", attempt)
 
 
-async def patch_status(namespace: str, name: str, status: dict) -> None:
+async def patch_status(namespace: str, name: str, status: dict) -> dict | None:
     """Merge-patch a RolloutRouter's status subresource: written here rather than by kopf, whose
-    failed status patch (a 409, an outage longer than its backoffs) ends a timer for good."""
+    failed status patch (a 409, an outage longer than its backoffs) ends a timer for good. The status as
+    the API server stored it (merged, nulls dropped, pruned), when it answered the object."""
     path = ROLLOUTROUTERS.path(namespace, name) + "/status"
-    await _call(f"patch status of {namespace}/{name}", lambda client: client.request(
+    answer = await _call(f"patch status of {namespace}/{name}", lambda client: client.request(
         "PATCH", path, body={"status": status}, content_type=MERGE_PATCH))
+    stored = answer.get("status") if isinstance(answer, dict) else None
+    return stored if isinstance(stored, dict) else None

@@ -9,12 +9,12 @@ listeners, with the client's ``Authorization`` header (each worker checks the to
   with ``"workers": N``: the operator's status sums stay right, one pod counted once;
 - ``/metrics``: every series summed over the workers (a family that is one router's view of the pod, such as a
   replica's health or the fleet's members, is worker 0's);
-- changes to the replica set (``/add_worker``, ``/remove_worker``, ``/workers``) and ``DELETE /v1/sessions/KEY``
-  go to every worker; the first success is the answer (a worker also asks the fleet to release the key, but
-  one whose siblings are not live yet would release only its own pin);
+- changes to the replica set (``/add_worker``, ``/remove_worker``, ``/workers``) go to every worker; the first
+  success is the answer;
 - ``/fleet/v1/*``: 404; the parent is no member of a fleet, its workers are (each at its own admin port): a router
   that took it for one would count worker 0 twice;
-- anything else (the RL routes, which a worker fans out to its fleet itself) goes to worker 0.
+- anything else (the RL routes and ``DELETE /v1/sessions/KEY``, which a worker fans out to its siblings and
+  its fleet itself) goes to worker 0.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from .proxy.errors import error_body
 
 FORWARD_TIMEOUT = 10.0
 ALL_WORKERS_GET = ("/readyz", "/status", "/metrics")
-ALL_WORKERS_CHANGE = ("/add_worker", "/remove_worker", "/workers", "/v1/sessions/")
+ALL_WORKERS_CHANGE = ("/add_worker", "/remove_worker", "/workers")
 FLEET_PREFIX = "/fleet/v1/"  # the routes routers of a fleet call each other on: the workers', not the parent's
 # /status keys whose value is one router's view, not a count to add
 NOT_SUMMED = frozenset({"affinity_break_margin", "backends_ready", "backends_ready_http", "backends_ready_grpc",

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..fleet.release import NOT_LIVE, NOT_PINNED, RELEASED, release_at_peers
+from ..fleet.release import AWAY, NOT_PINNED, RELEASED, others, release_at_peers
 from .context import RouterContext
 from .errors import error_body
 
@@ -127,7 +127,7 @@ def release_session(context: RouterContext, request: AdminRequest) -> AdminAnswe
     key = request.params["key"]
     released = context.balancer.release_session(key)
     fleet = context.fleet
-    if fleet is None or not fleet.membership.peers:
+    if fleet is None or not others(fleet):
         return _json({"session": key, "released": True}) if released \
             else error(404, f"session {key!r} is not pinned", "key")
 
@@ -138,17 +138,19 @@ def release_session(context: RouterContext, request: AdminRequest) -> AdminAnswe
 
 
 def _released_in_fleet(key: str, routers: dict[str, str]) -> AdminAnswer:
-    """200 when some router held the pin; 404 when every live router answered that none did (naming the
-    candidates not live, which route nothing); 503 otherwise, naming the live routers that did not answer (the
-    pin may be theirs)."""
+    """200 when some router held the pin; 404 when every router answered that none did, or did not answer and
+    is not live here either (named: most likely gone); 503 otherwise, naming the live routers that did not
+    answer (the pin may be theirs: retry)."""
     if RELEASED in routers.values():
         return _json({"session": key, "released": True, "routers": routers})
-    asked = sorted(peer for peer, outcome in routers.items() if outcome != NOT_LIVE)
-    silent = [peer for peer in asked if routers[peer] != NOT_PINNED]
+    away = sorted(peer for peer, outcome in routers.items() if outcome.startswith(AWAY))
+    silent = sorted(peer for peer, outcome in routers.items() if outcome not in (NOT_PINNED, RELEASED)
+                    and peer not in away)
     if not silent:
-        away = sorted(peer for peer in routers if peer not in asked)
-        return error(404, f"session {key!r} is not pinned on any of the fleet's {len(asked)} live routers"
-                          + (f" ({', '.join(away)} not live, not asked)" if away else ""), "key")
+        answered = len(routers) - len(away)
+        return error(404, f"session {key!r} is not pinned on any of the {answered} routers that answered"
+                          + (f"; {', '.join(away)} did not and {'is' if len(away) == 1 else 'are'} not live"
+                             if away else ""), "key")
     return error(503, f"session {key!r} is not pinned on the routers that answered; "
                       f"{', '.join(f'{peer} ({routers[peer]})' for peer in silent)}: retry")
 

@@ -173,7 +173,7 @@ class ClientConnection(asyncio.Protocol):
                 request.content_encoding = value
         elif kind == HOST:  # hop-by-hop from here on, Host among them: the replica gets its own
             request.hosts += 1
-        elif kind == MARK:  # read, never forwarded (``request.MARK``)
+        elif kind == MARK:  # read, never forwarded (``request.py``, MARK)
             if request.keys is None:
                 request.keys = {}
             request.keys.setdefault(lower, value)
