@@ -248,6 +248,15 @@ async def test_a_decision_answered_too_late_ends_its_lease_and_leaves_the_pin_th
         await replica.stop()
 
 
+def test_an_abandoned_decision_is_counted_as_such():
+    """It stays in the decision counters (the relayed request is decided again), so the overcount is counted."""
+    fleet = type("Fleet", (), {"abandoned": 0})()
+    service = DecisionService(type("Context", (), {"fleet": fleet})())  # type: ignore[arg-type]
+    lease = Lease("http://replica-a")
+    service.abandoned((object(), lease, Turn("new", None, False)))  # type: ignore[arg-type]
+    assert lease.released == 1 and fleet.abandoned == 1
+
+
 async def test_an_owner_told_its_replica_refused_the_connection_marks_it_down_and_counts_the_retry():
     replica = await ScriptedReplica("127.0.0.20").start()
     settings = RouterSettings(backends=[replica.url], health=HealthSettings(probe_interval_seconds=None))

@@ -120,6 +120,9 @@ def _fleet_metrics(fleet: Fleet | None) -> Iterator[Metric]:
             ("forwarded", "Requests forwarded to their session's owner router.", fleet and fleet.forwarded),
             ("delegated", "Requests sent to the replica their session's owner worker chose (serve --workers N): "
              "asked, not relayed.", fleet and fleet.delegated),
+            ("decisions_abandoned", "Decisions made for a sibling worker that had stopped waiting and relayed the "
+             "request instead: each is also in the decision counters, which are over by this many.",
+             fleet and fleet.abandoned),
             ("owner_unreachable", "Requests whose owner router could not be reached before the first byte: "
              "decided here (entry ownership: lookups that found no pin while a peer did not answer).",
              fleet and fleet.owner_unreachable),

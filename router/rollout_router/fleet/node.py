@@ -78,6 +78,7 @@ class Fleet:
         self.handoff = Handoff(self.history, balancer, self._ask, clock, self._leaving_peers)
         self.forwarded = self.owner_unreachable = 0
         self.delegated = 0  # requests sent from here to the replica a sibling worker chose (proxy/decisions.py)
+        self.abandoned = 0  # decisions made here for a sibling that had stopped waiting (relayed instead)
         self.leaving = False  # SIGTERM: this router owns no key any more (fleet/leaving.py)
         self.pushed = 0  # pins handed to their new owners while leaving
         self._owners: dict[str, str] = {}
@@ -398,7 +399,8 @@ class Fleet:
 
     def status(self) -> dict:
         return {"self": self.self_id, "ownership": self.ownership, "members": sorted(self.members()),
-                "forwarded": self.forwarded, "delegated": self.delegated, "lookups": self.handoff.lookups,
+                "forwarded": self.forwarded, "delegated": self.delegated, "abandoned": self.abandoned,
+                "lookups": self.handoff.lookups,
                 "ownerUnreachable": self.owner_unreachable, "handoffs": self.handoff.handoffs,
                 "replaced": self.handoff.replaced, "loadView": self.settings.load_view,
                 "leaving": self.leaving, "pushed": self.pushed,

@@ -18,7 +18,8 @@ decide it yourself (relay). ``F`` id accepted status failure refused: finished (
 replica was refused or timed out, so the owner marks it down as its own attempt would). ``A`` id: abandoned,
 the answer came after the entry stopped waiting and relayed the request instead; the owner releases the lease
 and leaves the pin alone (the relayed request decided again on it: handing the decision back would drop the
-pin under the turn that is using it). The abandoned decision stays counted in the owner's counters.
+pin under the turn that is using it). The abandoned decision stays counted in the owner's counters, and is
+counted as abandoned (``rolloutrouter_decisions_abandoned_total``).
 """
 from __future__ import annotations
 
@@ -188,8 +189,11 @@ class DecisionService:
 
     def abandoned(self, routed: tuple[Decision, Lease, Turn]) -> None:
         """A decision the sibling gave up waiting for (it relayed the request): nothing reached the replica
-        through it, so only its lease ends."""
+        through it, so only its lease ends. It stays in the decision counters (the relayed request is decided
+        again): counted, so that overcount is known."""
         routed[1].release()
+        if self.context.fleet is not None:
+            self.context.fleet.abandoned += 1
 
 
 class _OwnerEnd(Channel):
