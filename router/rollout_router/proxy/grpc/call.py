@@ -21,7 +21,6 @@ import time
 from typing import TYPE_CHECKING
 
 from ...health import CLOSED, TIMEOUT
-from ..owner import HOP
 from . import h2
 from .usage import LastMessage
 
@@ -45,15 +44,16 @@ _RESET_STATUS = {h2.CANCEL: h2.CANCELLED, h2.REFUSED_STREAM: h2.UNAVAILABLE}
 
 
 class Call:
-    __slots__ = ("proxy", "client", "stream", "path", "metadata", "single", "chunks", "received", "written", "acked",
+    __slots__ = ("proxy", "client", "stream", "path", "metadata", "mark", "single", "chunks", "received", "written", "acked",
                  "held", "retained", "request_ended", "upstream", "ustream", "done", "answered", "first", "code",
                  "finished", "failure", "name", "forwarded", "waiting_since", "started_at", "message_left", "prefix",
                  "client_gone", "relayed", "heard", "swept", "silent", "backlog", "turn", "last", "started")
 
     def __init__(self, proxy: GrpcProxy, client: ClientConnection, stream: Stream, path: bytes,
-                 metadata: list[h2.Header], single: bool) -> None:
+                 metadata: list[h2.Header], single: bool, mark: bytes | None) -> None:
         self.proxy, self.client, self.stream = proxy, client, stream
         self.path, self.metadata, self.single = path, metadata, single
+        self.mark = mark  # the fleet's hop mark the call came with: read, not in ``metadata``
         self.chunks: list[bytes] = []  # request bytes kept for a replay
         self.received = self.written = self.acked = self.held = 0
         self.retained, self.request_ended = True, False
@@ -206,10 +206,8 @@ class Call:
             return REFUSED
         self.upstream = conn
         chunks, ended = self.chunks, self.request_ended
-        # The hop mark a call came with is never relayed: a forward carries this router's own (``extra``), which
-        # the owner must read rather than one a client sent; a replica gets none.
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path), (b":authority", target.encode()),
-                (b"te", b"trailers"), *(h for h in self.metadata if h[0] != HOP), *extra]
+                (b"te", b"trailers"), *self.metadata, *extra]
         self.ustream = stream = conn.open(self, head, ended and not chunks)
         for index, chunk in enumerate(chunks):
             conn.send_data(stream, chunk, ended and index == len(chunks) - 1)

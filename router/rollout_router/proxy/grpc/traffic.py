@@ -96,13 +96,15 @@ class GrpcProxy(Listener):
 
     # a new call
     def open_call(self, client: ClientConnection, stream, headers: list[h2.Header], end: bool) -> None:
-        path, method, metadata = b"", b"", []
+        path, method, metadata, mark = b"", b"", [], None
         for name, value in headers:
             if name[:1] == b":":
                 if name == b":path":
                     path = value
                 elif name == b":method":
                     method = value
+            elif name == HOP:  # read, never relayed: a forward carries this router's own (as over HTTP)
+                mark = value if mark is None else mark
             elif name not in (b"te", b"connection", b"host"):
                 metadata.append((name, value))
         if method != b"POST" or not path.startswith(b"/"):
@@ -117,7 +119,7 @@ class GrpcProxy(Listener):
                             "RESOURCE_EXHAUSTED until some end", len(self.calls), limit)
             return client.answer(stream, h2.RESOURCE_EXHAUSTED, "the router has reached its limit of concurrent "
                                  f"gRPC calls (maxGrpcStreams={limit}); retry later", request_ended=end)
-        call = Call(self, client, stream, path, metadata, path in self.unary_methods)
+        call = Call(self, client, stream, path, metadata, path in self.unary_methods, mark)
         self.calls.add(call)
         if not call.single:
             self.begin(call)
@@ -149,8 +151,7 @@ class GrpcProxy(Listener):
             return call.refuse(h2.INVALID_ARGUMENT, error.message, error.reason)
         fleet = self.context.fleet
         if fleet is not None and key is not None and await fleet.via_owner(
-                key, fleet.hopped(next((value for name, value in call.metadata if name == HOP), None)),
-                lambda member: to_owner(call, fleet, member)):
+                key, fleet.hopped(call.mark), lambda member: to_owner(call, fleet, member)):
             return
         if call.finished:
             return
