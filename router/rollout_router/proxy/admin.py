@@ -144,8 +144,7 @@ def _released_in_fleet(key: str, routers: dict[str, str]) -> AdminAnswer:
     if RELEASED in routers.values():
         return _json({"session": key, "released": True, "routers": routers})
     away = sorted(peer for peer, outcome in routers.items() if outcome.startswith(AWAY))
-    silent = sorted(peer for peer, outcome in routers.items() if outcome not in (NOT_PINNED, RELEASED)
-                    and peer not in away)
+    silent = sorted(peer for peer, outcome in routers.items() if outcome != NOT_PINNED and peer not in away)
     if not silent:
         answered = len(routers) - len(away)
         return error(404, f"session {key!r} is not pinned on any of the {answered} routers that answered"
