@@ -96,10 +96,6 @@ def _status(body: kopf.Body, memo: kopf.Memo) -> dict:
     return dict(written) if written is not None else dict(body.get("status") or {})
 
 
-def _with_status(body: kopf.Body, status: dict) -> dict:
-    return {**body, "status": status}
-
-
 async def _write_status(meta: Mapping[str, Any], previous: dict, document: dict, memo: kopf.Memo) -> None:
     """Patch the status (a merge patch over ``previous``), remember what it is now, let the metrics see it."""
     stored = await kube.patch_status(meta["namespace"], meta["name"], document)
@@ -147,7 +143,7 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
                 document = invalid(previous, generation, problem)
             else:
                 try:
-                    document = await collect(_with_status(body, previous), generation, token_key)
+                    document = await collect(dict(body), previous, generation, token_key)
                 except (kube.RetryableError, ApiError) as error:  # e.g. 403 listing pods: the children stand
                     _poll_failed(logger, error, status_interval)
                     return generation, None, False  # the status timer reads the routers again
@@ -191,6 +187,6 @@ def register(registry: kopf.OperatorRegistry, status_interval: float, router_ima
                 return  # reconcile found this generation invalid: nothing runs, and its message stays
             try:
                 await _write_status(body["metadata"], status,
-                                    await collect(_with_status(body, status), generation, token_key), memo)
+                                    await collect(dict(body), status, generation, token_key), memo)
             except (kube.RetryableError, ApiError) as error:
                 _poll_failed(logging.getLogger(__name__), error, status_interval)

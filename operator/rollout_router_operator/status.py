@@ -266,10 +266,10 @@ async def observe(namespace: str, name: str, selector: LabelSelector, desired: i
     return obs
 
 
-async def collect(resource: dict, generation: int | None, token_key: bytes | None = None) -> dict:
-    """The full status document for ``resource`` as it is now, reporting ``generation`` as observed;
-    ``token_key`` is the operator's key for admin tokens, as given to ``render``."""
-    meta, previous = resource["metadata"], resource.get("status") or {}
+async def collect(resource: dict, previous: dict, generation: int | None, token_key: bytes | None = None) -> dict:
+    """The full status document for ``resource`` as it is now, over its ``previous`` status, reporting
+    ``generation`` as observed; ``token_key`` is the operator's key for admin tokens, as given to ``render``."""
+    meta = resource["metadata"]
     try:
         spec = parse_spec(resource)
     except InvalidSpec as error:
