@@ -8,6 +8,7 @@ import kopf
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kmock._internal import dicts
 
 from rollout_router_operator import handlers
 from rollout_router_operator import status as status_module
@@ -344,26 +345,10 @@ def test_a_margin_summary_that_is_not_counts_is_refused(body, problem):
         parse_report(body)
 
 
-def merge_patch(target: object, patch: object) -> object:
-    """RFC 7386, as the API server applies ``kube.patch_status``: objects merged key by key, null deletes,
-    anything else (lists among them) replaces."""
-    if not isinstance(patch, dict):
-        return patch
-    merged = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = merge_patch(merged.get(key), value)
-    return merged
-
-
 def polled(previous: dict, reports: dict[str, dict], listed: list[str], unreachable: list[str] = ()) -> dict:
     """One poll's status written over ``previous``, as the merge patch leaves it."""
     document = summarize(obs(reports=reports, listed=listed, unreachable=list(unreachable)), previous, 1)
-    stored = merge_patch(previous, document)
-    assert isinstance(stored, dict)
-    return stored
+    return dict(dicts.merge_patch_dict(previous, document))  # RFC 7386, as the emulated API server applies it
 
 
 def test_counters_never_go_backwards_when_a_pod_is_replaced_restarts_or_misses_a_poll():
