@@ -87,15 +87,20 @@ class LoadIndex(Mapping[str, int]):
         old = self._load.get(replica)
         if old is None or old == load:
             return
-        self._leave(replica, old)
-        at = self._at
+        at, ordered = self._at, self._sorted
+        tied = at[old]  # ``_leave``, inlined: this runs twice per request
+        del tied[replica]
+        if not tied:
+            del at[old]
+        if old in ordered:
+            del ordered[old]
         tied = at.get(load)
         if tied is None:
             at[load] = {replica: None}
         else:
             tied[replica] = None
-        if load in self._sorted:
-            del self._sorted[load]
+        if load in ordered:
+            del ordered[load]
         self._total += load - old
         self._load[replica] = load
         if load < self._min:

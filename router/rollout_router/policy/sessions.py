@@ -64,7 +64,8 @@ class SessionTable:
         packed = self._pins.get(key)
         if packed is None:
             return None
-        if self._idle(packed, now):
+        ttl = self.idle_ttl  # ``_idle`` inlined: every routed request with a key comes here
+        if ttl is not None and now - ((packed >> _SLOT_BITS) & _USED_MASK) / 1000 > ttl:
             del self._pins[key]
             self._counters.expired_idle += 1
             return None
@@ -248,11 +249,12 @@ class SessionPolicy(Policy):
     def _commit(self, key: str, decision: Decision, now: float) -> Decision:
         """Pin ``key`` where ``decision`` sends it and count the decision (a break notes the age of the pin
         it ends)."""
-        if decision.outcome is Outcome.KEPT:
+        if decision.outcome is Outcome.KEPT:  # a sticky hit: most decisions, counted without ``Counters.count``
             self.table.keep(key, decision.replica, now)
-        else:
-            if decision.outcome is Outcome.BROKEN:
-                decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
-            self.table.pin(key, decision.replica, now)
+            self.counters.affinity_kept += 1
+            return decision
+        if decision.outcome is Outcome.BROKEN:
+            decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
+        self.table.pin(key, decision.replica, now)
         self.counters.count(decision.outcome)
         return decision
