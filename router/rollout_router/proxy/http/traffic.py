@@ -183,8 +183,8 @@ class HttpProxy(HttpListener):
 
     def _keys(self, request: HttpRequest) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key (``settings.group``): each from its headers, then its body
-        fields; the body is inflated at most once for both."""
-        self.key_names()  # the pairs up to date with the settings
+        fields; the body is inflated at most once for both. The header pairs are those the request's head was
+        read with (``key_names``, at ``on_message_begin``)."""
         settings, names = self.context.settings, self._key_names
         body: list[tuple[bytes, str | None]] = []  # the decoded body, once one of the keys needs it
         group = settings.group
