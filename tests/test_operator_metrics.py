@@ -90,10 +90,15 @@ def test_metrics_port_defaults_beside_the_liveness_port():
 
 
 def test_the_install_manifest_runs_a_command_the_operator_accepts():
-    """docs/examples/operator.yaml: every flag parses; routers default to the operator's own image; metrics exposed."""
-    docs = yaml.safe_load_all((Path(__file__).resolve().parents[1] / "docs/examples/operator.yaml").read_text())
+    """docs/examples/operator.yaml: every flag parses; the operator runs the operator image (the router image has
+    no kopf: an operator started from it exits), routers the router image; metrics exposed."""
+    root = Path(__file__).resolve().parents[1]
+    docs = yaml.safe_load_all((root / "docs/examples/operator.yaml").read_text())
     (deployment,) = [d for d in docs if d and d["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = parse(container["command"][2:])
-    assert args.router_image == container["image"] == DEFAULT_IMAGE
+    chart = yaml.safe_load((root / "charts/rollout-router/Chart.yaml").read_text())
+    values = yaml.safe_load((root / "charts/rollout-router/values.yaml").read_text())
+    assert container["image"] == f"{values['image']['repository']}:{chart['appVersion']}"  # the chart's operator
+    assert args.router_image == DEFAULT_IMAGE == f"{values['routerImage']['repository']}:{chart['appVersion']}"
     assert {"name": "metrics", "containerPort": args.metrics_port} in container["ports"]
