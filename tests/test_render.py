@@ -207,6 +207,18 @@ def test_runtime_changes_roll_the_deployment(change):
     ({"selector": {"matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "Exists"}]}}, "spec.selector"),
     ({"selector": {}}, "spec.selector"),
     ({"selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}, "spec.selector"),
+    # label keys and values the API server would refuse in the pod list (discovery and status failing for good)
+    ({"selector": {"matchLabels": {"app": "vllm server"}}}, "spec.selector.matchLabels"),
+    ({"selector": {"matchLabels": {"app": "vllm,gpu"}}}, "spec.selector.matchLabels"),
+    ({"selector": {"matchLabels": {"a b": "vllm"}}}, "spec.selector.matchLabels"),
+    ({"selector": {"matchExpressions": [{"key": "a/b/c", "operator": "Exists"}]}},
+     "spec.selector.matchExpressions[0].key"),
+    ({"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["vllm", "no way"]}]}},
+     "spec.selector.matchExpressions[0].values[1]"),
+    # duplicate keys of a list the API server's apply refuses with a 500 (retried for good, no condition)
+    ({"router": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "spec.router.env[1].name"),
+    ({"router": {"service": {"port": 8081}}}, "spec.router.service.port"),
+    ({"grpcPort": 9000, "router": {"service": {"port": 50051}}}, "spec.router.service.port"),
     ({"grpcPort": 8000}, "spec.grpcPort"),
     ({"backendPort": None}, "spec.backendPort"),
     ({"affinityBreakMargin": -1}, "spec.affinityBreakMargin"),
@@ -267,3 +279,10 @@ def test_the_group_key_settings_reach_the_routers_config():
     assert settings.live_config().max_groups == 64
     assert parse_settings(yaml.safe_load(by_kind(render(resource()))["ConfigMap"]["data"]["config.yaml"])).group.headers \
         == ["X-Group-ID"]
+
+
+def test_an_exposed_service_may_use_the_admin_port_number_for_traffic():
+    """NodePort and LoadBalancer Services carry no admin port (it has a ClusterIP Service of its own)."""
+    services = [m for m in render(resource({"router": {"service": {"type": "NodePort", "port": 8081}}}))
+                if m["kind"] == "Service"]
+    assert [p["port"] for s in services for p in s["spec"]["ports"]] == [8081, 8081]

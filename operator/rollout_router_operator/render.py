@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from rollout_router.kube.selectors import labels_query, matches
-from rollout_router.settings import DiscoverySettings, PolicySettings, RouterSettings
+from rollout_router.settings import DiscoverySettings, PolicySettings, RouterSettings, label_key, label_value
 
 from .spec import DEFAULT_IMAGE, GROUP, KIND, MAX_WORKERS, VERSION, RolloutRouterSpec
 
@@ -41,9 +41,7 @@ MAX_EXPOSED_NAME = 50  # ... and an exposed router's admin Service is "<name>-ro
 RESERVED_ENV = {"POD_NAME", "POD_NAMESPACE", "POD_IP", "PYTHONDONTWRITEBYTECODE"}
 # On the router Service of a resource with its own ServiceMonitor; the chart's ServiceMonitor skips such Services.
 OWN_MONITOR_LABEL = {"rolloutrouter.dev/service-monitor": "own"}
-LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a label's name, or a non-empty value
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # RFC 1035: what a Service's name must be
-DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class InvalidSpec(ValueError):
@@ -134,22 +132,31 @@ def parse_spec(resource: dict) -> RolloutRouterSpec:
         raise InvalidSpec("spec.grpcPort: must differ from spec.backendPort")
     if spec.backend_port is None and spec.grpc_port is None:
         raise InvalidSpec("spec.backendPort: null (gRPC-only replicas) needs spec.grpcPort")
-    for index, env in enumerate(spec.router.env):
-        if env.name in RESERVED_ENV:
-            raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set by the operator")
+    _check_router(spec)
     for label, value in spec.service_monitor.labels.items():
         if label in pod_labels(name):
             raise InvalidSpec(f"spec.serviceMonitor.labels: {label} is set by the operator")
-        if not _label_key(label) or not (value == "" or LABEL_NAME.fullmatch(value)):
+        if not label_key(label) or not label_value(value):
             raise InvalidSpec(f"spec.serviceMonitor.labels: {label}={value} is not a Kubernetes label")
     return spec
 
 
-def _label_key(key: str) -> bool:
-    """A label key as the API takes it: an optional DNS-subdomain prefix and '/', then a name."""
-    prefix, _, label = key.rpartition("/")
-    return bool(LABEL_NAME.fullmatch(label)) and (
-        not prefix or (len(prefix) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(prefix))))
+def _check_router(spec: RolloutRouterSpec) -> None:
+    """What the API server would refuse at apply as a duplicate key of a list (an env name, a Service port):
+    it answers 500, which kopf retries for good without a condition naming the field."""
+    seen: set[str] = set()
+    for index, env in enumerate(spec.router.env):
+        if env.name in RESERVED_ENV:
+            raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set by the operator")
+        if env.name in seen:
+            raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set twice")
+        seen.add(env.name)
+    service = spec.router.service
+    taken = {**({ROUTER_ADMIN_PORT: "admin"} if service.type == "ClusterIP" else {}),
+             **({ROUTER_GRPC_PORT: "grpc"} if spec.grpc_port is not None else {})}
+    if service.port in taken:
+        raise InvalidSpec(f"spec.router.service.port: {service.port} is the router Service's "
+                          f"{taken[service.port]} port; choose another")
 
 
 def check_image(spec: RolloutRouterSpec, allowed_images: Sequence[str]) -> None:

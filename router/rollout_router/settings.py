@@ -134,16 +134,50 @@ class PolicySettings(Model):
         return options if isinstance(options, PolicyOptions) else None
 
 
+LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a label's name, or a non-empty value
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def label_key(key: str) -> bool:
+    """A label key as the API takes it: an optional DNS-subdomain prefix and '/', then a name."""
+    prefix, _, label = key.rpartition("/")
+    return bool(LABEL_NAME.fullmatch(label)) and (
+        not prefix or (len(prefix) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(prefix))))
+
+
+def label_value(value: str) -> bool:
+    """A label value as the API takes it: empty, or a name."""
+    return value == "" or bool(LABEL_NAME.fullmatch(value))
+
+
+def _selector_key(key: str) -> str:
+    if not label_key(key):
+        raise ValueError(f"{key!r} is not a Kubernetes label key (an optional DNS prefix and '/', then 1-63 of "
+                         "letters, digits, '-', '_' and '.', a letter or digit at each end)")
+    return key
+
+
+def _selector_value(value: str) -> str:
+    if not label_value(value):  # the API would refuse the pod list: discovery and status would fail for good
+        raise ValueError(f"{value!r} is not a Kubernetes label value (empty, or 1-63 of letters, digits, '-', '_' "
+                         "and '.', a letter or digit at each end)")
+    return value
+
+
 class LabelSelectorRequirement(Model):
-    key: str
+    key: Annotated[str, AfterValidator(_selector_key)]
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
+    values: list[Annotated[str, AfterValidator(_selector_value)]] = Field(default_factory=list)
 
 
 class LabelSelector(Model):
     """A standard Kubernetes LabelSelector."""
 
-    match_labels: dict[str, str] = Field(default_factory=dict)
+    # Keys and values are checked as the API server checks them: one it would refuse is an error here, naming
+    # the field, instead of a pod list refused at every discovery and status poll.
+
+    match_labels: dict[Annotated[str, AfterValidator(_selector_key)],
+                       Annotated[str, AfterValidator(_selector_value)]] = Field(default_factory=dict)
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
 
 

@@ -94,11 +94,11 @@ class LoadIndex(Mapping[str, int]):
             del at[old]
         if old in ordered:
             del ordered[old]
-        tied = at.get(load)
-        if tied is None:
+        joined = at.get(load)
+        if joined is None:
             at[load] = {replica: None}
         else:
-            tied[replica] = None
+            joined[replica] = None
         if load in ordered:
             del ordered[load]
         self._total += load - old
