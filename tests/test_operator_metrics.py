@@ -83,6 +83,17 @@ def test_router_image_flag_then_env_then_built_in_default(monkeypatch):
     assert parse(["--router-image", "other.example.com/rr:2"]).router_image == "other.example.com/rr:2"
 
 
+def test_allowed_image_flags_replace_the_environments_list(monkeypatch):
+    """An allow-list on the command line is the whole list: the environment's patterns do not widen it."""
+    monkeypatch.setenv(cli.ALLOWED_IMAGES_ENV, "mirror.example.com/*, other.example.com/rr:*")
+    assert parse([]).allowed_images == ["mirror.example.com/*", "other.example.com/rr:*"]
+    assert parse(["--allowed-image", "registry.example.com/rr:*", "--allowed-image", "b/*"]).allowed_images == [
+        "registry.example.com/rr:*", "b/*"]
+    monkeypatch.delenv(cli.ALLOWED_IMAGES_ENV)
+    assert parse([]).allowed_images == []
+    assert parse(["--allowed-image", "x/*"]).allowed_images == ["x/*"]
+
+
 def test_metrics_port_defaults_beside_the_liveness_port():
     args = parse([])
     assert (args.metrics_port, args.metrics_host) == (8080, "0.0.0.0")

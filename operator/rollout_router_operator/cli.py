@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-image", default=os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE, metavar="IMAGE",
                         help=f"Image of router pods whose spec.router.image is unset (default: ${IMAGE_ENV}, "
                              f"else {DEFAULT_IMAGE}).")
-    parser.add_argument("--allowed-image", action="append", dest="allowed_images", metavar="PATTERN",
+    parser.add_argument("--allowed-image", action=Replacing, dest="allowed_images", metavar="PATTERN",
                         default=_env_list(ALLOWED_IMAGES_ENV),
                         help="Router images RolloutRouters may name in spec.router.image, as shell patterns "
                              "(e.g. 'registry.example.com/rollout-router:*'; repeatable; default: "
@@ -61,6 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
+
+
+class Replacing(argparse.Action):
+    """``append``, but the first flag replaces the default (the environment's list) instead of adding to it: an
+    allow-list given on the command line is the whole list."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        items = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*([] if items is self.default else items), values])
 
 
 def token_key(path: Path | None) -> bytes:
