@@ -212,6 +212,7 @@ def test_helm_lint_catches_a_broken_template(tmp_path):
     ({"serviceMonitor": {"interval": "30 seconds"}}, "/serviceMonitor/interval"),
     ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard"),
     ({"example": {"name": "Not_A_Name"}}, "/example/name"),
+    ({"example": {"name": "1rollouts"}}, "/example/name"),  # the operator's InvalidSpec: a Service needs a letter first
     ({"service": {"type": "Ingress"}}, "/service/type"),
     ({"replicaCount": 2}, "replicaCount"),
 ])
