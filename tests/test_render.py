@@ -186,7 +186,7 @@ POLICY_CHANGES = [{"affinityBreakMargin": 0}, {"affinityBreakMargin": 9}, {"full
                   {"metrics": {"keptPrefillSampleRate": 1}}]
 ROLLING_CHANGES = [{"router": {"image": "x/y:2"}}, {"router": {"resources": {"requests": {"cpu": "2"}}}},
                    {"router": {"env": [{"name": "A", "value": "b"}]}}, {"router": {"nodeSelector": {"a": "b"}}},
-                   {"router": {"sessionOwnership": False}}]
+                   {"router": {"sessionOwnership": False}}, {"router": {"imagePullSecrets": [{"name": "regcred"}]}}]
 
 
 @pytest.mark.parametrize("change", POLICY_CHANGES)
@@ -218,6 +218,8 @@ def test_runtime_changes_roll_the_deployment(change):
     # duplicate keys of a list the API server's apply refuses with a 500 (retried for good, no condition)
     ({"router": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "spec.router.env[1].name"),
     ({"router": {"service": {"port": 8081}}}, "spec.router.service.port"),
+    ({"router": {"imagePullSecrets": [{"name": "a"}, {"name": "a"}]}}, "spec.router.imagePullSecrets[1].name"),
+    ({"router": {"imagePullSecrets": [{"name": "Reg_Cred"}]}}, "spec.router.imagePullSecrets[0].name"),
     ({"grpcPort": 9000, "router": {"service": {"port": 50051}}}, "spec.router.service.port"),
     ({"grpcPort": 8000}, "spec.grpcPort"),
     ({"backendPort": None}, "spec.backendPort"),
@@ -286,3 +288,11 @@ def test_an_exposed_service_may_use_the_admin_port_number_for_traffic():
     services = [m for m in render(resource({"router": {"service": {"type": "NodePort", "port": 8081}}}))
                 if m["kind"] == "Service"]
     assert [p["port"] for s in services for p in s["spec"]["ports"]] == [8081, 8081]
+
+
+def test_router_pods_pull_with_the_specs_secrets():
+    """A private registry: the router pods name the pull Secrets (the chart's imagePullSecrets are the operator's)."""
+    spec = {"router": {"image": "registry.example.com/rr:1", "imagePullSecrets": [{"name": "regcred"}]}}
+    pod = by_kind(render(resource(spec)))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert "imagePullSecrets" not in by_kind(render(resource()))["Deployment"]["spec"]["template"]["spec"]

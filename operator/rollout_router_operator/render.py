@@ -151,6 +151,10 @@ def _check_router(spec: RolloutRouterSpec) -> None:
         if env.name in seen:
             raise InvalidSpec(f"spec.router.env[{index}].name: {env.name} is set twice")
         seen.add(env.name)
+    names = [secret.name for secret in spec.router.image_pull_secrets]
+    for index, secret in enumerate(names):
+        if secret in names[:index]:
+            raise InvalidSpec(f"spec.router.imagePullSecrets[{index}].name: {secret} is named twice")
     service = spec.router.service
     taken = {**({ROUTER_ADMIN_PORT: "admin"} if service.type == "ClusterIP" else {}),
              **({ROUTER_GRPC_PORT: "grpc"} if spec.grpc_port is not None else {})}
@@ -411,6 +415,8 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
                     {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}, *token_volumes],
         "nodeSelector": router.node_selector,
         "tolerations": [{k: v for k, v in t.dump().items() if v is not None} for t in router.tolerations],
+        **({"imagePullSecrets": [secret.dump() for secret in router.image_pull_secrets]}
+           if router.image_pull_secrets else {}),
     }
     return {
         "replicas": router.replicas,

@@ -90,6 +90,13 @@ class EnvVar(Model):
 MAX_WORKERS = 64  # router processes per pod: spec.router.workers' bound, and the CPU limit's default's
 
 
+class SecretReference(Model):
+    """A Secret in the resource's namespace, by name (an entry of a pod's imagePullSecrets)."""
+
+    name: str = Field(min_length=1, max_length=253,
+                      pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
 class RouterDeploymentSpec(Model):
     """How the router runs; changing these rolls the Deployment (replicas only scales it)."""
 
@@ -103,6 +110,9 @@ class RouterDeploymentSpec(Model):
         "Router image. Unset: the operator's --router-image (the Helm chart passes its routerImage), "
         f"by default {DEFAULT_IMAGE.rsplit(':', 1)[0]}:<operator version>."))
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[SecretReference] = Field(default_factory=list, description=(
+        "Secrets for pulling the router image from a private registry, e.g. [{name: regcred}] (the Helm chart's "
+        "imagePullSecrets are the operator pod's only)."))
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     node_selector: dict[str, str] = Field(default_factory=dict)
