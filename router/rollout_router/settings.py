@@ -50,7 +50,8 @@ class SessionSettings(Model):
     headers: list[str] = Field(default_factory=lambda: ["X-Session-ID"],
                                description="Request headers holding the session key, first match wins.")
     body_fields: list[str] = Field(default_factory=list,
-                                   description="Top-level JSON body fields tried after the headers, e.g. session_id, user.")
+                                   description="JSON body fields tried after the headers, e.g. session_id, user; "
+                                               "a dot steps into an object (session_params.id).")
     max_sessions: StrictInt = Field(100_000, ge=1, description="Pins kept; the least recently used is evicted beyond this.")
     idle_timeout_seconds: float | None = Field(3600.0, gt=0,
                                                description="A pin idle this long is dropped; null keeps pins until evicted.")
