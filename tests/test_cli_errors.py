@@ -188,6 +188,7 @@ ONE_LINE_CASES = [
                                             "has no counterpart here"),
     (["serve", "--backend", "sglang"], "argument --backend: expected a replica's http:// or https:// URL"),
     (["serve", "--worker-urls", "vllm-0:8000"], "argument --worker-urls: expected a replica's http:// or https:// URL"),
+    (["serve", "--session-header", "X Session"], "argument --session-header: must be an HTTP header name"),
 ]
 
 
@@ -203,6 +204,11 @@ def test_every_subcommand_says_what_is_wrong_in_one_line(args, says, busy):
 @pytest.mark.parametrize(("text", "says"), [
     ("affinityBreakMargin: -1\n", "affinityBreakMargin: Input should be greater than or equal to 0 (got -1)"),
     ("session: {idleTimeoutSeconds: -5}\n", "session.idleTimeoutSeconds: Input should be greater than 0 (got -5)"),
+    # taken, it would never match a header: silently no session key
+    ('session: {headers: ["X Session"]}\n', "session.headers: 'X Session' is not an HTTP header name "
+                                             "(letters, digits and !#$%&'*+-.^_`|~)"),
+    ('group: {headers: ["X Group"]}\n', "group.headers: 'X Group' is not an HTTP header name "
+                                         "(letters, digits and !#$%&'*+-.^_`|~)"),
 ])
 def test_a_bad_config_file_names_its_key_as_written(tmp_path, text, says):
     config = tmp_path / "router.yaml"

@@ -14,7 +14,7 @@ from .policy import registry
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
-from .settings import RouterSettings, SessionSettings, SettingsError, load_settings, parse_settings
+from .settings import HEADER_NAME, RouterSettings, SessionSettings, SettingsError, load_settings, parse_settings
 
 SESSION = SessionSettings().model_dump()  # the defaults --help names
 DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at 3); null (default) keeps every pin.")
     parser.add_argument("--full-determinism", action="store_true", default=None,
                         help="Place sessions by key hash only; the margin is ignored.")
-    parser.add_argument("--session-header", action="append", dest="session_headers", metavar="NAME",
+    parser.add_argument("--session-header", action="append", dest="session_headers", metavar="NAME", type=_header,
                         help="Header holding the session key (repeat; default X-Session-ID).")
     parser.add_argument("--session-body-field", action="append", dest="session_body_fields", metavar="FIELD",
                         help="JSON body field holding the session key, tried after headers (repeat; default none).")
@@ -125,6 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-sockets", type=Path, help=argparse.SUPPRESS)  # ditto: the decision channels' dir
     parser.add_argument("--log-level", default="info", type=peer_flags.log_level,
                         choices=["debug", "info", "warning", "error", "critical"], help="Log level (default info).")
+
+
+def _header(text: str) -> str:
+    """An argparse type: a header name a request can carry (``session.headers`` checks the same)."""
+    if not HEADER_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~), "
+                                         f"got {text!r}")
+    return text
 
 
 # flag dest -> the settings field it overrides (reported at startup: a live reload cannot change it)

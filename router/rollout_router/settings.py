@@ -44,6 +44,9 @@ class Model(BaseModel):
         return self.model_dump(by_alias=True, mode="json")
 
 
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+
+
 class SessionSettings(Model):
     """Where the session key comes from, and how many pins are kept how long."""
 
@@ -66,6 +69,15 @@ class SessionSettings(Model):
             raise ValueError("names must be non-empty")
         return names
 
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, names: list[str]) -> list[str]:
+        """Names a request can carry: another (``X Session``) would be taken and never match a header."""
+        for name in names:
+            if not HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+        return names
+
 
 class GroupSettings(Model):
     """Where a request's group key comes from: the GRPO siblings (the n samples of one prompt) that a new session
@@ -83,6 +95,11 @@ class GroupSettings(Model):
     @classmethod
     def _non_empty_names(cls, names: list[str]) -> list[str]:
         return SessionSettings._non_empty_names(names)
+
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, names: list[str]) -> list[str]:
+        return SessionSettings._header_names(names)
 
 
 # A name from the policy registry that a router may run; the CRD's enum is the same list.
@@ -443,7 +460,7 @@ def describe(error: ValidationError) -> str:
                          for part in item["loc"]) or "(root)"
         given = item.get("input")
         got = f" (got {given!r})" if item["type"] != "missing" and not isinstance(given, (dict, list)) else ""
-        lines.append(f"{where}: {item['msg']}{got}")
+        lines.append(f"{where}: {item['msg'].removeprefix('Value error, ')}{got}")
     return "; ".join(lines)
 
 
