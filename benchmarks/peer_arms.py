@@ -10,6 +10,9 @@ generator sends too):
                                 ``keepalive``, no response buffering (SSE passes through as it comes)
   raw asyncio proxy             not a peer: benchmarks/raw_proxy.py, uvloop + httptools with a keep-alive pool and
                                 no router feature, the floor for a Python proxy
+  native floor                  not a peer: benchmarks/native_floor/, the same in C protocols on uvloop (built with
+                                the machine's cc); "+ our routing" calls the router's Python routing and
+                                bookkeeping once per request: what a native data path calling our policy costs
 
 Each start function returns a ``Service`` once the arm answers; ``None`` when its program is not installed
 (``make bench-deps`` installs them all). Configuration files go to a temporary directory.
@@ -140,10 +143,22 @@ def raw_proxy(backends: list[str]) -> Service:
                      *backends], port)
 
 
+def native_floor(route: str) -> Callable[[list[str]], Service | None]:
+    def start(backends: list[str]) -> Service | None:
+        if tool("cc") is None:
+            return None
+        port = free_port()
+        return _started([sys.executable, str(Path(__file__).with_name("native_floor") / "serve.py"), "127.0.0.1",
+                         str(port), "--route", route, *backends], port)
+    return start
+
+
 PEERS: dict[str, Callable[[list[str]], Service | None]] = {
     "vllm-router consistent_hash": vllm_router,
     "SGLang router manual": sglang_router,
     "HAProxy 2.6 (one thread)": haproxy,
     "nginx 1.22 (one worker)": nginx,
     "raw asyncio proxy (floor)": raw_proxy,
+    "native floor (C protocols)": native_floor("hash"),
+    "native floor + our routing": native_floor("ours"),
 }
