@@ -217,6 +217,18 @@ def test_a_bad_config_file_names_its_key_as_written(tmp_path, text, says):
     assert done.returncode == 2 and done.stderr.strip() == f"rollout-router serve: invalid settings: {says}"
 
 
+@pytest.mark.parametrize(("content", "says"), [
+    (b"\xff\xfe\n", "not UTF-8 text (byte 0 is 0xff)"),
+    (b"backends: [http://127.0.0.1:9\n", "not valid YAML/JSON: while parsing a flow sequence"),
+])
+def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, content, says):
+    config = tmp_path / "router.yaml"
+    config.write_bytes(content)
+    done = run("serve", "--config", str(config))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"rollout-router serve: invalid settings: {config}: {says}"), done.stderr
+
+
 def test_a_bind_refusal_names_the_flag_for_each_errno():
     """Permission (EACCES) cannot be provoked as root, so each errno's wording is checked on the helper."""
     async def refused(code: int) -> None:

@@ -277,10 +277,12 @@ async def test_live_settings_change_keeps_pins(replicas, http, tmp_path):
         assert {s: (await chat(http, base, s))[1] for s in pins} == pins  # idle fleet: every pin kept
         config.write_text(json.dumps({"affinityBreakMargin": -3}))
         assert not runtime.reload()  # rejected, the running settings stay
+        config.write_bytes(b"\xff\xfe\n")  # not text at all: rejected the same way (it raised, and killed the poll)
+        assert not runtime.reload()
         assert runtime.settings.affinity_break_margin == 0 and runtime.balancer.policy.sessions() == 3
         metrics = await (await http.get(f"{runtime.admin_url}/metrics")).text()
     assert 'rolloutrouter_config_reloads_total{result="applied"} 1.0' in metrics
-    assert 'rolloutrouter_config_reloads_total{result="rejected"} 1.0' in metrics
+    assert 'rolloutrouter_config_reloads_total{result="rejected"} 2.0' in metrics
 
 
 async def test_metrics_and_status_agree_with_traffic(replicas, http):

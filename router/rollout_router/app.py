@@ -148,18 +148,22 @@ class Runtime:
             kubernetes.run(discovery, self.replicas), name="discovery")
 
     async def run_background(self) -> None:
-        """Pin expiry and config-file polling (ConfigMap updates arrive as file changes)."""
+        """Pin expiry and config-file polling (ConfigMap updates arrive as file changes). A bug in one pass is
+        logged and the next pass runs: a dead loop would stop pin expiry and reloads without a word."""
         waited = 0.0
         while True:
             await asyncio.sleep(RELOAD_INTERVAL)
             waited += RELOAD_INTERVAL
-            if self.config_path is not None and _mtime(self.config_path) != self._config_mtime:
-                self.reload()
-            if waited >= EXPIRY_INTERVAL:
-                waited = 0.0
-                await self.expire_pins()
-                if self.grpc_proxy is not None:
-                    self.grpc_proxy.prune()
+            try:
+                if self.config_path is not None and _mtime(self.config_path) != self._config_mtime:
+                    self.reload()
+                if waited >= EXPIRY_INTERVAL:
+                    waited = 0.0
+                    await self.expire_pins()
+                    if self.grpc_proxy is not None:
+                        self.grpc_proxy.prune()
+            except Exception:
+                log.exception("the router's background pass failed; the next runs in %gs", RELOAD_INTERVAL)
 
     @property
     def admin_url(self) -> str:

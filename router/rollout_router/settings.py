@@ -480,11 +480,15 @@ def parse_settings(data: dict, model: type[Model] = RouterSettings) -> Model:
 
 def load_settings(path: str | Path) -> RouterSettings:
     """Read a YAML or JSON settings file (JSON is YAML) into ``RouterSettings``."""
-    text = Path(path).read_text()
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SettingsError(f"{path}: not UTF-8 text (byte {error.start} is {raw[error.start]:#04x})") from None
     try:
         data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        raise SettingsError(f"{path}: not valid YAML/JSON: {error}") from None
+    except yaml.YAMLError as error:  # one line: PyYAML's message spans several, with the place marked
+        raise SettingsError(f"{path}: not valid YAML/JSON: {' '.join(str(error).split())}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"{path}: expected a mapping at the top level")
     return parse_settings(data)
