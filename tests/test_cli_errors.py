@@ -204,6 +204,16 @@ def test_every_subcommand_says_what_is_wrong_in_one_line(args, says, busy):
 @pytest.mark.parametrize(("text", "says"), [
     ("affinityBreakMargin: -1\n", "affinityBreakMargin: Input should be greater than or equal to 0 (got -1)"),
     ("session: {idleTimeoutSeconds: -5}\n", "session.idleTimeoutSeconds: Input should be greater than 0 (got -5)"),
+    # .inf overflowed at the first pause (500s on every request) or put Infinity in /status; true and "5" were
+    # taken as numbers, "yes" as true
+    ("rl: {maxPauseSeconds: .inf}\n", "rl.maxPauseSeconds: Input should be a finite number (got inf)"),
+    ("health: {baseEjectionSeconds: .inf}\n", "health.baseEjectionSeconds: Input should be a finite number (got inf)"),
+    ("session: {idleTimeoutSeconds: .inf}\n", "session.idleTimeoutSeconds: Input should be a finite number (got inf)"),
+    ("downSeconds: true\n", "downSeconds: Input should be a valid number (got True)"),
+    ('downSeconds: "5"\n', "downSeconds: Input should be a valid number (got '5')"),
+    ('fullDeterminism: "on"\n', "fullDeterminism: Input should be a valid boolean (got 'on')"),
+    ("metrics: {keptPrefillSampleRate: true}\n", "metrics.keptPrefillSampleRate: Input should be a valid number "
+                                                 "(got True)"),
     # taken, it would never match a header: silently no session key
     ('session: {headers: ["X Session"]}\n', "session.headers: 'X Session' is not an HTTP header name "
                                              "(letters, digits and !#$%&'*+-.^_`|~)"),

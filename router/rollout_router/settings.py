@@ -17,6 +17,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     ValidationError,
     WithJsonSchema,
@@ -56,7 +57,7 @@ class SessionSettings(Model):
                                    description="JSON body fields tried after the headers, e.g. session_id, user; "
                                                "a dot steps into an object (session_params.id).")
     max_sessions: StrictInt = Field(100_000, ge=1, description="Pins kept; the least recently used is evicted beyond this.")
-    idle_timeout_seconds: float | None = Field(3600.0, gt=0,
+    idle_timeout_seconds: float | None = Field(3600.0, gt=0, strict=True, allow_inf_nan=False,
                                                description="A pin idle this long is dropped; null keeps pins until evicted.")
     max_key_bytes: StrictInt = Field(256, ge=1, le=65536,
                                      description="Longest session key in UTF-8 bytes (header or body field); "
@@ -125,7 +126,7 @@ class PolicySettings(Model):
     affinity_break_margin: Margin | None = Field(
         None, description="Skew tolerated before a pin moves (any number >= 0, as verl takes it: 2.5 keeps a pin at "
                           "skew 2 and moves it at 3); null keeps every pin, 0 moves unless least-loaded.")
-    full_determinism: bool = Field(False, description="Place sessions by key hash only; the margin is ignored.")
+    full_determinism: StrictBool = Field(False, description="Place sessions by key hash only; the margin is ignored.")
     cost_affinity: CostAffinityOptions = Field(default_factory=CostAffinityOptions,
                                                description="Read only by policy cost_affinity.")
     session: SessionSettings = Field(default_factory=SessionSettings)
@@ -238,7 +239,7 @@ class DiscoverySettings(Model):
         return self
 
 
-Seconds = Annotated[float, Field(gt=0)]
+Seconds = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]  # a number: not true, "5" or .inf
 
 
 class Backend(Model):
@@ -336,16 +337,16 @@ class FleetSettings(Model):
                                  "there: for a plain Service) or entry (the router the turn enters by; it pulls "
                                  "the pin from its peers when it has none: for a front end that hashes the session "
                                  "key). The --ownership flag overrides it.")
-    lookup_timeout_seconds: float = Field(0.5, gt=0, le=5, description="With ownership entry: how long a router "
+    lookup_timeout_seconds: float = Field(0.5, gt=0, le=5, strict=True, description="With ownership entry: how long a router "
                                           "waits for its peers' answers when it asks them for a pin it lacks.")
     load_view: LoadView = Field("peers", description="What the margin compares: peers (own exact in-flight counts "
                                 "plus the other routers', streamed), vllm (each replica's vllm:num_requests_running "
                                 "+ vllm:num_requests_waiting, scraped), or local (own counts only).")
-    poll_interval_seconds: float = Field(0.1, ge=0.01, le=0.25, description="How often each peer looks at its "
+    poll_interval_seconds: float = Field(0.1, ge=0.01, le=0.25, strict=True, description="How often each peer looks at its "
                                          "loads and sends them when they changed (a heartbeat every third of "
                                          "peerTimeoutSeconds), and with loadView vllm, each replica's /metrics "
                                          "is scraped.")
-    peer_timeout_seconds: float = Field(1.0, gt=0, le=30, description="A peer that has sent nothing (no change, no "
+    peer_timeout_seconds: float = Field(1.0, gt=0, le=30, strict=True, description="A peer that has sent nothing (no change, no "
                                         "heartbeat) for this long leaves the membership until it answers again.")
 
     @field_validator("peers")
@@ -387,7 +388,7 @@ class MetricsSettings(Model):
     """What the router measures beyond its counters (docs/observability.md, "Is the margin paying?")."""
 
     kept_prefill_sample_rate: float = Field(
-        0.1, ge=0, le=1, allow_inf_nan=False,
+        0.1, ge=0, le=1, strict=True, allow_inf_nan=False,
         description="Share of kept turns whose answer's usage is read for rolloutrouter_kept_prefill_tokens_total "
                     "(every moved turn is read); 0 reads none.")
     max_backend_labels: StrictInt = Field(
