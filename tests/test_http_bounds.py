@@ -155,6 +155,31 @@ async def test_trailers_are_dropped_and_bounded():
     assert listener.budget.held == 0 and not refused.headers[1:]
 
 
+async def test_a_trailer_that_never_ends_is_bounded_as_it_comes():
+    """llhttp holds an unfinished trailer field itself (no callback until it ends): its bytes count as they are
+    read, so one endless value is a 431 at the head's bound, not memory held until a timeout."""
+    client, listener, _ = connected()
+    client.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"2\r\n{}\r\n0\r\nX-T: ")
+    for _ in range(MAX_HEAD // 1000 + 2):
+        client.data_received(b"a" * 1000)
+    [refused] = listener.dispatched
+    assert answered_with(refused) == (431, f"request trailers exceed {MAX_HEAD} bytes")
+
+
+async def test_chunk_framing_in_reads_of_its_own_is_not_taken_for_trailers():
+    """Reads holding only a chunk's size line (a client writing each chunk in pieces) are not trailers."""
+    client, listener, _ = connected()
+    client.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n")
+    piece = b"x" * 10
+    for _ in range(MAX_HEAD // 5):  # some 26 KiB of size lines alone, and 131 KiB of body
+        client.data_received(b"%x\r\n" % len(piece))
+        client.data_received(piece + b"\r\n")
+    client.data_received(b"0\r\n\r\n")
+    [request] = listener.dispatched
+    assert request.error is None and request.body == piece * (MAX_HEAD // 5)
+
+
 async def test_thousands_of_tiny_pipelined_requests_in_one_read_are_bounded_by_the_budget():
     """Reading pauses only after the read: what one read queues is charged what holding it costs, not its few
     bytes, so maxBufferedBytes bounds it (those beyond get 503) however tiny the requests."""

@@ -111,8 +111,11 @@ class ClientConnection(asyncio.Protocol):
         if self._broken:
             return  # lingering or refused: drained and dropped
         self.active_at = self.listener.now
-        if self._in_head:
+        in_head, request = self._in_head, self._request
+        if in_head:
             self._head_bytes += len(data)
+        else:  # in a body: a read that brings none of it is framing or trailers (``_count_trailers``)
+            size = request.size if request is not None else 0
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # an upgrade's request is answered, then the connection closed
@@ -122,6 +125,8 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._reject(RouterError(400, f"malformed HTTP request: {error}"))
             return
+        if not in_head and request is not None and request is self._request and not self._in_head:
+            self._count_trailers(request, size, len(data))
         request = self._request
         if self._in_head and request is not None:  # a head cut across reads holds what came so far
             if request.head:
@@ -132,6 +137,15 @@ class ClientConnection(asyncio.Protocol):
         if self._head_bytes > MAX_HEAD:  # the head so far, or once it is complete the trailers so far
             what = "head exceeds" if self._in_head else "trailers exceed"
             self._reject(RouterError(431, f"request {what} {MAX_HEAD} bytes"))
+
+    def _count_trailers(self, request: HttpRequest, size: int, read: int) -> None:
+        """After a body's last chunk, trailer bytes count against ``MAX_HEAD`` as they come, not only as whole
+        fields (``on_header``): llhttp holds a field that never ends itself. A read that brought body bytes
+        starts the count again (trailers come after the whole body), so chunk framing never adds up."""
+        if request.size == size:
+            self._head_bytes += read
+        else:
+            self._head_bytes = 0
 
     # llhttp callbacks
     def on_message_begin(self) -> None:
