@@ -280,6 +280,28 @@ async def test_a_response_head_the_router_cannot_relay_is_a_502(answer, words):
         await raw.stop()
 
 
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENT = b"data: {}\n\n"
+
+
+@pytest.mark.parametrize("trailers", [
+    b"X-T: " + b"a" * 200_000,  # one field that never ends (llhttp holds it, calling nobody)
+    (b"X-T: " + b"a" * 100 + b"\r\n") * 2_000,  # fields for ever (each was kept with the head's fields)
+], ids=["a-field-never-ends", "fields-without-end"])
+async def test_a_replicas_trailers_are_bounded_as_its_head_is(trailers):
+    """After the last chunk, more than the head's bound ends the stream with an error event; nothing held."""
+    raw = RawReplica(lambda index, connection: SSE_HEAD + b"%x\r\n%s\r\n0\r\n" % (len(EVENT), EVENT) + trailers)
+    url = await raw.start()
+    try:
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES)) as (base, runtime):
+            [(code, _, body)] = await exchange(base, post())
+            assert code == 200 and body.startswith(EVENT), body
+            assert b"after its body's last bytes (trailers)" in body, body
+            assert runtime.replicas.total_inflight() == 0 and not runtime.http_proxy.active
+    finally:
+        await raw.stop()
+
+
 async def test_silent_replica_times_out_by_the_sweep(replica):
     replica.hold = asyncio.Event()
     settings = RouterSettings(backends=[replica.url], first_byte_timeout_seconds=0.5)

@@ -57,7 +57,7 @@ class Exchange:
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
-                 "turn", "usage_tail", "on_done", "stamp", "length", "head_bytes", "feeding", "ending")
+                 "turn", "usage_tail", "on_done", "stamp", "length", "head_bytes", "feeding", "ending", "bare")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None,
@@ -87,6 +87,7 @@ class Exchange:
         self.tail = b""
         self.seen, self.swept, self.silent = 0, 0, 0.0
         self.head_bytes = 0  # read while the response head had not ended
+        self.bare = 0  # read since the last body bytes, once the head has ended: chunk framing, then trailers
         self.feeding = False  # in the parser's callbacks
         self.ending: tuple[bool, str | None] | None = None  # finished there: ended once the read is parsed
 
@@ -99,6 +100,7 @@ class Exchange:
     def feed(self, data: bytes) -> None:
         self.seen += 1
         self.feeding = True
+        state, pieces = self.state, len(self.out) + len(self.buffer)
         try:
             self.conn.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -116,7 +118,18 @@ class Exchange:
             self.head_bytes += len(data)
             if self.head_bytes > MAX_RESPONSE_HEAD or len(self.headers) > MAX_RESPONSE_FIELDS:
                 self.fail(self._head_too_big(), INVALID_RESPONSE)
+        elif state == self.state and len(self.out) + len(self.buffer) == pieces:  # no body bytes in this read
+            self._count_bare(len(data))
+        else:
+            self.bare = 0
         self.flush()
+
+    def _count_bare(self, read: int) -> None:
+        """Trailers are bounded as the head is: llhttp holds a field that never ends itself, and a replica sending
+        trailers for ever would be read for ever. Reads without body bytes count; body bytes start again."""
+        self.bare += read
+        if self.bare > MAX_RESPONSE_HEAD:
+            self.fail(f"sent over {MAX_RESPONSE_HEAD} bytes after its body's last bytes (trailers)", INVALID_RESPONSE)
 
     def _head_too_big(self) -> str:
         return f"sent a response head over {MAX_RESPONSE_HEAD} bytes or {MAX_RESPONSE_FIELDS} header fields"

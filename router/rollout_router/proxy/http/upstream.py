@@ -67,7 +67,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         exchange = self.exchange
-        if exchange is not None:
+        if exchange is not None and not exchange.status:  # a status: the head has ended, these are trailers (dropped)
             if len(name) == 14 and name.lower() == b"content-length":  # llhttp refuses a second one
                 exchange.length = value
             else:
