@@ -93,6 +93,20 @@ async def test_a_body_nested_too_deep_to_read_its_key_from_is_a_400_not_a_500(ra
         assert raw.requests == 0 and runtime.replicas.total_inflight() == 0
 
 
+async def test_a_number_too_long_to_read_is_bad_json_on_both_ports(raw):
+    """Python refuses to convert an integer of more than 4,300 digits with a plain ValueError: it was a 500 and a
+    traceback per request on the traffic port, and no answer at all on the admin port."""
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, session=SessionSettings(body_fields=["session_id"]))
+    huge = b'{"session_id": "a", "n": ' + b"9" * 5000 + b"}"
+    async with running_router(settings) as (base, runtime):
+        [(code, _, body)] = await exchange(base, post(huge).replace(b"X-Session-ID: s\r\n", b""))
+        assert code == 400 and "not valid JSON (a number too long to read" in error_of(body)["message"]
+        [(code, _, body)] = await exchange(runtime.admin_url, b"POST /workers HTTP/1.1\r\nHost: r\r\n"
+                                           b"Content-Length: %d\r\n\r\n%s" % (len(huge), huge))
+        assert code == 400 and "not valid JSON (a number too long to read" in error_of(body)["message"]
+        assert raw.requests == 0 and runtime.replicas.total_inflight() == 0
+
+
 async def test_an_answer_whose_usage_cannot_be_read_still_ends_its_exchange():
     """Every kept turn measured: a replica whose answer ends in a ``usage`` nested too deep for the parser. The
     keep-alive connection goes on and nothing is left held (in flight, answering, budget, exchanges)."""

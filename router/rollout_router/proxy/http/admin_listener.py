@@ -93,7 +93,12 @@ class AdminListener(HttpListener):
         return self._limits
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
-        answer, extra = self.answer(request)
+        """Answer one request; a bug is a JSON 500 naming the log, never a client left waiting for an answer."""
+        try:
+            answer, extra = self.answer(request)
+        except Exception:
+            log.exception("unexpected error on %s %s", request.method.decode(), request.path)
+            answer, extra = admin.error(500, "internal router error; see the router's log"), ()
         if isinstance(answer, admin.Stream) and answer.lines is not None and not request.head_only:
             await stream(client, answer.lines())
             return
