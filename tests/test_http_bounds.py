@@ -180,6 +180,23 @@ async def test_chunk_framing_in_reads_of_its_own_is_not_taken_for_trailers():
     assert request.error is None and request.body == piece * (MAX_HEAD // 5)
 
 
+async def test_a_pipelined_request_expecting_100_continue_gets_it_when_its_turn_comes():
+    """Its body waits for the 100; sent only while the connection was idle at its head, a request behind another
+    never got it and timed out waiting for its own body (408)."""
+    client, listener, transport = connected()
+    first = b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 2\r\n\r\n{}"
+    client.data_received(first + b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nExpect: 100-continue\r\n"
+                                 b"Content-Length: 2\r\n\r\n")
+    [request] = listener.dispatched
+    assert b"HTTP/1.1 100 Continue\r\n\r\n" not in transport.written  # not before the first is answered
+    client.answered(request)
+    assert transport.written.count(b"HTTP/1.1 100 Continue\r\n\r\n") == 1
+    client.data_received(b"{}")
+    assert len(listener.dispatched) == 2 and listener.dispatched[1].body == b"{}"
+    client.answered(listener.dispatched[1])
+    assert transport.written.count(b"HTTP/1.1 100 Continue\r\n\r\n") == 1
+
+
 async def test_thousands_of_tiny_pipelined_requests_in_one_read_are_bounded_by_the_budget():
     """Reading pauses only after the read: what one read queues is charged what holding it costs, not its few
     bytes, so maxBufferedBytes bounds it (those beyond get 503) however tiny the requests."""

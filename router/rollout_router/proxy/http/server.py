@@ -229,8 +229,21 @@ class ClientConnection(asyncio.Protocol):
         if request.error is not None:
             self._message_done()  # answer now without reading a body we will not forward
             self._stop_reading()
-        elif request.expect and not self._busy and not self._queue and parser.get_http_version() == "1.1":
-            self.write(wire.CONTINUE)  # the body is read here before any replica is chosen
+        elif request.expect:  # the body is read here before any replica is chosen
+            if parser.get_http_version() == "1.1":
+                self._continue()
+            else:
+                request.expect = False  # HTTP/1.0 has no 100 Continue
+
+    def _continue(self) -> None:
+        """``100 Continue`` to the request whose head asked for it, once the requests before it are answered (its
+        body waits for it: a client pipelining one behind another would wait until its body timed out)."""
+        request = self._request
+        if request is None or not request.expect or self._busy or self._queue or request.size:
+            return
+        request.expect = False
+        self.write(wire.CONTINUE)
+        self._body_at = self.listener.now  # the body's clock starts when it was asked for
 
     def on_body(self, body: bytes) -> None:
         request = self._request
@@ -349,6 +362,8 @@ class ClientConnection(asyncio.Protocol):
                     self._read_paused = False
                     transport.resume_reading()
                 self._next()
+                if self._request is not None and self._request.expect:
+                    self._continue()
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after the last answer without losing it: send FIN, then drain what the client still sends.
