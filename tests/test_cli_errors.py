@@ -201,6 +201,9 @@ def test_every_subcommand_says_what_is_wrong_in_one_line(args, says, busy):
     assert len(message) == 1 and says.format(busy=busy) in message[0], done.stderr
 
 
+PROBE_RULE = "must be a path starting with / of URL characters (percent-encode spaces and the like)"
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("affinityBreakMargin: -1\n", "affinityBreakMargin: Input should be greater than or equal to 0 (got -1)"),
     ("session: {idleTimeoutSeconds: -5}\n", "session.idleTimeoutSeconds: Input should be greater than 0 (got -5)"),
@@ -214,6 +217,10 @@ def test_every_subcommand_says_what_is_wrong_in_one_line(args, says, busy):
     ('fullDeterminism: "on"\n', "fullDeterminism: Input should be a valid boolean (got 'on')"),
     ("metrics: {keptPrefillSampleRate: true}\n", "metrics.keptPrefillSampleRate: Input should be a valid number "
                                                  "(got True)"),
+    # written into the probe's request line: a header injected into every probe, or every replica out of rotation
+    ('health: {probePath: "/health\\r\\nX-Injected: 1"}\n', "health.probePath: " + PROBE_RULE
+     + " (got '/health\\r\\nX-Injected: 1')"),
+    ('health: {probePath: "/he alth"}\n', f"health.probePath: {PROBE_RULE} (got '/he alth')"),
     # taken, it would never match a header: silently no session key
     ('session: {headers: ["X Session"]}\n', "session.headers: 'X Session' is not an HTTP header name "
                                              "(letters, digits and !#$%&'*+-.^_`|~)"),

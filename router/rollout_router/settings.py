@@ -292,6 +292,11 @@ class WorkerApiSettings(Model):
         return [str(network) for network in addresses.networks(values)]
 
 
+# A path and query of RFC 3986's characters: a space or a line break would be written into the probe's request line
+# (a header injected into every probe, or every probe a 400 and every replica out of rotation).
+PROBE_PATH = re.compile(r"/[-A-Za-z0-9._~!$&'()*+,;=:@%/]*(\?[-A-Za-z0-9._~!$&'()*+,;=:@%/?]*)?")
+
+
 class HealthSettings(Model):
     """Passive health (outlier ejection, as Envoy's) and the active probes of each replica: its HTTP health path,
     and its gRPC health call when it has a gRPC address."""
@@ -309,7 +314,8 @@ class HealthSettings(Model):
     max_ejection_percent: StrictInt = Field(
         50, ge=0, le=100, description="At most this share of the replicas is ejected at once (rounded down), "
                                       "so a fleet-wide slowdown never ejects the whole fleet.")
-    probe_path: str = Field("/health", pattern=r"^/", description="Path probed on each replica's HTTP URL.")
+    probe_path: str = Field("/health", description="Path probed on each replica's HTTP URL (and a query, if any): "
+                            "URL characters only, percent-encoded where need be.")
     grpc_probe: Literal["vllm", "grpc_health"] = Field(
         "vllm", description="How a replica with a gRPC address is probed over gRPC: vllm (VllmEngine/HealthCheck) or "
                             "grpc_health (grpc.health.v1.Health/Check, where the server offers it).")
@@ -317,6 +323,13 @@ class HealthSettings(Model):
         5.0, description="Time between probe rounds; null turns active probing off.")
     probe_timeout_seconds: Seconds = Field(
         5.0, description="A probe that takes longer fails; the replica is out of rotation until one passes.")
+
+    @field_validator("probe_path")
+    @classmethod
+    def _probe_path(cls, path: str) -> str:
+        if not PROBE_PATH.fullmatch(path):
+            raise ValueError("must be a path starting with / of URL characters (percent-encode spaces and the like)")
+        return path
 
 
 LoadView = Literal["peers", "vllm", "local"]
