@@ -173,6 +173,16 @@ ONE_LINE_CASES = [
     (["fake-vllm", "--served-model-name=", "--port", "0"], "rollout-router fake-vllm: --served-model-name: must not "
                                                            "be empty"),
     (["serve", "--peer", "router-1:8081"], "argument --peer: must be an http:// or https:// URL, got 'router-1:8081'"),
+    # each was taken, and the router ran alone without a word (or bound every interface: '')
+    (["serve", "--peer", "http://"], "argument --peer: URL 'http://' has no host"),
+    (["serve", "--peer", "http://127.0.0.1:99999"], "argument --peer: URL 'http://127.0.0.1:99999': the port must be "
+                                                    "1-65535"),
+    (["serve", "--peer", "http://u:p@127.0.0.1:1"], "argument --peer: URL 'http://u:p@127.0.0.1:1' must not carry "
+                                                    "user:password@"),
+    (["serve", "--advertise", "ftp://x"], "argument --advertise: must be an http:// or https:// URL, got 'ftp://x'"),
+    (["serve", "--admin-host", ""], "argument --admin-host: must be an address or a host name"),
+    (["serve", "--host", " "], "argument --host: must be an address or a host name"),
+    (["fake-vllm", "--host", ""], "argument --host: must be an address or a host name"),
     (["simulate", "--preset", "quick", "--policies", "bogus"], "rollout-router simulate: --policies bogus: unknown "
                                                                "arm label bogus"),
     (["simulate", "--from-json", "/nonexistent/g.json"], "argument --from-json: /nonexistent/g.json: no such file"),
@@ -220,6 +230,8 @@ PROBE_RULE = "must be a path starting with / of URL characters (percent-encode s
     # written into the probe's request line: a header injected into every probe, or every replica out of rotation
     ('health: {probePath: "/health\\r\\nX-Injected: 1"}\n', "health.probePath: " + PROBE_RULE
      + " (got '/health\\r\\nX-Injected: 1')"),
+    ('fleet: {peers: ["http://127.0.0.1:5/?a=1"]}\n', "fleet.peers: peer 'http://127.0.0.1:5/?a=1' must not have a "
+                                                      "query or a fragment"),
     ('health: {probePath: "/he alth"}\n', f"health.probePath: {PROBE_RULE} (got '/he alth')"),
     # taken, it would never match a header: silently no session key
     ('session: {headers: ["X Session"]}\n', "session.headers: 'X Session' is not an HTTP header name "

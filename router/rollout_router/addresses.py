@@ -85,22 +85,25 @@ def host_port(target: str) -> str:
     return target
 
 
-def http_url(url: str) -> str:
-    """A replica's base URL, parsed strictly: http(s), a host, a port 1-65535 if any, no user:password@, no query
-    or fragment, no space or control byte (a worker URL from the API ends up in every request head to it)."""
+def http_url(url: str, what: str = "backend") -> str:
+    """A replica's (or a peer router's: ``what``) base URL, parsed strictly: http(s), a host, a port 1-65535 if
+    any, no user:password@, no query or fragment, no space or control byte (a worker URL from the API ends up in
+    every request head to it)."""
     if CONTROL.search(url):
-        raise ValueError(f"backend {url!r} must not contain spaces or control characters")
+        raise ValueError(f"{what} {url!r} must not contain spaces or control characters")
     parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{what} {url!r} must be an http:// or https:// URL")
     if "@" in parts.netloc:
-        raise ValueError(f"backend {url!r} must not carry user:password@")
+        raise ValueError(f"{what} {url!r} must not carry user:password@")
     if not parts.hostname:
-        raise ValueError(f"backend {url!r} has no host")
+        raise ValueError(f"{what} {url!r} has no host")
     try:
         port = parts.port
     except ValueError:
         port = 0
     if port == 0 or (port is None and parts.netloc.endswith(":")):
-        raise ValueError(f"backend {url!r}: the port must be 1-65535")
+        raise ValueError(f"{what} {url!r}: the port must be 1-65535")
     if parts.query or parts.fragment:
-        raise ValueError(f"backend {url!r} must not have a query or a fragment")
+        raise ValueError(f"{what} {url!r} must not have a query or a fragment")
     return url.rstrip("/")

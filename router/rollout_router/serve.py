@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import listening, peer_flags, usage
+from . import addresses, listening, peer_flags, usage
 from .app import Peering, Runtime
 from .policy import registry
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
@@ -56,7 +56,7 @@ def _backend(text: str) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="0.0.0.0", help="Address of the traffic listeners (HTTP and gRPC; "
+    parser.add_argument("--host", default="0.0.0.0", type=usage.host, help="Address of the traffic listeners (HTTP and gRPC; "
                         "default 0.0.0.0: every IPv4 address); '::' listens on every IPv6 and IPv4 address (dual "
                         "stack; IPv4 alone without IPv6).")
     parser.add_argument("--port", type=usage.port_or_zero, default=8080,
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=usage.port_or_zero, help="Also serve gRPC (vLLM's VllmEngine and any "
                         "other service, passed through) on this port (0 picks a free one; default: no gRPC); "
                         "replicas need a gRPC target.")
-    parser.add_argument("--admin-host", default=ADMIN_HOST,
+    parser.add_argument("--admin-host", default=ADMIN_HOST, type=usage.host,
                         help=f"Address of the admin listener (/metrics, /status, DELETE /v1/sessions/KEY, probes); "
                         f"default {ADMIN_HOST}: this machine only. In a pod the operator passes '::' (every address).")
     parser.add_argument("--admin-port", type=usage.port_or_zero, default=ADMIN_PORT,
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {SESSION['max_sessions']}).")
     parser.add_argument("--idle-timeout", type=usage.number(positive=True), metavar="SECONDS",
                         help=f"Seconds before an idle pin is dropped (default {SESSION['idle_timeout_seconds']:g}).")
-    parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL", type=usage.http_url,
+    parser.add_argument("--peer", action="append", dest="peers", default=[], metavar="URL", type=_admin_url,
                         help="Another router's admin URL (http://HOST:ADMINPORT; repeat): the routers share the "
                         "sessions, each key owned by one of them (docs/fleet.md). Adds to the config's fleet.peers.")
     parser.add_argument("--peer-selector", metavar="LABELS",
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "each is reached at its container port named 'admin', or one member per worker at its ports named 'fleet-<i>'.")
     parser.add_argument("--peer-namespace", metavar="NS", help="Namespace of --peer-selector's pods "
                         "(default: $POD_NAMESPACE, then the service account's).")
-    parser.add_argument("--advertise", metavar="URL", help="This router's admin URL as its peers name it "
+    parser.add_argument("--advertise", metavar="URL", type=_admin_url, help="This router's admin URL as its peers name it "
                         "(default: the admin listener's, with 0.0.0.0 or :: replaced by $POD_IP, in brackets when IPv6).")
     parser.add_argument("--ownership", choices=["rendezvous", "entry"],
                         help="Which router owns a session (overrides the config's fleet.ownership): rendezvous "
@@ -125,6 +125,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-sockets", type=Path, help=argparse.SUPPRESS)  # ditto: the decision channels' dir
     parser.add_argument("--log-level", default="info", type=peer_flags.log_level,
                         choices=["debug", "info", "warning", "error", "critical"], help="Log level (default info).")
+
+
+def _admin_url(text: str) -> str:
+    """An argparse type: a router's admin URL (``addresses.http_url``'s rules: http(s), a host, a port in range, no
+    user:password@, no query, no space or control byte)."""
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, got {text!r}")
+    try:
+        return addresses.http_url(text, "URL")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _header(text: str) -> str:

@@ -365,10 +365,7 @@ class FleetSettings(Model):
     @field_validator("peers")
     @classmethod
     def _admin_urls(cls, peers: list[str]) -> list[str]:
-        for url in peers:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"peer {url!r} must be an http:// or https:// admin URL")
-        return [url.rstrip("/") for url in peers]
+        return [addresses.http_url(url, "peer") for url in peers]
 
     @model_validator(mode="after")
     def _timeout_spans_heartbeats(self) -> FleetSettings:

@@ -86,10 +86,11 @@ def existing_file(text: str) -> str:
     return text
 
 
-def http_url(text: str) -> str:
-    """An argparse type: an http:// or https:// URL."""
-    if not text.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, got {text!r}")
+def host(text: str) -> str:
+    """An argparse type: an address or host name to listen on; an empty one would mean every address."""
+    if not text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"must be an address or a host name (0.0.0.0 or :: for every address), "
+                                         f"got {text!r}")
     return text
 
 

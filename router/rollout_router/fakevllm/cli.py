@@ -20,7 +20,7 @@ from .config import FakeVllmConfig
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--host``, ``--port``, ``--grpc-port`` and one flag per ``FakeVllmConfig`` field."""
-    parser.add_argument("--host", default="127.0.0.1",
+    parser.add_argument("--host", default="127.0.0.1", type=usage.host,
                         help="address to bind (any 127.0.0.x works; default: %(default)s)")
     parser.add_argument("--port", type=usage.port_or_zero, default=8000,
                         help="port to bind (0 picks a free one; default: %(default)s)")
