@@ -183,6 +183,9 @@ ONE_LINE_CASES = [
     (["serve", "--admin-host", ""], "argument --admin-host: must be an address or a host name"),
     (["serve", "--host", " "], "argument --host: must be an address or a host name"),
     (["fake-vllm", "--host", ""], "argument --host: must be an address or a host name"),
+    (["serve", "--port-file", "/tmp"], "argument --port-file: '/tmp' is a directory, not a file"),  # a traceback
+    (["serve", "--port-file", ""], "argument --port-file: must name a file"),
+    (["fake-vllm", "--port-file", "/tmp"], "argument --port-file: '/tmp' is a directory, not a file"),
     (["simulate", "--preset", "quick", "--policies", "bogus"], "rollout-router simulate: --policies bogus: unknown "
                                                                "arm label bogus"),
     (["simulate", "--from-json", "/nonexistent/g.json"], "argument --from-json: /nonexistent/g.json: no such file"),

@@ -93,6 +93,17 @@ async def test_a_body_nested_too_deep_to_read_its_key_from_is_a_400_not_a_500(ra
         assert raw.requests == 0 and runtime.replicas.total_inflight() == 0
 
 
+async def test_a_body_key_that_is_a_lone_surrogate_is_a_400_not_a_500(raw):
+    """JSON can spell a lone surrogate ("\\ud800"), which has no UTF-8: measuring the key raised."""
+    settings = RouterSettings(backends=[raw.url], health=NO_PROBES, session=SessionSettings(body_fields=["session_id"]))
+    async with running_router(settings) as (base, runtime):
+        request = post(b'{"session_id": "\\ud800", "model": "m"}').replace(b"X-Session-ID: s\r\n", b"")
+        [(code, _, body)] = await exchange(base, request)
+        assert code == 400 and error_of(body)["param"] == "session_id", body
+        assert "not valid Unicode" in error_of(body)["message"]
+        assert raw.requests == 0 and runtime.replicas.total_inflight() == 0
+
+
 async def test_a_number_too_long_to_read_is_bad_json_on_both_ports(raw):
     """Python refuses to convert an integer of more than 4,300 digits with a plain ValueError: it was a 500 and a
     traceback per request on the traffic port, and no answer at all on the admin port."""

@@ -233,6 +233,10 @@ async def test_bad_input_is_a_4xx_naming_the_problem(http):
             ("/v1/rl/update_weights", {"weight_version": "v1\r\nX-Forged: yes"}, 400, "weight_version"),
             ("/v1/rl/update_weights", {"weight_version": "v" * 257}, 400, "weight_version"),
             ("/v1/rl/engine/a.b", {}, 400, "path"),
+            ("/v1/rl/engine/reset_prefix_cache%0A", {}, 400, "path"),  # match() with $ took the newline
+            ("/v1/rl/pause", {"Mode": "abort"}, 400, "Mode"),  # misspelt: it paused in wait mode
+            ("/v1/rl/pause?mode=abort", {"mode": "wait"}, 400, "mode"),
+            ("/v1/rl/resume", {"mode": "abort"}, 400, "mode"),
             ("/fleet/v1/rl", {"paused": True}, 400, "epoch"),
         ]
         for path, body, code, param in cases:

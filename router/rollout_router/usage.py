@@ -74,6 +74,8 @@ def number(positive: bool) -> Callable[[str], float]:
 def new_file(text: str) -> Path:
     """An argparse type: a file to be written, in a directory that exists (checked before anything starts)."""
     path = Path(text)
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file" if text else "must name a file")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: directory {str(path.parent)!r} does not exist")
     return path

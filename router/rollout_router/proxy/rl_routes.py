@@ -30,7 +30,8 @@ from .context import RouterContext
 from .workers import worker_id
 
 MODES = ("wait", "abort")
-ENGINE_PATH = re.compile(r"^[A-Za-z0-9_]+$")
+PAUSE_FIELDS = {"mode", "timeout"}
+ENGINE_PATH = re.compile(r"[A-Za-z0-9_]+")
 UPDATE_FIELDS = {"model_path", "weights_path", "weight_version", "reset_prefix_cache", "abort_all_requests",
                  "timeout", "load_format", "flush_cache", "engine"}
 ENGINES = ("vllm", "sglang")  # whose weight-update routes the fan-out calls (fleet/rlfanout.py)
@@ -42,6 +43,15 @@ def _json(document: dict, code: int = 200) -> AdminAnswer:
 
 def _later(work: Callable[[], Awaitable[AdminAnswer]]) -> Deferred:
     return Deferred(202, b"", then=work)
+
+
+def _fields(document: dict[str, Any], route: str, fields: set[str]) -> AdminAnswer | None:
+    """A 400 naming the first field ``route`` does not take (a misspelt one is never silently ignored)."""
+    unknown = sorted(set(document) - fields)
+    if not unknown:
+        return None
+    takes = f"takes {', '.join(sorted(fields))}" if fields else "takes no body"
+    return error(400, f"unknown field {unknown[0]!r}; {route} {takes}", unknown[0])
 
 
 def _body(request: AdminRequest) -> dict[str, Any] | AdminAnswer:
@@ -75,7 +85,12 @@ def pause(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     document = _body(request)
     if isinstance(document, AdminAnswer):
         return document
-    mode = document.get("mode", parse_qs(request.query).get("mode", ["wait"])[0])
+    if (unknown := _fields(document, "pause", PAUSE_FIELDS)) is not None:
+        return unknown
+    asked = parse_qs(request.query).get("mode", [])
+    if len(asked) > 1 or (asked and "mode" in document and asked[0] != document["mode"]):
+        return error(400, "mode is given twice (the query and the body) with different values", "mode")
+    mode = document.get("mode", asked[0] if asked else "wait")
     if mode not in MODES:
         return error(400, f"mode must be wait (in-flight requests finish) or abort (the replicas abort them), "
                           f"not {mode!r}", "mode")
@@ -118,6 +133,8 @@ def resume(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     document = _body(request)
     if isinstance(document, AdminAnswer):
         return document
+    if (unknown := _fields(document, "resume", set())) is not None:
+        return unknown
 
     async def work() -> AdminAnswer:
         rl = context.rl
@@ -132,10 +149,8 @@ def update_weights(context: RouterContext, request: AdminRequest) -> AdminAnswer
     document = _body(request)
     if isinstance(document, AdminAnswer):
         return document
-    unknown = sorted(set(document) - UPDATE_FIELDS)
-    if unknown:
-        return error(400, f"unknown field {unknown[0]!r}; update_weights takes {', '.join(sorted(UPDATE_FIELDS))}",
-                     unknown[0])
+    if (unknown := _fields(document, "update_weights", UPDATE_FIELDS)) is not None:
+        return unknown
     path = document.get("model_path", document.get("weights_path"))
     version = document.get("weight_version")
     for name, value in (("model_path", path), ("weight_version", version)):
@@ -203,7 +218,7 @@ async def _update(context: RouterContext, step: rlfanout.Step, version: str | No
 
 def engine(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     path = request.params["path"]
-    if not ENGINE_PATH.match(path):
+    if not ENGINE_PATH.fullmatch(path):  # match() with $ took a final newline
         return error(400, f"engine path {path!r} must be one route name (letters, digits, _)", "path")
     try:
         body = jsonbody.parse(request.body) if request.body.strip() else {}

@@ -69,7 +69,11 @@ def header_key(header: str, value: bytes, session: SessionSettings, kind: str = 
 
 def checked_key(key: str, source: str, settings: SessionSettings, kind: str = "session") -> str:
     """``key`` if it fits ``session.maxKeyBytes``: every pin (and group) keeps its key, so an unbounded one is memory."""
-    size = len(key.encode("utf-8", "surrogateescape"))
+    try:
+        size = len(key.encode("utf-8", "surrogateescape"))  # a header's undecodable bytes count as themselves
+    except UnicodeEncodeError:  # a JSON field's lone surrogate ("\ud800"): no UTF-8 at all, no key to pin
+        raise RouterError(400, f"{kind} key in {source} is not valid Unicode (a lone surrogate)", source,
+                          f"{kind}_key_invalid") from None
     if size > settings.max_key_bytes:
         raise RouterError(400, f"{kind} key in {source} is {size} bytes, longer than "
                                f"session.maxKeyBytes={settings.max_key_bytes}", source, f"{kind}_key_too_long")
