@@ -232,6 +232,19 @@ class DiscoverySettings(Model):
                                                 "pods that serve gRPC only (vLLM's gRPC frontend), with grpcPort.")
     grpc_port: Port | None = Field(None, description="vLLM gRPC port, if the replicas serve gRPC.")
 
+    @field_validator("selector")
+    @classmethod
+    def _selects(cls, selector: LabelSelector) -> LabelSelector:
+        """As the operator checks spec.selector: an empty one takes every pod of the namespace for a replica, and a
+        requirement the API server refuses would fail every pod list."""
+        if not selector.match_labels and not selector.match_expressions:
+            raise ValueError("an empty selector matches every pod in the namespace; select the vLLM pods")
+        for index, requirement in enumerate(selector.match_expressions):
+            if (requirement.operator in ("In", "NotIn")) != bool(requirement.values):
+                raise ValueError(f"matchExpressions[{index}]: In and NotIn need values, Exists and DoesNotExist "
+                                 "take none")
+        return selector
+
     @model_validator(mode="after")
     def _some_port(self) -> DiscoverySettings:
         if self.port is None and self.grpc_port is None:
