@@ -183,6 +183,8 @@ ONE_LINE_CASES = [
     (["serve", "--admin-host", ""], "argument --admin-host: must be an address or a host name"),
     (["serve", "--host", " "], "argument --host: must be an address or a host name"),
     (["fake-vllm", "--host", ""], "argument --host: must be an address or a host name"),
+    (["operator", "--liveness", "ftp://x"], "argument --liveness: must be http://HOST:PORT/PATH"),  # a traceback
+    (["operator", "--liveness", "http://127.0.0.1:99999/healthz"], "argument --liveness: must be http://HOST:PORT/PATH"),
     (["serve", "--port-file", "/tmp"], "argument --port-file: '/tmp' is a directory, not a file"),  # a traceback
     (["serve", "--port-file", ""], "argument --port-file: must name a file"),
     (["fake-vllm", "--port-file", "/tmp"], "argument --port-file: '/tmp' is a directory, not a file"),

@@ -7,10 +7,12 @@ import itertools
 import logging
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from rollout_router import usage
 from rollout_router.kube import credentials
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Watch RolloutRouters in every namespace (the default without --namespace).")
     parser.add_argument("--status-interval", type=usage.number(positive=True), default=10.0, metavar="SECONDS",
                         help="How often router pods' /status is read into the resource status (default 10).")
-    parser.add_argument("--liveness", metavar="URL", default=None,
+    parser.add_argument("--liveness", metavar="URL", default=None, type=_liveness,
                         help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz (default: none).")
     parser.add_argument("--metrics-port", type=usage.port_or_zero, default=METRICS_PORT, metavar="PORT",
                         help=f"Serve Prometheus metrics at /metrics on PORT (default {METRICS_PORT}; 0: off).")
@@ -61,6 +63,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 
+
+
+def _liveness(text: str) -> str:
+    """An argparse type: kopf's liveness endpoint, http://HOST:PORT/PATH (kopf serves plain HTTP only)."""
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None or not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"must be http://HOST:PORT/PATH with a port 1-65535 (e.g. "
+                                         f"http://0.0.0.0:8081/healthz), got {text!r}")
+    return text
+
+
+def _unbindable(url: str) -> str | None:
+    """Why the liveness endpoint's address cannot be listened on (taken, or not this machine's), before kopf tries
+    it inside its run (a traceback there)."""
+    parts = urlsplit(url)
+    try:
+        socket.create_server((parts.hostname or "", parts.port or 0)).close()
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
 
 
 class Replacing(argparse.Action):
@@ -148,8 +174,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             metrics.serve(args.metrics_host, args.metrics_port)
         except OSError as error:
-            print(f"rollout-router operator: --metrics-port {args.metrics_port}: {error.strerror}", file=sys.stderr)
+            print(f"rollout-router operator: --metrics-host {args.metrics_host} --metrics-port {args.metrics_port}: "
+                  f"{error.strerror}", file=sys.stderr)
             return 2
+    if args.liveness is not None and (refused := _unbindable(args.liveness)) is not None:
+        print(f"rollout-router operator: --liveness {args.liveness}: {refused}", file=sys.stderr)
+        return 2
 
     @kopf.on.login(registry=registry)
     async def login(**_: object) -> kopf.ConnectionInfo:
