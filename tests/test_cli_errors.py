@@ -185,6 +185,8 @@ ONE_LINE_CASES = [
     (["fake-vllm", "--host", ""], "argument --host: must be an address or a host name"),
     (["operator", "--liveness", "ftp://x"], "argument --liveness: must be http://HOST:PORT/PATH"),  # a traceback
     (["operator", "--liveness", "http://127.0.0.1:99999/healthz"], "argument --liveness: must be http://HOST:PORT/PATH"),
+    (["simulate", "--grid", "quick", "--json-out", "/tmp"], "argument --json-out: '/tmp' is a directory, not a file"),
+    (["simulate", "--grid", "quick", "--cache", "/tmp"], "argument --cache: '/tmp' is a directory, not a file"),
     (["serve", "--port-file", "/tmp"], "argument --port-file: '/tmp' is a directory, not a file"),  # a traceback
     (["serve", "--port-file", ""], "argument --port-file: must name a file"),
     (["fake-vllm", "--port-file", "/tmp"], "argument --port-file: '/tmp' is a directory, not a file"),
@@ -265,6 +267,20 @@ def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path, content, says):
     done = run("serve", "--config", str(config))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"rollout-router serve: invalid settings: {config}: {says}"), done.stderr
+
+
+@pytest.mark.parametrize(("flag", "content", "says"), [
+    ("--from-json", "not json", "not JSON (Expecting value"),
+    ("--from-json", '{"a": 1}', 'not a grid written by --json-out (no "points" list)'),
+    ("--cache", "garbage\n", "line 1 is not a row this cache wrote; name another file"),
+])
+def test_a_simulator_file_that_is_not_its_own_is_one_line(tmp_path, flag, content, says):
+    """They were a traceback (JSONDecodeError, KeyError), the cache's after the grid had started."""
+    path = tmp_path / "file"
+    path.write_text(content)
+    done = run("simulate", "--grid", "quick", "--no-progress", flag, str(path))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"rollout-router simulate: {flag} {path}: {says}"), done.stderr
 
 
 def test_a_bind_refusal_names_the_flag_for_each_errno():

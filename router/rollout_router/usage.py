@@ -81,6 +81,14 @@ def new_file(text: str) -> Path:
     return path
 
 
+def output_file(text: str) -> str:
+    """An argparse type: a file to be written, its directories made if need be; not one that is a directory (found
+    before a long run, not after it)."""
+    if not text or Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file" if text else "must name a file")
+    return text
+
+
 def existing_file(text: str) -> str:
     """An argparse type: a file that exists (checked before a long run, not after it)."""
     if not Path(text).is_file():

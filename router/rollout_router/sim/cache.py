@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..usage import UsageError
+
 # sim modules that only present or schedule results: editing them keeps the cache
 # (grid.py and sources.py decide what a task is: the task's own description carries their effect)
 _PRESENTATION = {"__init__.py", "__main__.py", "cache.py", "cli.py", "criterion.py", "grid.py", "gridreport.py",
@@ -40,10 +42,18 @@ class ResultCache:
         self.fingerprint = model_fingerprint()
         self._results: dict[str, Any] = {}
         if self.path.exists():
-            for line in self.path.read_text().splitlines():
+            for number, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
                 if line.strip():
-                    row = json.loads(line)
-                    self._results[row["key"]] = row["result"]
+                    self._read(number, line)
+
+    def _read(self, number: int, line: str) -> None:
+        """One row of the file; a file that is not a cache is a ``UsageError`` naming --cache, not a traceback."""
+        try:
+            row = json.loads(line)
+            self._results[row["key"]] = row["result"]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"--cache {self.path}: line {number} is not a row this cache wrote; name another "
+                             "file") from None
 
     def key(self, task_id: Any) -> str:
         text = json.dumps([self.fingerprint, task_id], sort_keys=True, default=str)

@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--policies", default="", help="comma-separated arm labels to run (sticky always runs); default all")
     g.add_argument("--list-policies", action="store_true", help="print the arm labels (for --policies) with their names and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    g.add_argument("--markdown", metavar="FILE", help="also write the tables as markdown")
-    g.add_argument("--json-out", metavar="FILE", help="also write the JSON to FILE")
+    g.add_argument("--markdown", metavar="FILE", type=usage.output_file, help="also write the tables as markdown")
+    g.add_argument("--json-out", metavar="FILE", type=usage.output_file, help="also write the JSON to FILE")
     g.add_argument("--plots", metavar="DIR", help="write PNG plots (sim-*.png) to DIR")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--ray-address", metavar="ADDR",
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--verl-grid", choices=sorted(VERL_GRIDS), help="run a verl grid (docs/simulator.md: \"The traffic "
                    "verl sends\"): verl's agent loops and balancer over the unpublished quantities")
     d.add_argument("--seeds", type=usage.at_least(1), help="paired steps per grid point (default: the grid's own)")
-    d.add_argument("--cache", metavar="FILE", help="keep finished grid steps in FILE (JSON lines): a rerun reuses those "
+    d.add_argument("--cache", metavar="FILE", type=usage.output_file, help="keep finished grid steps in FILE (JSON lines): a rerun reuses those "
                    "the same model computed, so an interrupted run resumes")
     d.add_argument("--from-json", metavar="FILE", type=usage.existing_file, help="re-render a saved grid (--json-out) without simulating")
     d.add_argument("--docs", metavar="FILE", type=usage.existing_file, help="rewrite the generated sections of FILE (docs/simulator.md)")
@@ -126,7 +126,7 @@ def run_grid_command(args) -> int:
     from . import gridreport, verlreport
 
     if args.from_json:
-        grid = json.loads(usage.reading("--from-json", args.from_json))
+        grid = _saved_grid(args.from_json)
     elif args.verl_grid:
         grid = verlreport.run(args)
     else:
@@ -165,6 +165,17 @@ def _emit(args, data: dict, md: str) -> int:
     else:
         print(md)
     return 0
+
+
+def _saved_grid(path: str) -> dict:
+    """A grid written by --json-out; anything else is a ``UsageError`` naming --from-json."""
+    try:
+        grid = json.loads(usage.reading("--from-json", path))
+    except ValueError as error:
+        raise usage.UsageError(f"--from-json {path}: not JSON ({error})") from None
+    if not isinstance(grid, dict) or not isinstance(grid.get("points"), list):
+        raise usage.UsageError(f"--from-json {path}: not a grid written by --json-out (no \"points\" list)")
+    return grid
 
 
 def _write(path: str, text: str) -> None:
