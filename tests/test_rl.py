@@ -238,6 +238,9 @@ async def test_bad_input_is_a_4xx_naming_the_problem(http):
             ("/v1/rl/pause?mode=abort", {"mode": "wait"}, 400, "mode"),
             ("/v1/rl/resume", {"mode": "abort"}, 400, "mode"),
             ("/fleet/v1/rl", {"paused": True}, 400, "epoch"),
+            ("/fleet/v1/rl", {"epoch": [], "paused": True}, 400, "epoch"),  # answered 200, adopted nothing
+            ("/fleet/v1/rl", {"epoch": ["x", 5], "paused": True}, 400, "epoch"),
+            ("/fleet/v1/rl", {"epoch": [100, "x"], "paused": True, "mode": "bogus"}, 400, "mode"),  # was adopted
         ]
         for path, body, code, param in cases:
             status, answer = await call(http, "POST", f"{admin}{path}", body)

@@ -160,7 +160,7 @@ class RlState:
             return False
         if (epoch[0], epoch[1]) <= self.epoch:
             return False
-        self._set(paused, mode if isinstance(mode, str) else None, (epoch[0], epoch[1]))
+        self._set(paused, mode if mode in ("wait", "abort") else None, (epoch[0], epoch[1]))
         versions = document.get("versions")
         if isinstance(versions, dict):
             for replica, version in itertools.islice(versions.items(), MAX_VERSIONS):

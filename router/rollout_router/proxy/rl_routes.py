@@ -246,8 +246,12 @@ def peer_state(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     if isinstance(document, AdminAnswer):
         return document
     rl = context.rl
-    if not isinstance(document.get("epoch"), list) or not isinstance(document.get("paused"), bool):
+    epoch, mode = document.get("epoch"), document.get("mode")
+    if not (isinstance(epoch, list) and len(epoch) == 2 and type(epoch[0]) is int and isinstance(epoch[1], str)) \
+            or not isinstance(document.get("paused"), bool):  # else 200, and the state silently not adopted
         return error(400, "the state needs \"epoch\": [n, router] and \"paused\": true or false", "epoch")
+    if mode is not None and mode not in MODES:
+        return error(400, f"mode must be wait or abort, not {mode!r}", "mode")
 
     async def work() -> AdminAnswer:
         rl.adopt(document)
