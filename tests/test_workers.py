@@ -99,6 +99,11 @@ async def test_rest_routes_register_by_json_and_remove_by_id_or_url(replicas, ht
     ("POST", "/workers", {"json": ["http://x:1"]}, 400, None),
     ("POST", "/workers", {"json": {"worker_type": "regular"}}, 400, "url"),
     ("POST", "/workers", {"json": {"url": "http://x:1", "worker_type": "prefill"}}, 400, "worker_type"),
+    # each was "the worker URL is required", taken as regular, or the first of two URLs used
+    ("POST", "/add_worker", {"data": b"{bad json"}, 400, None),
+    ("POST", "/add_worker", {"json": {"url": 5}}, 400, "url"),
+    ("POST", "/add_worker?url=http://x:1&url=http://y:1", {}, 400, "url"),
+    ("POST", "/workers", {"json": {"url": "http://x:1", "worker_type": False}}, 400, "worker_type"),
     ("PUT", "/workers", {}, 405, None),
     ("GET", "/add_worker?url=http://x:1", {}, 405, None),
 ])

@@ -102,20 +102,28 @@ def _remove(context: RouterContext, replica: Replica) -> AdminAnswer | None:
 
 
 def _query_url(query: str, body: bytes) -> object:
-    """The ``url`` query parameter, else a JSON body's ``url`` (as slime's own router also accepts)."""
+    """The ``url`` query parameter, else a JSON body's ``url`` (as slime's own router also accepts); a 400 naming
+    what is wrong with either (two URLs, a body that is not JSON or a URL that is not a string), never a guess."""
     values = parse_qs(query).get("url")
     if values:
-        return values[0]
+        return values[0] if len(values) == 1 else _error(400, "give one url, not several", "url")
     try:
-        document = jsonbody.parse(body) if body else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return document.get("url") if isinstance(document, dict) else None
+        document = jsonbody.parse(body) if body.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return _error(400, f"request body is not valid JSON ({error}); send ?url=http://HOST:PORT or "
+                           "{\"url\": \"http://HOST:PORT\"}")
+    if not isinstance(document, dict):
+        return _error(400, "request body must be a JSON object with the worker's url")
+    url = document.get("url")
+    if url is not None and not isinstance(url, str):
+        return _error(400, f"url must be a string, not {url!r}", "url")
+    return url
 
 
 def add_worker(context: RouterContext, path: str, query: str, body: bytes) -> AdminAnswer:
     """``POST /add_worker?url=U``: 200 text, 400 if it is registered already (as both routers answer)."""
-    url = _valid_url(context, _query_url(query, body))
+    given = _query_url(query, body)
+    url = given if isinstance(given, AdminAnswer) else _valid_url(context, given)
     if isinstance(url, AdminAnswer):
         return url
     if not _add(context, url):
@@ -126,7 +134,8 @@ def add_worker(context: RouterContext, path: str, query: str, body: bytes) -> Ad
 
 def remove_worker(context: RouterContext, path: str, query: str, body: bytes) -> AdminAnswer:
     """``POST /remove_worker?url=U``: 200 text, 400 for a worker this router does not have (SGLang's answer)."""
-    url = _valid_url(context, _query_url(query, body), registering=False)
+    given = _query_url(query, body)
+    url = given if isinstance(given, AdminAnswer) else _valid_url(context, given, registering=False)
     if isinstance(url, AdminAnswer):
         return url
     replica = context.replicas.get(url)
@@ -148,7 +157,9 @@ def create_worker(context: RouterContext, path: str, query: str, body: bytes) ->
         return _error(400, f"request body is not valid JSON ({error}); send {{\"url\": \"http://HOST:PORT\"}}")
     if not isinstance(document, dict):
         return _error(400, "request body must be a JSON object with the worker's url")
-    worker_type = document.get("worker_type") or "regular"
+    worker_type = document.get("worker_type", "regular")
+    if worker_type is None:
+        worker_type = "regular"  # SGLang's clients send null for the default
     if worker_type != "regular":
         return _error(400, f"worker_type {worker_type!r} is not supported: this router has no prefill/decode "
                            "disaggregation, only regular workers", "worker_type")
