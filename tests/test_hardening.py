@@ -167,6 +167,23 @@ async def test_a_head_that_never_completes_gets_408(raw):
         assert raw.requests == 0 and runtime.http_proxy.buffered == 0
 
 
+class Broken:
+    """A client connection whose deadline check raises (a bug): the sweep must go on to the others."""
+
+    def check(self, now: float, limits: object) -> None:
+        raise RuntimeError("a bug in one connection's check")
+
+
+async def test_a_bug_in_one_connections_check_does_not_end_the_sweep(raw, caplog):
+    async with running_router(RouterSettings(backends=[raw.url], health=NO_PROBES, header_timeout_seconds=1)) as (base, runtime):
+        broken = Broken()
+        runtime.http_proxy.clients.add(broken)  # type: ignore[arg-type]
+        code, _, body = await read_one(base, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Sl")
+        runtime.http_proxy.clients.discard(broken)  # type: ignore[arg-type]
+        assert code == 408 and "headerTimeoutSeconds=1" in error_of(body)["message"]
+        assert "sweep failed on a client connection" in caplog.text
+
+
 async def test_a_body_that_never_completes_gets_408_and_its_bytes_are_released(raw):
     settings = RouterSettings(backends=[raw.url], health=NO_PROBES, body_timeout_seconds=1, min_body_bytes_per_second=0)
     async with running_router(settings) as (base, runtime):

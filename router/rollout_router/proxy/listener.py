@@ -166,16 +166,23 @@ class Listener:
         self.buffered -= size
 
     async def _sweep(self) -> None:
-        """Once a second: the listener's own chores (``tick``), then every client's deadlines."""
+        """Once a second: the listener's own chores (``tick``), then every client's deadlines. A bug in one visit is
+        logged and the sweep goes on: ended, it would take every timeout, idle close and 408 with it."""
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
             self.now = time.monotonic()
-            self.tick(SWEEP_SECONDS)
+            try:
+                self.tick(SWEEP_SECONDS)
+            except Exception:
+                log.exception("the %s listener's sweep failed", self.name)
             limits = self.limits()
             if self._at_limit and len(self.clients) < limits.max_connections:
                 self._at_limit = False
             for client in list(self.clients):
-                client.check(self.now, limits)
+                try:
+                    client.check(self.now, limits)
+                except Exception:
+                    log.exception("the %s listener's sweep failed on a client connection", self.name)
 
     def tick(self, elapsed: float) -> None:
         """What a listener does once a sweep besides its clients' deadlines."""
