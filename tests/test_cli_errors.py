@@ -205,6 +205,12 @@ ONE_LINE_CASES = [
                                             "has no counterpart here"),
     (["serve", "--backend", "sglang"], "argument --backend: expected a replica's http:// or https:// URL"),
     (["serve", "--worker-urls", "vllm-0:8000"], "argument --worker-urls: expected a replica's http:// or https:// URL"),
+    # the settings' rules, once named by their key (backends.0.url, policy, session.bodyFields): now by the flag
+    (["serve", "--backend", "http://"], "argument --backend: backend 'http://' has no host"),
+    (["serve", "--worker-urls", "http://x:99999"], "argument --worker-urls: backend 'http://x:99999': the port must be "
+                                                   "1-65535"),
+    (["serve", "--policy", "bogus"], "argument --policy: 'bogus' is not a policy; choose one of:"),
+    (["serve", "--session-body-field", ""], "argument --session-body-field: must name a JSON body field"),
     (["serve", "--session-header", "X Session"], "argument --session-header: must be an HTTP header name"),
 ]
 

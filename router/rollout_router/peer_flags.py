@@ -11,6 +11,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from .policy import registry
+
 # their policy name -> ours: the same rule
 POLICY_ALIASES = {
     "round_robin": "round_robin",
@@ -92,7 +94,11 @@ def policy(text: str) -> str:
     if text in POLICY_REFUSALS:
         raise argparse.ArgumentTypeError(f"{text!r} (vllm-router / SGLang router) is not served here: "
                                          f"{POLICY_REFUSALS[text]}")
-    return POLICY_ALIASES.get(text, text)
+    name = POLICY_ALIASES.get(text, text)
+    try:
+        return registry.selectable(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def log_level(text: str) -> str:

@@ -8,13 +8,23 @@ import signal
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from . import addresses, listening, peer_flags, usage
 from .app import Peering, Runtime
 from .policy import registry
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
-from .settings import HEADER_NAME, RouterSettings, SessionSettings, SettingsError, load_settings, parse_settings
+from .settings import (
+    HEADER_NAME,
+    Backend,
+    RouterSettings,
+    SessionSettings,
+    SettingsError,
+    load_settings,
+    parse_settings,
+)
 
 SESSION = SessionSettings().model_dump()  # the defaults --help names
 DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
@@ -46,13 +56,30 @@ def _seconds(text: str) -> float:
 def _backend(text: str) -> dict:
     url, _, rest = text.partition(",")
     if url.startswith("grpc://") and not rest:  # vLLM's gRPC frontend: gRPC only
-        return {"url": url}
+        return _checked_backend({"url": url})
     if not url.startswith(("http://", "https://")):  # SGLang router's --backend ENGINE is another flag
         raise argparse.ArgumentTypeError(f"expected a replica's http:// or https:// URL[,grpc=HOST:PORT], or "
                                          f"grpc://HOST:PORT for one that serves gRPC only, got {text!r}")
     if rest and not rest.startswith("grpc="):
         raise argparse.ArgumentTypeError(f"expected URL or URL,grpc=HOST:PORT, got {text!r}")
-    return {"url": url, "grpc": rest.removeprefix("grpc=") or None}
+    return _checked_backend({"url": url, "grpc": rest.removeprefix("grpc=") or None})
+
+
+def _checked_backend(backend: dict) -> dict:
+    """The settings' rules for a backend, here so that argparse names the flag (--backend or --worker-urls)."""
+    try:
+        Backend.model_validate(backend)
+    except ValidationError as error:
+        raise argparse.ArgumentTypeError("; ".join(item["msg"].removeprefix("Value error, ")
+                                                   for item in error.errors())) from None
+    return backend
+
+
+def _field(text: str) -> str:
+    """An argparse type: a JSON body field's name."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a JSON body field, got ''")
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-header", action="append", dest="session_headers", metavar="NAME", type=_header,
                         help="Header holding the session key (repeat; default X-Session-ID).")
     parser.add_argument("--session-body-field", action="append", dest="session_body_fields", metavar="FIELD",
+                        type=_field,
                         help="JSON body field holding the session key, tried after headers (repeat; default none).")
     parser.add_argument("--max-sessions", type=usage.at_least(1), metavar="N",
                         help=f"Pins kept; the least recently used is evicted beyond this "
