@@ -206,6 +206,7 @@ ONE_LINE_CASES = [
     (["serve", "--backend", "sglang"], "argument --backend: expected a replica's http:// or https:// URL"),
     (["serve", "--worker-urls", "vllm-0:8000"], "argument --worker-urls: expected a replica's http:// or https:// URL"),
     # the settings' rules, once named by their key (backends.0.url, policy, session.bodyFields): now by the flag
+    (["serve", "--workers", "100000"], "argument --workers: must be an integer <= 64, got '100000'"),
     (["serve", "--backend", "http://"], "argument --backend: backend 'http://' has no host"),
     (["serve", "--worker-urls", "http://x:99999"], "argument --worker-urls: backend 'http://x:99999': the port must be "
                                                    "1-65535"),

@@ -15,7 +15,16 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
-from rollout_router.settings import PORT_RULE, LabelSelector, MetricsSettings, Model, PolicySettings, Port, RlSettings
+from rollout_router.settings import (
+    MAX_WORKERS,
+    PORT_RULE,
+    LabelSelector,
+    MetricsSettings,
+    Model,
+    PolicySettings,
+    Port,
+    RlSettings,
+)
 
 GROUP, VERSION, KIND, PLURAL = "rolloutrouter.dev", "v1alpha1", "RolloutRouter", "rolloutrouters"
 
@@ -87,7 +96,6 @@ class EnvVar(Model):
         return self
 
 
-MAX_WORKERS = 64  # router processes per pod: spec.router.workers' bound, and the CPU limit's default's
 
 
 class SecretReference(Model):

@@ -18,6 +18,7 @@ from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
 from .settings import (
     HEADER_NAME,
+    MAX_WORKERS,
     Backend,
     RouterSettings,
     SessionSettings,
@@ -144,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"to their new owners, its requests in flight finish; it exits after at most this long "
                         f"(default {DRAIN_TIMEOUT:g}; keep it below the pod's terminationGracePeriodSeconds). "
                         f"A second SIGTERM, or SIGINT, stops it at once.")
-    parser.add_argument("--workers", type=usage.at_least(1), default=1, metavar="N",
+    parser.add_argument("--workers", type=usage.at_least(1, MAX_WORKERS), default=1, metavar="N",
                         help="Router processes (default 1): N > 1 uses N cores; they share the traffic ports "
                         "(SO_REUSEPORT) and the sessions (each key owned by one worker, docs/fleet.md 'Several cores'); "
                         "the admin port answers for all of them. With --peer-selector each worker is a member of the pods' fleet, "

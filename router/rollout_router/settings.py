@@ -45,6 +45,7 @@ class Model(BaseModel):
         return self.model_dump(by_alias=True, mode="json")
 
 
+MAX_WORKERS = 64  # router processes per pod or per serve --workers (the operator's spec.router.workers too)
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
 
 

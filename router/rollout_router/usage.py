@@ -43,8 +43,8 @@ def _port(text: str, zero: bool) -> int:
     return value
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low``."""
+def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (and <= ``high``, if given)."""
     def check(text: str) -> int:
         try:
             value = int(text)
@@ -52,6 +52,8 @@ def at_least(low: int) -> Callable[[str], int]:
             value = low - 1
         if value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer <= {high}, got {text!r}")
         return value
     check.__name__ = f"integer >= {low}"
     return check
