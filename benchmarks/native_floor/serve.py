@@ -18,6 +18,7 @@ import sysconfig
 import time
 import zlib
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 BUILT = HERE.parents[1] / ".cache" / "bench" / "native_floor"
 
 
-def load() -> object:
+def load() -> Any:
     """The extension, compiled into .cache/ when its source is newer than the build."""
     source = HERE / "native_floor.c"
     library = BUILT / f"native_floor{sysconfig.get_config_var('EXT_SUFFIX')}"
@@ -70,8 +71,8 @@ def ours(pools: dict[str, list]) -> tuple[Route, Callable[[object], None]]:
         turn.begin(started)
         return pools[lease.replica.id], (text, routed, started)
 
-    def finish(token: object) -> None:
-        key, (decision, lease, turn), started = token  # type: ignore[misc]
+    def finish(token: Any) -> None:
+        key, (decision, lease, turn), started = token
         metrics.observe(lease.replica.id, 200, monotonic() - started)
         outliers.answered(lease.replica, 200)
         lease.release()
@@ -83,7 +84,7 @@ async def serve(host: str, port: int, how: str, backends: list[str]) -> None:
     native = load()
     loop = asyncio.get_running_loop()
     pools: dict[str, list] = {url: [] for url in backends}
-    addresses = {id(pools[url]): (urlsplit(url).hostname, urlsplit(url).port) for url in backends}
+    addresses = {id(pools[url]): (urlsplit(url).hostname or "", urlsplit(url).port or 80) for url in backends}
     route, finish = (ours if how == "ours" else hashed)(pools)
 
     async def opened(pool: list, client: object, token: object, request: bytes) -> None:
