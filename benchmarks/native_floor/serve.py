@@ -18,8 +18,8 @@ import sysconfig
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import uvloop
