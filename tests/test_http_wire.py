@@ -313,6 +313,36 @@ async def test_silent_replica_times_out_by_the_sweep(replica):
         assert runtime.replicas.total_inflight() == 0
 
 
+async def test_a_replica_trickling_its_head_is_timed_out_too():
+    """firstByteTimeoutSeconds bounds the whole head: a header line every 0.1 s must not hold the lease forever."""
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        try:
+            for line in range(100):  # 10 s at most, then the replica gives up by itself
+                writer.write(b"X-Line-%d: x\r\n" % line)
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.31", 0)
+    url = f"http://127.0.0.31:{server.sockets[0].getsockname()[1]}"
+    settings = RouterSettings(backends=[url], health=NO_PROBES, first_byte_timeout_seconds=0.5)
+    try:
+        async with running_router(settings) as (base, runtime):
+            [(code, _, body)] = await asyncio.wait_for(exchange(base, post()), 5)
+            assert code == 504 and "did not answer in time" in json.loads(body)["error"]["message"]
+            assert runtime.replicas.total_inflight() == 0 and not runtime.http_proxy.active
+    finally:
+        server.close()
+
+
 class Flood(asyncio.Protocol):
     """A replica streaming SSE events as fast as its socket takes them, pausing when the socket is full."""
 

@@ -255,7 +255,9 @@ class HttpProxy(HttpListener):
         if first_byte is None and idle is None:
             return
         for exchange in list(self.active):
-            if exchange.seen != exchange.swept or exchange.paused:  # bytes arrived, or a slow client paused us
+            # Bytes arrived (a head's do not count: firstByteTimeoutSeconds bounds the wait for the whole head, so
+            # a replica trickling one is timed out too), or a slow client paused us.
+            if (exchange.seen != exchange.swept and exchange.state != WAITING) or exchange.paused:
                 exchange.swept, exchange.silent = exchange.seen, 0.0
                 continue
             exchange.silent += elapsed
