@@ -9,6 +9,7 @@ import sys
 
 import aiohttp
 import pytest
+import yarl
 
 from rollout_router.proxy import admin
 from rollout_router.proxy.http.admin_listener import LIMITS, PER_PEER, TokenFile
@@ -48,6 +49,22 @@ async def test_status_metrics_and_sessions_are_on_the_admin_port_only(replica):
         async with http.post(f"{runtime.admin_url}/v1/chat/completions", json={}) as response:
             assert response.status == 404  # nothing is forwarded from the admin port
         assert not runtime.balancer.policy.sessions() and len(replica.seen) == 1
+
+
+async def test_a_session_key_that_is_not_percent_encoded_utf8_is_refused_not_taken_literally(replica):
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime), \
+            aiohttp.ClientSession() as http:
+        [(code, _, _)] = await exchange(base, post())  # pins session "s"
+        assert code == 200
+        for segment in ("%zz", "%ff", "s%"):
+            async with http.delete(yarl.URL(f"{runtime.admin_url}/v1/sessions/{segment}", encoded=True)) as response:
+                error = (await response.json())["error"]
+                assert response.status == 400 and error["param"] == "key", (segment, error)
+                assert "percent-encoded UTF-8" in error["message"], error
+        assert runtime.balancer.policy.sessions() == 1
+        async with http.delete(yarl.URL(f"{runtime.admin_url}/v1/sessions/%73", encoded=True)) as response:
+            assert response.status == 200 and (await response.json())["session"] == "s"
+        assert not runtime.balancer.policy.sessions()
 
 
 async def test_the_admin_listener_makes_room_for_each_fleet_peer(replica):

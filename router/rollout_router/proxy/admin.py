@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from urllib.parse import unquote
 
@@ -66,7 +67,7 @@ class Route:
     probe: bool = False  # kubelet's: no token needed, also answered on the traffic port
 
     def match(self, path: str) -> dict[str, str] | None:
-        """The parameters when ``path`` matches, else None."""
+        """The parameters (as sent, percent-encoded) when ``path`` matches, else None."""
         want, got = self.pattern.split("/"), path.split("/")
         if len(want) != len(got):
             return None
@@ -75,10 +76,31 @@ class Route:
             if pattern.startswith("{") and pattern.endswith("}"):
                 if not segment:
                     return None
-                params[pattern[1:-1]] = unquote(segment)
+                params[pattern[1:-1]] = segment  # still percent-encoded: ``admin_answer`` decodes it
             elif pattern != segment:
                 return None
         return params
+
+
+class BadParameter(ValueError):
+    """A path parameter that is not valid percent-encoded UTF-8: answered 400 naming it, never taken literally
+    (``%zz`` would have released a session named ``%zz``, ``%ff`` one named U+FFFD)."""
+
+    def __init__(self, name: str, segment: str):
+        super().__init__(f"path parameter {name} ({segment[:200]}) is not valid percent-encoded UTF-8")
+        self.name = name
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _decoded(segment: str, name: str) -> str:
+    if _BAD_ESCAPE.search(segment):
+        raise BadParameter(name, segment)
+    try:
+        return unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        raise BadParameter(name, segment) from None
 
 
 def _json(document: dict, code: int = 200) -> AdminAnswer:
@@ -184,5 +206,9 @@ def admin_answer(context: RouterContext, method: str, path: str, query: str = ""
         return None
     for route, params in found:
         if method in route.methods:
-            return route.handler(context, AdminRequest(method, path, params, query, body))
+            try:
+                decoded = {name: _decoded(segment, name) for name, segment in params.items()}
+            except BadParameter as bad:
+                return error(400, str(bad), bad.name)
+            return route.handler(context, AdminRequest(method, path, decoded, query, body))
     return error(405, f"Method Not Allowed: {method} {path}")
