@@ -89,7 +89,7 @@ def test_discovery_of_pods_that_expose_only_a_grpc_port():
                                               "grpcPort": "grpc"}, DiscoverySettings))
     assert found is not None and (found.url, found.grpc_target) == ("grpc://10.1.2.3:50051", None)
     with pytest.raises(SettingsError, match="grpcPort"):
-        parse_settings({"selector": {}, "port": None}, DiscoverySettings)
+        parse_settings({"selector": {"matchLabels": {"app": "vllm"}}, "port": None}, DiscoverySettings)
 
 
 def test_a_grpc_only_replica_is_in_the_grpc_index_only_and_each_protocol_has_its_own_verdict():
