@@ -10,14 +10,19 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# --- build: the sources and a virtualenv with a current pip ---
+# --- build: the sources, a C compiler for the native HTTP lane (hatch_build.py), a virtualenv with a current pip ---
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+# gcc, and Python's headers where the base has none (a Debian python3; the python images carry theirs)
+RUN apt-get update -qq \
+ && headers="$(python3 -c 'import sysconfig, os; print(os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))')" \
+ && apt-get install -y -qq --no-install-recommends gcc libc6-dev $([ "$headers" = True ] || echo python3-dev) >/dev/null \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/rollout-router
 ENV PATH=/opt/rollout-router/bin:$PATH
 RUN pip install --upgrade pip
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md hatch_build.py ./
 COPY router/ router/
 COPY operator/ operator/
 
@@ -25,6 +30,7 @@ COPY operator/ operator/
 FROM build AS build-router
 RUN pip install . \
  && pip uninstall -y pip setuptools \
+ && python -c 'import sys; from rollout_router.proxy.http.lane import unavailable; sys.exit(unavailable())' \
  && rollout-router serve --help >/dev/null \
  && rollout-router fake-vllm --help >/dev/null
 

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study install install-sim install-test system-deps clean
+.PHONY: demo test native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -44,6 +44,16 @@ PEER_ROUTERS := sglang-router==0.3.2 vllm-router==0.1.17
 $(VENV)/.installed-peers: Makefile | $(VENV)/.installed-test
 	$(BIN)/pip install --quiet $(PEER_ROUTERS)
 	touch $@
+
+# The traffic port's native HTTP lane (docs/architecture.md), rebuilt in place when its sources change; the
+# installs above build it too (hatch_build.py, pyproject.toml's build hook). Without a C compiler the router runs
+# its Python data path and the lane's tests say why they cannot run.
+LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/_lane*.p*) hatch_build.py
+$(VENV)/.lane: $(LANE_SOURCES) | $(VENV)/.installed-test
+	@$(BIN)/python hatch_build.py || { cc="$$($(BIN)/python -c 'import sysconfig; print((sysconfig.get_config_var("CC") or "cc").split()[0])')"; \
+	  ! command -v "$$cc" >/dev/null || exit 1; echo "make: no C compiler ($$cc): the router runs its Python data path"; }
+	@touch $@
+native: $(VENV)/.lane
 
 install: $(VENV)/.installed
 install-sim: $(VENV)/.installed-sim
@@ -102,7 +112,7 @@ lint: install-test
 	$(BIN)/ruff check
 	$(BIN)/lint-imports --no-cache
 
-test: system-deps install-test typecheck lint
+test: system-deps install-test native typecheck lint
 	$(BIN)/python -m pytest
 
 # The chart's dashboards against Grafana's own types (tests/grafana: grafana-foundation-sdk's strict decoder,

@@ -51,7 +51,8 @@ EVENTS = 33  # data lines per stream: 32 events + [DONE] (raw_replica.EVENTS)
 CHAT = '{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":"hello"}],"max_tokens":4}'
 STREAM = ('{"model":"tiny","user":"%SESSION%","messages":[{"role":"user","content":"hello"}],"max_tokens":32,'
           '"stream":true}')
-OURS = {"ours (sticky)": ours(), "ours (margin 2)": ours("--affinity-break-margin", "2"),
+OURS = {"ours (sticky)": ours(), "ours (python data path)": ours("--data-path", "python"),
+        "ours (margin 2)": ours("--affinity-break-margin", "2"),
         "ours (cost_affinity)": ours("--policy", "cost_affinity", "--affinity-break-margin", "2"),
         "ours (2 workers)": ours("--workers", "2"),  # sticky; the CPU of the parent and both workers
         "ours (2 entry workers)": ours("--workers", "2", "--ownership", "entry")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import selectors
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from rollout_router.app import Runtime
 from rollout_router.proxy.http.admin_listener import TokenFile
+from rollout_router.serve import DATA_PATH_ENV
 from rollout_router.settings import HealthSettings, RouterSettings
 
 T = TypeVar("T")
@@ -181,14 +183,15 @@ async def scripted_replicas(first: int, count: int):
 
 @contextlib.asynccontextmanager
 async def running_router(settings: RouterSettings, host: str = "127.0.0.1", grpc: bool = False,
-                         admin_token: TokenFile | None = None):
+                         admin_token: TokenFile | None = None, data_path: str | None = None):
     """An in-process router on a real socket; yields (base_url, runtime).
 
     Every listener binds port 0: the kernel picks free ports (``runtime.grpc_port`` with ``grpc``; the admin
-    listener on loopback, ``runtime.admin_url``).
+    listener on loopback, ``runtime.admin_url``). ``data_path``: ``serve --data-path``'s, by default as the
+    environment says (``make test`` runs the data path's tests on each).
     """
     runtime = Runtime(settings, grpc_address=f"{host}:0" if grpc else None, admin_address=("127.0.0.1", 0),
-                      admin_token=admin_token)
+                      admin_token=admin_token, data_path=data_path or os.environ.get(DATA_PATH_ENV, "auto"))
     port = await runtime.start(host, 0)
     try:
         yield f"http://{host}:{port}", runtime

@@ -65,7 +65,7 @@ class Runtime:
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
                  grpc_address: str | None = None, admin_address: tuple[str, int] | None = None,
-                 admin_token: TokenFile | None = None, peering: Peering | None = None):
+                 admin_token: TokenFile | None = None, peering: Peering | None = None, data_path: str = "auto"):
         self.settings, self.clock = settings, time.monotonic
         self.replicas = ReplicaSet(self.clock)
         self.balancer = Balancer(self.replicas, settings.policy, settings.live_config(), self.clock)
@@ -85,7 +85,7 @@ class Runtime:
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
-        self.http_proxy = HttpProxy(self)
+        self.http_proxy = HttpProxy(self, data_path)
         self.admin_address = admin_address  # None: no admin listener (tests that need none)
         self.admin = AdminListener(self, admin_token)
         self.admin_port: int | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from .policy import registry
 from .proxy.http.admin_listener import DEFAULT_HOST as ADMIN_HOST
 from .proxy.http.admin_listener import DEFAULT_PORT as ADMIN_PORT
 from .proxy.http.admin_listener import TokenFile
+from .proxy.http.lane import unavailable as lane_unavailable
 from .settings import (
     HEADER_NAME,
     MAX_WORKERS,
@@ -29,6 +31,7 @@ from .settings import (
 
 SESSION = SessionSettings().model_dump()  # the defaults --help names
 DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
+DATA_PATH_ENV = "ROLLOUT_ROUTER_DATA_PATH"  # --data-path's default, when set (the tests run each path with it)
 
 
 def _margin(text: str) -> float | None:
@@ -150,6 +153,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(SO_REUSEPORT) and the sessions (each key owned by one worker, docs/fleet.md 'Several cores'); "
                         "the admin port answers for all of them. With --peer-selector each worker is a member of the pods' fleet, "
                         "its admin port --admin-port + 1 + i. Not with --peer or --advertise.")
+    parser.add_argument("--data-path", choices=["auto", "native", "python"],
+                        default=os.environ.get(DATA_PATH_ENV, "auto"),
+                        help="The traffic port's HTTP/1.1 data path: native (the common request parsed, forwarded and "
+                        "relayed in C, the rest by the Python path; docs/architecture.md), python (the Python path "
+                        f"alone), or auto: native where it was built at install, else python (default: "
+                        f"${DATA_PATH_ENV}, else auto).")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by --workers' parent
     parser.add_argument("--worker-sockets", type=Path, help=argparse.SUPPRESS)  # ditto: the decision channels' dir
     parser.add_argument("--log-level", default="info", type=peer_flags.log_level,
@@ -227,6 +236,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollout-router serve: --admin-token-file {args.admin_token_file}: "
               f"{getattr(error, 'strerror', None) or error}", file=sys.stderr)
         return 2
+    missing = lane_unavailable()
+    if args.data_path == "native" and missing:
+        print(f"rollout-router serve: --data-path native: {missing}", file=sys.stderr)
+        return 2
+    if args.data_path == "auto" and missing:
+        logging.getLogger(__name__).warning("%s: the traffic port runs its Python data path", missing)
     if args.workers > 1:
         from . import multicore  # the parent of the workers: it serves no traffic itself
         multicore.refuse_peers(args, settings)
@@ -236,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise, args.ownership,
                       args.worker, args.worker_sockets if args.worker else None)
     runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
-                      peering)
+                      peering, args.data_path)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout))
     return 0
 

@@ -48,8 +48,8 @@ fi
 # What the image is made of: the files the build context holds (.dockerignore keeps only these), the
 # Dockerfile, the target and the base.
 inputs_hash() {
-    (cd "$ROOT" && find Dockerfile pyproject.toml README.md router operator -type f \
-        ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+    (cd "$ROOT" && find Dockerfile pyproject.toml hatch_build.py README.md router operator -type f \
+        ! -path '*/__pycache__/*' ! -name '*.pyc' ! -name '*.so' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
      echo "target=$TARGET base=$(podman_ image inspect --format '{{.Id}}' "$BASE")") | sha256sum | cut -c1-16
 }
 

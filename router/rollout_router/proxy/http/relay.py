@@ -258,36 +258,16 @@ class Exchange:
         """
         if self.state == DONE:
             return
-        metrics, replica = self.proxy.context.metrics, self.replica
-        tag = None if self.forwarded else replica  # a forward's error names the owner router, not a replica
         if self.state == WAITING:
             self.failure = reason
-            status = 504 if self.timed_out else 502
-            message = (f"{self._what()} did not answer in time (firstByteTimeoutSeconds)" if self.timed_out
-                       else f"{self._what()} failed: {what}")
-            metrics.errors.labels("timeout" if self.timed_out else "upstream_error").inc()
-            self.out.append(self.proxy.error_bytes(status, message, self.request, tag))
-            self.code = status
-        elif self.state == BUFFERING:
-            metrics.errors.labels("upstream_broke_mid_response").inc()
-            log.warning("replica %s broke off mid-response: %s", replica, what)
-            self.out.append(self.proxy.error_bytes(502, f"{self._what()} broke off mid-response: {what}",
-                                                   self.request, tag))
-            self.code = 502
+        answer, self.code = failure_answer(self.proxy, self.replica, self.request, self.state, what, self.timed_out,
+                                           self.sse and self.chunked, self.forwarded)
+        if answer is None:
+            self.flush()
+            self.client.abort()
         else:
-            metrics.errors.labels("upstream_broke_mid_response").inc()
-            log.warning("replica %s broke off mid-response: %s", replica, what)
-            self.code = 502
-            if self.sse and self.chunked:
-                event = json.dumps(error_body(502, f"{self._what()} failed mid-stream: {what}")).encode()
-                self.out.append(wire.chunk(b"data: " + event + b"\n\n") + wire.LAST_CHUNK)
-            else:
-                self.flush()
-                self.client.abort()
+            self.out.append(answer)
         self.finish(reusable=False)
-
-    def _what(self) -> str:
-        return f"owner router {self.replica}" if self.forwarded else f"replica {self.replica}"
 
     def finish(self, reusable: bool, result: str | None = None) -> None:
         """Detach from both connections and wake the attempt; the connection goes back to the pool if it can.
@@ -344,6 +324,30 @@ class Exchange:
             self.conn.transport.resume_reading()
 
 
+def failure_answer(proxy: HttpProxy, replica: str, request: HttpRequest, state: int, what: str, timed_out: bool,
+                   sse_chunked: bool, forwarded: bool = False) -> tuple[bytes | None, int]:
+    """What a client is told when the replica fails its exchange in ``state``, counted: an error answer before a
+    response head or while one was held, an SSE error event in a re-chunked stream, else None (the connection
+    is cut, the only way to say an answer of known length broke off); and the code recorded. ``forwarded``: to
+    the owner router, whose error names it."""
+    metrics = proxy.context.metrics
+    who = f"owner router {replica}" if forwarded else f"replica {replica}"
+    tag = None if forwarded else replica
+    if state == WAITING:
+        status = 504 if timed_out else 502
+        message = (f"{who} did not answer in time (firstByteTimeoutSeconds)" if timed_out else f"{who} failed: {what}")
+        metrics.errors.labels("timeout" if timed_out else "upstream_error").inc()
+        return proxy.error_bytes(status, message, request, tag), status
+    metrics.errors.labels("upstream_broke_mid_response").inc()
+    log.warning("replica %s broke off mid-response: %s", replica, what)
+    if state == BUFFERING:
+        return proxy.error_bytes(502, f"{who} broke off mid-response: {what}", request, tag), 502
+    if sse_chunked:
+        event = json.dumps(error_body(502, f"{who} failed mid-stream: {what}")).encode()
+        return wire.chunk(b"data: " + event + b"\n\n") + wire.LAST_CHUNK, 502
+    return None, 502
+
+
 def request_bytes(request: HttpRequest, pool: ReplicaPool, headers: bytes) -> bytes:
     """The client's request as the replica gets it: its own head minus hop-by-hop headers, the same body."""
     body = request.body
@@ -381,11 +385,17 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
 
     try:
         return await pool.exchange(send, fresh)
-    except TimeoutError:  # before OSError, its base class: nothing was sent, as safe to retry as a refusal
-        proxy.context.outliers.failure(lease.replica, TIMEOUT)
-        raise Refused(f"connecting to {replica} timed out") from None
     except OSError as error:
-        raise refused_or_short(error, str(error)) from None
+        raise connect_failure(proxy, lease, error) from None
+
+
+def connect_failure(proxy: HttpProxy, lease: Lease, error: OSError) -> Exception:
+    """What a failed connect to the leased replica raises: ``Refused`` (nothing was sent: as safe to retry as a
+    refusal; a timeout also counts against the replica's health), or the router's own descriptor shortage."""
+    if isinstance(error, TimeoutError):
+        proxy.context.outliers.failure(lease.replica, TIMEOUT)
+        return Refused(f"connecting to {lease.replica.id} timed out")
+    return refused_or_short(error, str(error))
 
 
 def verdict(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> tuple[int | None, bool]:

@@ -32,6 +32,7 @@ from .routes import connection_tokens
 
 if TYPE_CHECKING:
     from ..listener import Limits
+    from .lane import LaneGlue
     from .listener import HttpListener
     from .relay import Exchange
 
@@ -46,6 +47,7 @@ LINGER_SECONDS = 2.0  # after a last answer, unread request bytes are drained th
 MAX_QUEUED = 16  # pipelined requests waiting before reading pauses
 WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's stream and the next request wait
 WRITE_STALL_SECONDS = 60.0  # writes paused this long without the client draining: cut (nginx's send_timeout)
+SHAPE_HANDOVERS = 4  # the native lane takes a connection back unless its requests' shape sent it here more often
 
 
 class ClientConnection(asyncio.Protocol):
@@ -70,6 +72,35 @@ class ClientConnection(asyncio.Protocol):
         self._in_head, self._head_bytes = True, 0
         self._head_at: float | None = None  # the sweep's clock when the head being read began
         self._body_at: float | None = None  # ... when the body being read began
+        # On a traffic listener with the native lane (lane.py): the lane that handed this connection over, to
+        # take it back once idle; how often it was handed over for its requests' shape; and the routing of a
+        # request the lane had routed (its first request here is that one).
+        self.lane: LaneGlue | None = None
+        self.shaped = 0
+        self.handed: tuple | None = None
+
+    @classmethod
+    def adopted(cls, listener: HttpListener, transport: asyncio.Transport, lane: LaneGlue, write_paused: bool,
+                shaped: int) -> ClientConnection:
+        """A connection the native lane hands over (``LaneGlue.hand_over``): admitted and configured already."""
+        client = cls(listener)
+        client.transport, client.loop, client.lane, client.shaped = transport, asyncio.get_running_loop(), lane, shaped
+        client.write_paused, client._write_paused_at = write_paused, listener.now
+        listener.clients.add(client)
+        transport.set_protocol(client)
+        return client
+
+    def started_at(self, head: float, body: float) -> None:
+        """The request being read began in the lane: its head at ``head``, its body at ``body`` (0: not yet)."""
+        if self._request is not None and self._in_head:
+            self._head_at = head
+        elif self._request is not None and body:
+            self._body_at = body
+
+    def detach(self) -> None:
+        """The lane has taken the connection back: nothing here acts on it any more."""
+        self.gone, self.transport = True, None
+        self.listener.clients.discard(self)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -80,11 +111,15 @@ class ClientConnection(asyncio.Protocol):
         admitted = self.listener.admit()
         self.listener.clients.add(self)  # a refused one too, until it is closed: it holds a descriptor
         if not admitted:
-            assert self.transport is not None
-            self.write(wire.error_answer(503, "the router has reached its client connection limit "
-                                              f"(maxConnections={self.listener.limits().max_connections}); "
-                                              "retry later", close=True))
-            self._linger(self.transport)
+            self.refuse()
+
+    def refuse(self) -> None:
+        """A connection beyond ``maxConnections``: a 503, then closed."""
+        assert self.transport is not None
+        self.write(wire.error_answer(503, "the router has reached its client connection limit "
+                                          f"(maxConnections={self.listener.limits().max_connections}); "
+                                          "retry later", close=True))
+        self._linger(self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
@@ -364,6 +399,13 @@ class ClientConnection(asyncio.Protocol):
                 self._next()
                 if self._request is not None and self._request.expect:
                     self._continue()
+                elif self.lane is not None and self._idle() and self.shaped <= SHAPE_HANDOVERS:
+                    self.lane.take_back(self)
+
+    def _idle(self) -> bool:
+        """Nothing read, queued, answered or paused here: the connection can change hands."""
+        return not (self._busy or self._queue or self._request is not None or self._broken or self._read_paused
+                    or self.write_paused or self.gone)
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after the last answer without losing it: send FIN, then drain what the client still sends.

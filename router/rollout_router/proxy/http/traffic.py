@@ -1,6 +1,7 @@
 """The traffic listener's requests: session key, owner or replica, the attempt, the probes, the sweep."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -20,9 +21,11 @@ from ..turns import Turn
 from . import wire
 from .delegated import Delegated
 from .heads import lines
+from .lane import LaneGlue
+from .lane import unavailable as lane_unavailable
 from .listener import HttpListener
 from .owner import to_owner
-from .relay import STALE, WAITING, Exchange, attempt, request_bytes, verdict
+from .relay import STALE, WAITING, Exchange, attempt, connect_failure, request_bytes, verdict
 from .routes import REPLICA_HEADER, forwarded, normalise, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import KEEPALIVE_SECONDS, Pools
@@ -38,13 +41,18 @@ class HttpProxy(HttpListener):
 
     name = "traffic"
 
-    def __init__(self, context: RouterContext):
+    def __init__(self, context: RouterContext, data_path: str = "auto"):
         super().__init__(context)
         self.pools = Pools()
         self.active: set[Exchange] = set()
         self.answering = 0  # requests being answered now (decided, forwarded or relayed)
-        self._key_names = KeyNames()
+        self.names = KeyNames()
         self.decisions: DecisionClient | None = None  # a --workers N worker's channels to its siblings
+        # the native lane (lane.py) unless the Python data path is asked for or the lane cannot run here
+        self.lane = LaneGlue(self) if data_path != "python" and lane_unavailable() is None else None
+
+    def connection(self) -> asyncio.Protocol:
+        return self.lane.client() if self.lane is not None else ClientConnection(self)
 
     def limits(self) -> Limits:
         return traffic_limits(self.context.settings)
@@ -52,17 +60,36 @@ class HttpProxy(HttpListener):
     async def close(self) -> None:
         await super().close()
         self.pools.close_idle(float("inf"))
+        if self.lane is not None:
+            self.lane.close_idle(float("inf"))
 
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]:
         """The session-key headers, lower-cased, in precedence order (the kept set has the group-key headers too);
         recomputed when settings change."""
         settings = self.context.settings
-        return self._key_names.of(settings.session, settings.group)
+        return self.names.of(settings.session, settings.group)
 
     def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
-        """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``."""
-        if not self._fast(client, request):
+        """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``;
+        a request the native lane routed and handed over, with its routing (``lane.py``)."""
+        if client.handed is not None:
+            client.answer_later(request, self.handle(client, request, self._handed(client, request)))
+        elif not self._fast(client, request):
             client.answer_later(request, self.handle(client, request))
+
+    def _handed(self, client: ClientConnection, request: HttpRequest) -> Forwarding:
+        """The routing the lane handed over with ``client``'s first request: its pooled connection went stale
+        (sent again on a fresh one, as ``Forwarding.done`` does), or connecting failed (a refusal: retried
+        elsewhere, as ``attempts.forward`` does)."""
+        assert client.handed is not None
+        (key, group, routed, started), error = client.handed
+        client.handed = None
+        normalise(request)
+        forwarding = Forwarding(self, client, request, key, group, routed)
+        if error is None:
+            forwarding.started = started
+        forwarding.refused = error
+        return forwarding
 
     def _fast(self, client: ClientConnection, request: HttpRequest) -> bool:
         """Forward ``request`` from the parser's callbacks, its answer relayed and recorded from the replica
@@ -155,6 +182,9 @@ class HttpProxy(HttpListener):
         client, request = forwarding.client, forwarding.request
 
         async def send(lease: Lease, turn: Turn) -> bool:
+            if forwarding.refused is not None:  # the lane's connect to this replica failed
+                error, forwarding.refused = forwarding.refused, None
+                raise connect_failure(self, lease, error)
             started, forwarding.started = forwarding.started, None
             stale = started is not None  # the fast path's attempt, begun on a pooled connection that went stale
             if started is None:
@@ -185,7 +215,7 @@ class HttpProxy(HttpListener):
         """The session key and the GRPO group key (``settings.group``): each from its headers, then its body
         fields; the body is inflated at most once for both. The header pairs are those the request's head was
         read with (``key_names``, at ``on_message_begin``)."""
-        settings, names = self.context.settings, self._key_names
+        settings, names = self.context.settings, self.names
         body: list[tuple[bytes, str | None]] = []  # the decoded body, once one of the keys needs it
         group = settings.group
         return (self._find(request, names.session_pairs, settings.session.body_fields, "session", body),
@@ -242,6 +272,8 @@ class HttpProxy(HttpListener):
         """Once a sweep: time out silent replicas, close upstream connections idle too long."""
         self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
         self.expire_silent(elapsed)
+        if self.lane is not None:
+            self.lane.tick(self.now, elapsed, self.now - KEEPALIVE_SECONDS)
         if self.decisions is not None:
             self.decisions.sweep()
 
@@ -286,7 +318,7 @@ class Forwarding:
     """One request on its way to a replica: its keys and head lines, and once routed by the fast path, its
     routing and the attempt's start, to finish it from the relay's callback (``done``) or in ``handle``."""
 
-    __slots__ = ("proxy", "client", "request", "key", "group", "headers", "routed", "started")
+    __slots__ = ("proxy", "client", "request", "key", "group", "headers", "routed", "started", "refused")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, key: str | None,
                  group: str | None, routed: Routed | None = None) -> None:
@@ -294,6 +326,7 @@ class Forwarding:
         self.headers = lines(request.headers)  # once for every attempt
         self.routed = routed
         self.started: float | None = None  # set while the fast path's attempt is out
+        self.refused: OSError | None = None  # the lane's connect failed: the first attempt's refusal
 
     def done(self, exchange: Exchange, result: str | None) -> None:
         """The fast path's exchange ended: recorded and released as ``_send`` would; a pooled connection that

@@ -1,0 +1,92 @@
+"""Builds the HTTP traffic port's native lane (router/rollout_router/proxy/http/_lane.pyx) at install time.
+
+Cython turns the lane into C and the machine's C compiler builds it. Without either the install goes on
+without the lane, and the router runs its pure-Python data path, which it always keeps (``lane.py`` says
+which one a router runs; ``--data-path native`` refuses to start without the lane). hatchling runs this as
+its build hook (pyproject.toml ``[tool.hatch.build.hooks.custom]``): an editable install builds the module in
+place, next to its source, as ``make`` does after an edit (``python hatch_build.py``); a wheel carries it.
+The built module records a hash of its sources (``SOURCE_HASH``), so a router never runs a lane older than
+the sources beside it (``lane.py``).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+PACKAGE = ROOT / "router" / "rollout_router" / "proxy" / "http"
+MODULE = "rollout_router.proxy.http._lane"
+SOURCES = ("_lane.pyx", "_lane_heads.pxi", "_lane_client.pxi", "_lane_relay.pxi")
+
+
+def source_hash(folder: Path = PACKAGE) -> str:
+    """The hash of the lane's sources, as the built module records it."""
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build(work: Path) -> Path:
+    """Compile the lane into PACKAGE (in place); returns the built module's path. Raises when Cython or the
+    compiler is missing or fails."""
+    from Cython.Build import cythonize
+    from setuptools import Distribution, Extension
+
+    extension = Extension(MODULE, [str(PACKAGE / "_lane.pyx")], extra_compile_args=["-O2"])
+    modules = cythonize([extension], build_dir=str(work / "cython"), quiet=True, language_level=3,
+                        compile_time_env={"LANE_SOURCE_HASH": source_hash()}, force=True)
+    distribution = Distribution({"ext_modules": modules, "package_dir": {"": "router"}})
+    command = distribution.get_command_obj("build_ext")
+    command.inplace = True
+    command.build_temp = str(work / "temp")
+    command.ensure_finalized()
+    previous = Path.cwd()
+    try:
+        os.chdir(ROOT)  # build_ext --inplace writes relative to the package_dir
+        command.run()
+    finally:
+        os.chdir(previous)
+    built = PACKAGE / f"_lane{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not built.exists():
+        raise RuntimeError(f"the build left no {built.name}")
+    return built
+
+
+try:
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+except ImportError:  # run as a script (make), where hatchling need not be installed
+    BuildHookInterface = object  # type: ignore[assignment,misc]
+
+
+class LaneBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
+    """hatchling's hook: build the lane, and when it cannot be built, say so and install without it."""
+
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict) -> None:
+        import tempfile
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                built = build(Path(work))
+        except Exception as error:  # noqa: BLE001  # any failure: the pure-Python data path, said once
+            self.app.display_warning(f"rollout-router: the native HTTP lane was not built ({error}); the router "
+                                     "will run its pure-Python data path")
+            return
+        if version != "editable":
+            build_data["force_include"][str(built)] = f"rollout_router/proxy/http/{built.name}"
+            build_data["pure_python"] = False
+            build_data["infer_tag"] = True
+
+
+if __name__ == "__main__":
+    import tempfile
+    with tempfile.TemporaryDirectory() as temporary:
+        try:
+            print(build(Path(temporary)).relative_to(ROOT))
+        except Exception as error:  # noqa: BLE001
+            print(f"hatch_build.py: the native HTTP lane was not built: {error}", file=sys.stderr)
+            sys.exit(1)

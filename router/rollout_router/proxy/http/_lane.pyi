@@ -1,0 +1,56 @@
+"""Types of the native lane (``_lane.pyx``, built by hatch_build.py) as the router's Python sees them."""
+import asyncio
+from typing import Any
+
+SOURCE_HASH: str
+HANDOVER_REASONS: tuple[str, ...]
+
+
+class Lane:
+    now: float
+    max_body: int
+    max_buffered: int
+    forwarded: int
+
+    def __init__(self, glue: Any, listener: Any, versions: dict[str, str]) -> None: ...
+    def set_names(self, session: tuple[bytes, ...], group: tuple[bytes, ...]) -> bool: ...
+    def handover_counts(self) -> dict[str, int]: ...
+    def expire_silent(self, elapsed: float, first_byte: float | None, idle: float | None) -> None: ...
+
+
+class Pool:
+    replica: str
+    prefix: bytes
+    host_header: bytes
+    host: str
+    port: int
+    ssl: Any
+
+    def __init__(self, replica: str, prefix: bytes, host_header: bytes, host: str, port: int, ssl: Any) -> None: ...
+    def __len__(self) -> int: ...
+    def close_idle(self, older_than: float) -> None: ...
+
+
+class Client(asyncio.Protocol):  # an asyncio Protocol to uvloop, which calls its methods (no subclass)
+    transport: Any
+    gone: bool
+    write_paused: bool
+    shaped: int
+    since: float
+    body_since: float
+
+    def __init__(self, lane: Lane) -> None: ...
+    def adopt(self, transport: Any, active_at: float) -> None: ...
+    def connected(self, upstream: Upstream) -> None: ...
+    def refused(self, error: OSError) -> None: ...
+    def check(self, now: float, limits: Any) -> None: ...
+    def abort(self) -> None: ...
+
+
+class Upstream(asyncio.Protocol):  # as Client
+    transport: Any
+    closed: bool
+    idle_since: float
+    seen: int
+
+    def __init__(self, pool: Pool, lane: Lane) -> None: ...

@@ -1,0 +1,224 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The native lane of the HTTP traffic port: the common request, parsed, forwarded and relayed in C.
+
+Issue 22: the router's Python data path costs about 2.3x what HAProxy costs per request, and no Python
+left in it is dominant. This lane takes the request most traffic is (a keep-alive HTTP/1.1 GET or POST
+with its body whole, a forwarded path, a key in a header, an idle pooled connection to its replica) and
+does in C what ``server.py``, ``relay.py`` and ``upstream.py`` do for it, calling the router's Python
+twice: ``route`` when the request is whole (the policy, the lease, the checks ``HttpProxy._fast`` makes)
+and ``finish`` when its answer has ended (the metrics, passive health, the lease's release). Everything
+else goes to the Python path, which stays the reference: the lane hands the connection over
+(``Lane.hand_over``: the bytes it holds from the current request on, and when it had routed the request,
+its routing) and the Python path parses those bytes from the start, so every error answer, limit and
+odd request is answered by the code that always answered it. A connection comes back to the lane when
+the Python path is idle on it (``lane.py``).
+
+The relay (``_lane_relay.pxi``) is ``relay.Exchange`` for the answers the lane forwards: the same states,
+the same client heads (built by ``heads.client_head`` once per shape and replica), the same error
+answers (made by the Python path's ``error_bytes``), the same bounds.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.object cimport PyObject
+from libc.string cimport memcmp, memcpy, memmove
+
+
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int clock, timespec* ts)
+    int CLOCK_MONOTONIC
+
+
+cdef inline double monotonic() noexcept:
+    """``time.monotonic()`` (the same clock: CPython reads CLOCK_MONOTONIC)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+include "_lane_heads.pxi"
+
+SOURCE_HASH = LANE_SOURCE_HASH  # of the sources it was built from (hatch_build.py): lane.py runs no stale lane
+# The reasons of ``Lane.handovers``, by their W_ number (_lane_heads.pxi).
+HANDOVER_REASONS = ("method", "target", "version", "header", "hop_by_hop", "fleet_hop", "host", "size", "body",
+                    "budget", "declined", "slow", "stale", "refused", "connection_limit")
+
+cdef enum:
+    POOL_SIZE = 64                 # upstream.py POOL_SIZE
+    PAUSE_AT = 262144              # bytes waiting behind a request being answered before reading pauses
+    KEEP_CAPACITY = 65536          # a buffer larger than this is given back once empty
+
+
+# --- growable byte buffers ---
+
+cdef struct Buf:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int buf_add(Buf* b, const char* s, Py_ssize_t n) except -1:
+    cdef Py_ssize_t need = b.size + n, cap
+    cdef char* grown
+    if need > b.cap:
+        cap = b.cap * 2 if b.cap * 2 > need else need
+        if cap < 1024:
+            cap = 1024
+        grown = <char*>PyMem_Realloc(b.data, cap)
+        if grown == NULL:
+            raise MemoryError()
+        b.data, b.cap = grown, cap
+    if n:
+        memcpy(b.data + b.size, s, n)
+    b.size = need
+    return 0
+
+
+cdef void buf_drop(Buf* b, Py_ssize_t n) noexcept:
+    """Remove the first ``n`` bytes; an emptied buffer that grew large is freed."""
+    if n >= b.size:
+        b.size = 0
+        if b.cap > KEEP_CAPACITY:
+            buf_free(b)
+        return
+    memmove(b.data, b.data + n, b.size - n)
+    b.size -= n
+
+
+cdef void buf_free(Buf* b) noexcept:
+    PyMem_Free(b.data)
+    b.data, b.size, b.cap = NULL, 0, 0
+
+
+cdef bytes buf_bytes(Buf* b, Py_ssize_t start=0):
+    return PyBytes_FromStringAndSize(b.data + start, b.size - start)
+
+
+cdef class Lane:
+    """What the lane shares per traffic listener: the Python it calls, the budget, the key names, the counts.
+
+    ``glue`` (``lane.LaneGlue``) supplies ``route``, ``finish``, ``failed``, ``refused``, ``hand_over``,
+    ``connect``, ``opened``, ``closed``, ``head`` and ``exception``; ``listener`` holds the byte budget."""
+
+    cdef public double now                   # the sweep's clock (``Listener.now``), set by the glue
+    cdef public long long max_body           # ``maxBodyBytes`` and ``maxBufferedBytes``, kept live by the glue
+    cdef public long long max_buffered
+    cdef public long long forwarded          # requests answered here
+    cdef object glue, listener, budget, versions
+    cdef object _route, _finish, _failed, _hand_over, _connect, _opened, _closed, _head, _exception
+    cdef set active                          # upstream connections with an answer in progress
+    cdef tuple names_ref                     # the key header names, lower-cased (keeps ``names`` alive)
+    cdef const char* names[MAX_NAMES]
+    cdef Py_ssize_t sizes[MAX_NAMES]
+    cdef int count, session_count
+    cdef long long handovers[W_REASONS]
+
+    def __init__(self, glue, listener, versions):
+        self.glue, self.listener, self.budget, self.versions = glue, listener, listener.budget, versions
+        self._route, self._finish, self._failed = glue.route, glue.finish, glue.failed
+        self._hand_over, self._connect, self._head = glue.hand_over, glue.connect, glue.head
+        self._opened, self._closed, self._exception = glue.opened, glue.closed, glue.exception
+        self.active = set()
+        self.now = listener.now
+        self.names_ref = ()
+
+    def set_names(self, tuple session, tuple group):
+        """The key headers, lower-cased, session then group, in precedence order; False when there are more
+        than the lane looks for (it then hands every request over)."""
+        cdef tuple names = session + group
+        cdef int i
+        if len(names) > MAX_NAMES:
+            self.count = -1
+            return False
+        self.names_ref = names
+        for i in range(len(names)):
+            self.names[i] = PyBytes_AS_STRING(names[i])
+            self.sizes[i] = PyBytes_GET_SIZE(names[i])
+        self.count, self.session_count = len(names), len(session)
+        return True
+
+    def handover_counts(self):
+        """Requests handed to the Python path, by reason (``HANDOVER_REASONS``)."""
+        return {HANDOVER_REASONS[i]: self.handovers[i] for i in range(W_REASONS)}
+
+    def expire_silent(self, double elapsed, first_byte, idle):
+        """``HttpProxy.expire_silent`` for the lane's answers: a replica silent past its limit times out."""
+        cdef Upstream up
+        for up in list(self.active):
+            up.sweep(elapsed, first_byte, idle)
+
+    cdef bint charge(self, long long size) except -1:
+        budget = self.budget
+        held = budget.held
+        if held + size > self.max_buffered:
+            return False
+        budget.held = held + size
+        self.listener.buffered += size
+        return True
+
+    cdef void uncharge(self, long long size) except *:
+        if size:
+            self.budget.held -= size
+            self.listener.buffered -= size
+
+    cdef void report(self, what) noexcept:
+        """A bug in the Python the lane calls: logged, and the lane goes on (``glue.exception``)."""
+        try:
+            self._exception(what)
+        except BaseException:
+            pass
+
+
+cdef class Pool:
+    """Idle keep-alive connections to one replica, most recently used first (``upstream.ReplicaPool``), and
+    the client heads of its answers by shape."""
+
+    cdef public str replica
+    cdef public bytes prefix, host_header
+    cdef public object host, port, ssl
+    cdef list idle
+    cdef dict heads
+    cdef object version
+
+    def __init__(self, str replica, bytes prefix, bytes host_header, host, port, ssl):
+        self.replica, self.prefix, self.host_header = replica, prefix, host_header
+        self.host, self.port, self.ssl = host, port, ssl
+        self.idle, self.heads, self.version = [], {}, None
+
+    def __len__(self):
+        return len(self.idle)
+
+    cdef Upstream take(self):
+        cdef Upstream up
+        while self.idle:
+            up = self.idle.pop()
+            if not up.closed:
+                return up
+        return None
+
+    cdef void give_back(self, Upstream up, double now) except *:
+        if up.closed or len(self.idle) >= POOL_SIZE:
+            up.close()
+            return
+        up.idle_since = now
+        self.idle.append(up)
+
+    cdef void forget(self, Upstream up) except *:
+        if up in self.idle:
+            self.idle.remove(up)
+
+    def close_idle(self, double older_than):
+        """Close connections idle since before ``older_than`` (all of them with ``inf``)."""
+        cdef Upstream up
+        for up in [up for up in self.idle if up.idle_since < older_than]:
+            self.idle.remove(up)
+            if up.transport is not None:
+                up.transport.close()
+
+
+include "_lane_client.pxi"
+include "_lane_relay.pxi"

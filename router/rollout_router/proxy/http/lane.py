@@ -1,0 +1,273 @@
+"""The router's side of the native lane (``_lane.pyx``): what the lane calls, and the hand-over both ways.
+
+The lane parses, forwards and relays the common request in C and calls here twice per request: ``route``
+(the checks ``HttpProxy._fast`` makes, the policy, the lease) and ``finish`` (what ``Forwarding.done``
+records). Anything it does not take goes to the Python path whole: ``hand_over`` gives the connection to a
+``ClientConnection`` with the bytes the lane held (and, for a request the lane had routed, its routing,
+so it is routed once either way), and ``take_back`` gives it back once the Python path is idle on it.
+``available`` says whether the lane was built and is as new as its sources.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..attempts import Routed, route, settle
+from ..session_key import header_key
+from .heads import client_head
+from .relay import CLIENT_CLOSED, connect_failure, failure_answer
+from .routes import forwarded, unkeyed
+from .server import ClientConnection, HttpRequest
+from .upstream import CONNECT_SECONDS, ReplicaPool
+
+try:
+    from . import _lane
+except ImportError:  # not built (no C compiler or Cython at install): the Python data path only
+    _lane = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from .traffic import HttpProxy
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("_lane.pyx", "_lane_heads.pxi", "_lane_client.pxi", "_lane_relay.pxi")  # hatch_build.py SOURCES
+W_SLOW, W_ADMIT = 11, 14  # _lane_heads.pxi: a request still arriving at a sweep, the connection limit
+PATHS_KEPT = 1024  # paths whose verdict (forwarded, keyed) is remembered; cleared when full
+LANE_REQUEST = HttpRequest(0)  # what a lane request is to the Python path's heads: keep-alive HTTP/1.1, no HEAD
+
+Token = tuple[str | None, str | None, Routed, float]  # key, group, routing, the attempt's start
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why the lane cannot run here (None: it can): not built, or built from other sources than those beside it
+    (read once: a process runs the module it imported)."""
+    if _lane is None:
+        return "the native HTTP lane is not built (installing needs Cython and a C compiler)"
+    folder = Path(__file__).parent
+    if (folder / SOURCES[0]).exists():  # a checkout: its sources must be those the module was built from
+        digest = hashlib.sha256()
+        for name in SOURCES:
+            digest.update((folder / name).read_bytes())
+        if digest.hexdigest()[:16] != _lane.SOURCE_HASH:
+            return "the native HTTP lane is older than its sources (run `make native`, or reinstall)"
+    return None
+
+
+class LaneGlue:
+    """One traffic listener's lane: the ``_lane.Lane``, its replica pools, what it calls."""
+
+    def __init__(self, proxy: HttpProxy) -> None:
+        self.proxy = proxy
+        self.native = _lane.Lane(self, proxy, proxy.context.rl.versions)
+        self.pools: dict[str, Any] = {}
+        self._paths: dict[bytes, int] = {}  # path -> 0 (not forwarded), 1 (keyed) or 2 (unkeyed)
+        self._settings: object = None  # the settings the lane's limits and key names were read from (``_sync``)
+        self._kept: frozenset[bytes] = frozenset()  # the key names the lane looks for (``proxy.key_names``)
+        self._limits: object = None
+        self._sync()
+
+    def client(self) -> Any:
+        """A new client connection's protocol."""
+        return _lane.Client(self.native)
+
+    def _sync(self) -> None:
+        """Hand the lane the live limits and key names (on start, and when the settings change)."""
+        proxy = self.proxy
+        self._settings = proxy.context.settings
+        limits = self._limits = proxy.limits()
+        self.native.max_body, self.native.max_buffered = limits.max_body_bytes, limits.max_buffered_bytes
+        session, self._kept = proxy.key_names()
+        self.native.set_names(session, proxy.names.groups)
+
+    def _changed(self, size: int) -> bool:
+        """New settings: whether they change what the lane read this request with (its body's ``size`` against
+        maxBodyBytes, the key names), in which case the request goes to the Python path. The lane is told."""
+        limits, kept = self._limits, self._kept
+        self._sync()
+        return self._kept != kept or size > self.native.max_body or self._limits != limits
+
+    # what the lane calls
+    def route(self, client: Any, path: bytes, size: int, key_at: int, key: bytes | None, group_at: int,
+              group: bytes | None) -> tuple[Any, bool, Token] | None:
+        """``HttpProxy._fast``'s checks and routing for a whole request (``size``: its body's bytes); None hands
+        it to the Python path."""
+        proxy = self.proxy
+        context, fleet = proxy.context, proxy.context.fleet
+        if context.rl.paused or (fleet is not None and fleet.leaving):
+            return None
+        if context.settings is not self._settings and self._changed(size):
+            return None
+        kind = self._paths.get(path)
+        if kind is None:
+            kind = self._kind(path)
+        if not kind:
+            return None
+        try:
+            session_key = group_key = None
+            if kind == 1:
+                session_key = self._key(key_at, key, "session")
+                group_key = self._key(group_at, group, "group")
+            if fleet is not None and session_key is not None and not fleet.decided_here(session_key, False):
+                return None
+            routed = route(context, session_key, group=group_key)
+        except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
+            return None
+        proxy.answering += 1
+        started = time.monotonic()
+        turn = routed[2]
+        turn.begin(started)
+        replica = routed[1].replica.id
+        pool = self.pools.get(replica)
+        if pool is None:  # (not ``or``: an empty pool is falsy)
+            pool = self._pool(replica)
+        return pool, turn.measure, (session_key, group_key, routed, started)
+
+    def _kind(self, path: bytes) -> int:
+        text = path.decode("ascii")  # the lane takes printable ASCII targets only
+        kind = (2 if unkeyed(text) else 1) if forwarded(text) else 0
+        if len(self._paths) >= PATHS_KEPT:
+            self._paths.clear()
+        self._paths[path] = kind
+        return kind
+
+    def _key(self, at: int, value: bytes | None, kind: str) -> str | None:
+        """A key from the lane's header value (``HttpProxy._find``); a key only a body field can give raises, so
+        the Python path reads the body."""
+        settings = self.proxy.context.settings
+        names = self.proxy.names
+        if value is not None:
+            pairs = names.session_pairs if kind == "session" else names.group_pairs
+            return header_key(pairs[at][0], value, settings.session, kind)
+        if (settings.session if kind == "session" else settings.group).body_fields:
+            raise LookupError("a body field to read")
+        return None
+
+    def _pool(self, replica: str) -> Any:
+        model = ReplicaPool(replica)  # the Python pool's reading of the URL
+        pool = self.pools[replica] = _lane.Pool(replica, model.prefix, model.host_header, model.host, model.port,
+                                                model.ssl)
+        return pool
+
+    def finish(self, token: Token, code: int | None, status: int, failure: str | None, first_at: float,
+               tail: bytes | None) -> None:
+        """``Forwarding.done`` for a lane request: passive health, the metrics, the lease, the turn."""
+        key, _, (decision, lease, turn), started = token
+        proxy = self.proxy
+        context = proxy.context
+        if first_at:
+            turn.first(first_at)
+        if tail is not None:
+            try:
+                turn.answer(tail)
+            except Exception:  # a measurement's bug must not keep the request from ending (a lease held for good)
+                log.exception("measuring the answer of replica %s failed", lease.replica.id)
+        if failure is not None:
+            context.outliers.failure(lease.replica, failure)
+        elif status:
+            context.outliers.answered(lease.replica, status)
+        if code is not None:
+            context.metrics.observe(lease.replica.id, code, time.monotonic() - started)
+        lease.release()
+        settle(context, key, decision, turn, status < 400 if status else failure is None and code == CLIENT_CLOSED)
+        proxy.answering -= 1
+
+    def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
+               ) -> tuple[bytes | None, int]:
+        return failure_answer(self.proxy, replica, LANE_REQUEST, state, what, timed_out, sse_chunked)
+
+    def head(self, replica: str, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], has_length: bool,
+             keeps: bool, version: str | None) -> tuple[bytes, bytes, bool, bool, bool, bool]:
+        return client_head(status, reason, headers, has_length, keeps, LANE_REQUEST, replica, version)
+
+    def connect(self, pool: Any, client: Any) -> None:
+        """A new connection to ``pool``'s replica for the request waiting on ``client``."""
+        asyncio.get_running_loop().create_task(self._connect(pool, client))
+
+    async def _connect(self, pool: Any, client: Any) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_SECONDS):
+                _, upstream = await loop.create_connection(lambda: _lane.Upstream(pool, self.native), pool.host,
+                                                           pool.port, ssl=pool.ssl)
+        except OSError as error:  # TimeoutError among them
+            client.refused(error)
+            return
+        client.connected(upstream)
+
+    def abandon(self, token: Token, error: OSError) -> None:
+        """Connecting failed and the client has gone: counted as ``attempts.forward`` counts a refusal."""
+        key, _, (decision, lease, _turn), _ = token
+        context = self.proxy.context
+        connect_failure(self.proxy, lease, error)
+        context.replicas.mark_down(lease.replica_id, context.settings.down_seconds)
+        context.metrics.retried(lease.replica_id)
+        context.balancer.forget(key, decision)
+        lease.release()
+        self.proxy.answering -= 1
+
+    def opened(self, client: Any) -> bool:
+        if not self.proxy.admit():
+            return False
+        self.proxy.clients.add(client)
+        return True
+
+    def closed(self, client: Any) -> None:
+        self.proxy.clients.discard(client)
+
+    def exception(self, error: BaseException) -> None:
+        log.error("the native HTTP lane's call into the router failed", exc_info=error)
+
+    # the hand-over
+    def hand_over(self, native: Any, data: bytes, why: int, handed: tuple[Token, OSError | None] | None
+                  ) -> ClientConnection:
+        """The lane gives its connection to the Python path, which reads ``data`` from the start."""
+        proxy = self.proxy
+        proxy.clients.discard(native)
+        client = ClientConnection.adopted(proxy, native.transport, self, native.write_paused, native.shaped)
+        if why == W_ADMIT:
+            client.refuse()
+            return client
+        if handed is not None:
+            client.handed = handed
+        if data:
+            client.data_received(data)
+        if why == W_SLOW:  # the request's clocks started in the lane, and the sweep is visiting
+            client.started_at(native.since, native.body_since)
+            client.check(proxy.now, proxy.limits())
+        return client
+
+    def take_back(self, client: ClientConnection) -> None:
+        """The Python path is idle on ``client``'s connection: the lane serves it again."""
+        transport = client.transport
+        assert transport is not None
+        native = _lane.Client(self.native)
+        native.adopt(transport, client.active_at)
+        native.shaped = client.shaped
+        client.detach()
+        self.proxy.clients.discard(client)
+        self.proxy.clients.add(native)
+        transport.set_protocol(native)
+
+    # the sweep
+    def tick(self, now: float, elapsed: float, idle_before: float) -> None:
+        """Once a sweep: the lane's clock, its silent replicas timed out, its idle connections closed."""
+        self.native.now = now
+        settings = self.proxy.context.settings
+        first_byte, idle = settings.first_byte_timeout_seconds, settings.upstream_timeout_seconds
+        if first_byte is not None or idle is not None:
+            self.native.expire_silent(elapsed, first_byte, idle)
+        self.close_idle(idle_before)
+
+    def close_idle(self, older_than: float) -> None:
+        for pool in self.pools.values():
+            pool.close_idle(older_than)
+
+    def handovers(self) -> dict[str, int]:
+        """Requests the lane handed to the Python path, by reason."""
+        return self.native.handover_counts()
