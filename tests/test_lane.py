@@ -47,6 +47,12 @@ async def test_the_common_request_is_forwarded_by_the_lane_and_leaves_nothing_he
             assert proxy.buffered == 0 and proxy.budget.held == 0 and proxy.answering == 0
             assert runtime.replicas.total_inflight() == 0 and raw.connections == 1
             assert runtime.metrics.status()["affinity_kept"] == 4
+            path = runtime.metrics.status()["data_path"]
+            assert path["http"] == "native" and path["lane_requests"] == 5 and not any(path["lane_handovers"].values())
+            [(_, _, body)] = await exchange(runtime.admin_url, b"GET /metrics HTTP/1.1\r\nHost: r\r\n\r\n")
+            assert b"rolloutrouter_http_lane_requests_total 5.0" in body
+        async with running_router(RouterSettings(backends=[url], health=NO_PROBES), data_path="python") as (_, runtime):
+            assert runtime.metrics.status()["data_path"] == {"http": "python"}
     finally:
         await raw.stop()
 

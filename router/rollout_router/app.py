@@ -86,6 +86,7 @@ class Runtime:
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
         self.http_proxy = HttpProxy(self, data_path)
+        self.metrics.data_path = self.http_proxy.data_path
         self.admin_address = admin_address  # None: no admin listener (tests that need none)
         self.admin = AdminListener(self, admin_token)
         self.admin_port: int | None = None

@@ -112,6 +112,20 @@ class _LiveCollector(Collector):
                                 "The configured margin; -1 means null (never break).",
                                 value=-1 if margin is None else margin)
         yield from _fleet_metrics(live.fleet())
+        yield from _lane_metrics(live.data_path())
+
+
+def _lane_metrics(path: dict) -> Iterator[Metric]:
+    """The traffic port's native lane: what it answered, what it handed to the Python data path and why."""
+    yield CounterMetricFamily("rolloutrouter_http_lane_requests", "HTTP requests the traffic port's native lane "
+                              "forwarded and relayed itself (docs/architecture.md); 0 on the Python data path.",
+                              value=path.get("lane_requests", 0))
+    handovers = CounterMetricFamily("rolloutrouter_http_lane_handovers", "HTTP requests the native lane handed to "
+                                    "the Python data path, by why (docs/architecture.md, \"The native lane\").",
+                                    labels=["reason"])
+    for reason, count in path.get("lane_handovers", {}).items():
+        handovers.add_metric([reason], count)
+    yield handovers
 
 
 def _fleet_metrics(fleet: Fleet | None) -> Iterator[Metric]:
@@ -191,6 +205,8 @@ class Metrics:
 
         self.config_reloads = {"applied": 0, "rejected": 0}  # read by the live collector and /status
         self.rl: RlState | None = None  # the RL step's state (app.py sets it): /status's "rl"
+        # the traffic port's data path and its lane's counts (app.py sets it): /status's "data_path"
+        self.data_path: Callable[[], dict] = lambda: {"http": "python"}
         self._children: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
         self.margin = MarginMeter(self.registry)
@@ -285,6 +301,7 @@ def _status(live: Metrics) -> dict:
         "fleet": fleet.status() if fleet is not None else None,
         "rl": live.rl.status() if live.rl is not None else None,
         "margin": live.margin.status(),
+        "data_path": live.data_path(),
     }
 
 

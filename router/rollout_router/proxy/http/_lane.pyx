@@ -181,13 +181,18 @@ cdef class Pool:
     cdef public bytes prefix, host_header
     cdef public object host, port, ssl
     cdef list idle
-    cdef dict heads
+    cdef dict heads               # client heads by shape (``Upstream.client_head``)
+    cdef Buf last                 # the last shape, and its head
+    cdef object last_built
     cdef object version
 
     def __init__(self, str replica, bytes prefix, bytes host_header, host, port, ssl):
         self.replica, self.prefix, self.host_header = replica, prefix, host_header
         self.host, self.port, self.ssl = host, port, ssl
         self.idle, self.heads, self.version = [], {}, None
+
+    def __dealloc__(self):
+        buf_free(&self.last)
 
     def __len__(self):
         return len(self.idle)

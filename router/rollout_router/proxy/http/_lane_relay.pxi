@@ -63,7 +63,9 @@ cdef class Upstream:
     cdef Buf usage                # the answer's last TAIL_BYTES, when its turn is measured
     cdef long long remaining      # BY_LENGTH: body bytes to come; BY_CHUNKS: bytes left in the chunk
     cdef long long bare           # bytes read since the last body bytes, once the head has ended
-    cdef bytes held_head          # a held answer's client head, with its Content-Length
+    cdef bytes before, after      # the client's head (``heads.client_head``), its Content-Length between them
+    cdef char length[24]          # the replica's Content-Length value
+    cdef Py_ssize_t length_size
     cdef unsigned char tail[DONE_TAIL]
     cdef int tail_size
     cdef Response response
@@ -120,7 +122,6 @@ cdef class Upstream:
         self.silent = self.first_at = 0
         self.scanned = self.tail_size = 0
         self.head.size = self.body.size = self.out.size = self.usage.size = 0
-        self.held_head = None
         self.lane.active.add(self)
         self._write(request)
 
@@ -225,7 +226,6 @@ cdef class Upstream:
 
     cdef void final_head(self, Response* r) except *:
         """``Exchange.on_headers_complete``: the client's head for this shape, then hold or stream the body."""
-        cdef const char* s = self.head.data
         cdef bint has_length = r.content_length >= 0
         cdef bint no_body = r.status == 204 or r.status == 304
         cdef object built
@@ -233,16 +233,17 @@ cdef class Upstream:
         # llhttp's should_keep_alive: not when the replica said close, nor when only the close ends the body
         self.keeps = not r.close and (has_length or r.chunked or no_body)
         built = self.client_head(r, has_length)
-        before, after, self.sse, self.chunked, self.until_close, close_after = built
-        if has_length:
-            head = b"%sContent-Length: %s\r\n%s" % (before, PyBytes_FromStringAndSize(
-                s + r.content_length, r.content_length_end - r.content_length), after)
-        else:
-            head = before
+        self.before, self.after, self.sse, self.chunked, self.until_close, close_after = built
+        self.length_size = 0
+        if has_length:  # the value, as the replica sent it, between the two halves of the remembered head
+            self.length_size = r.content_length_end - r.content_length
+            if self.length_size > <Py_ssize_t>sizeof(self.length):
+                self.length_size = sizeof(self.length)  # never: parse_response refuses longer values
+            memcpy(self.length, self.head.data + r.content_length, self.length_size)
         if close_after:  # never for the lane's keep-alive HTTP/1.1 requests (heads.client_head)
             self.keeps = False
         if no_body:
-            buf_add(&self.out, PyBytes_AS_STRING(head), len(head))
+            self.put_head()
             self.code = r.status
             self.finish(self.keeps, None)
             return
@@ -253,31 +254,48 @@ cdef class Upstream:
         else:
             self.framing = BY_CLOSE
         if has_length and r.body <= BUFFER_LIMIT and not self.sse:
-            self.state, self.held_head = BUFFERING, head
+            self.state = BUFFERING
         else:
             self.state = STREAMING
-            buf_add(&self.out, PyBytes_AS_STRING(head), len(head))
+            self.put_head()
             if self.client.write_paused:
                 self.pause()
         if has_length and r.body == 0:
             self.complete()
 
+    cdef void put_head(self) except *:
+        """The client's head into ``out``: its first half, the Content-Length line when the replica sent one, the
+        rest (``heads.client_head``'s two parts)."""
+        buf_add(&self.out, PyBytes_AS_STRING(self.before), PyBytes_GET_SIZE(self.before))
+        if self.length_size:
+            buf_add(&self.out, b"Content-Length: ", 16)
+            buf_add(&self.out, self.length, self.length_size)
+            buf_add(&self.out, b"\r\n", 2)
+            buf_add(&self.out, PyBytes_AS_STRING(self.after), PyBytes_GET_SIZE(self.after))
+
     cdef object client_head(self, Response* r, bint has_length):
         """``heads.client_head`` for this head, remembered per shape: the head's bytes but for its Content-Length
-        value, whether the replica keeps the connection, and the replica's weight version (``LaneGlue.head``)."""
+        value, whether the replica keeps the connection, and the replica's weight version (``LaneGlue.head``).
+        The pool's last shape is compared in place first: a replica sends the same head over and over."""
         cdef Pool pool = self.pool
         cdef const char* s = self.head.data
         cdef PyObject* found = PyDict_GetItem(self.lane.versions, pool.replica)
         cdef object version = <object>found if found != NULL else None
         cdef Py_ssize_t cut = r.content_length if has_length else r.length
         cdef Py_ssize_t resume = r.content_length_end if has_length else r.length
+        cdef Py_ssize_t size = cut + (r.length - resume) + 1
+        cdef char keeps = 49 if self.keeps else 48
         if version is not pool.version:
             pool.heads.clear()
+            pool.last.size = 0
             pool.version = version
-        key = PyBytes_FromStringAndSize(NULL, cut + (r.length - resume) + 1)
+        if (pool.last.size == size and pool.last.data[size - 1] == keeps and memcmp(pool.last.data, s, cut) == 0
+                and memcmp(pool.last.data + cut, s + resume, r.length - resume) == 0):
+            return pool.last_built
+        key = PyBytes_FromStringAndSize(NULL, size)
         memcpy(PyBytes_AS_STRING(key), s, cut)
         memcpy(PyBytes_AS_STRING(key) + cut, s + resume, r.length - resume)
-        PyBytes_AS_STRING(key)[cut + r.length - resume] = 49 if self.keeps else 48
+        PyBytes_AS_STRING(key)[size - 1] = keeps
         built = pool.heads.get(key)
         if built is None:
             fields = [(PyBytes_FromStringAndSize(s + r.fields[i].name, r.fields[i].colon - r.fields[i].name),
@@ -288,6 +306,9 @@ cdef class Upstream:
             if len(pool.heads) >= 256:  # heads.py HEADS_KEPT: a churn of Dates cannot grow it
                 pool.heads.clear()
             pool.heads[key] = built
+        pool.last.size = 0
+        buf_add(&pool.last, PyBytes_AS_STRING(key), size)
+        pool.last_built = built
         return built
 
     cdef Py_ssize_t body_bytes(self, const char* s, Py_ssize_t size) except -1:
@@ -408,7 +429,7 @@ cdef class Upstream:
     cdef void complete(self) except *:
         """``Exchange.on_message_complete``: a held answer goes out whole; a re-framed one gets its last chunk."""
         if self.state == BUFFERING:
-            buf_add(&self.out, PyBytes_AS_STRING(self.held_head), len(self.held_head))
+            self.put_head()
             buf_add(&self.out, self.body.data, self.body.size)
             if self.measure:
                 self.usage.size = 0

@@ -54,6 +54,12 @@ class HttpProxy(HttpListener):
     def connection(self) -> asyncio.Protocol:
         return self.lane.client() if self.lane is not None else ClientConnection(self)
 
+    def data_path(self) -> dict:
+        """/status's ``data_path``: which one this port runs, and with the lane, what it answered and handed over."""
+        if self.lane is None:
+            return {"http": "python"}
+        return {"http": "native", "lane_requests": self.lane.native.forwarded, "lane_handovers": self.lane.handovers()}
+
     def limits(self) -> Limits:
         return traffic_limits(self.context.settings)
 
