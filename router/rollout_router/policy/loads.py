@@ -8,8 +8,8 @@ read-only ``Mapping`` and only the replica set changes it, through ``set``, ``mo
 ``ordered`` in ``hashing`` use them when given an index and fall back to a scan for a plain dict (the
 simulator and the tests), so a policy reads the same either way.
 
-By load, each replica is filed under the load it had when ``min`` or ``least`` last read the index: a move
-(two per request) updates the mapping and the total and notes the replica, and the next read files the
+By load, each replica is filed under the load it had when ``min``, ``least`` or ``total`` last read the
+index: a move (two per request) updates the mapping and notes the replica, and the next read files the
 replicas that moved since (``_settle``; loads move by one, so the minimum is kept in O(1), and a re-filing
 is a few dict operations: the replicas at a load are sorted only when ``least`` reads them). A request's
 start and end between two reads cost no re-filing at all, and under a sticky policy that reads the minimum
@@ -30,7 +30,7 @@ class LoadIndex(dict[str, int]):
         self._at: dict[int, dict[str, None]] = {}  # filed load -> its replicas (a set, kept in order)
         self._sorted: dict[int, list[str]] = {}  # filed load -> its replicas sorted, as ``least`` last read them
         self._min = 0  # the lowest filed load
-        self._total = 0
+        self._total = 0  # the sum of the filed loads
         self._ordered: tuple[str, ...] | None = ()  # the replicas by name; None until re-sorted
         self._moved: dict[str, int] = {}  # replicas moved since they were filed -> the load they are filed at
 
@@ -52,7 +52,9 @@ class LoadIndex(dict[str, int]):
         return tie_break(key, tied)
 
     def total(self) -> int:
-        """The sum of the loads, kept as loads move."""
+        """The sum of the loads (kept as replicas are filed: what moved since the last read is filed first)."""
+        if self._moved:
+            self._settle()
         return self._total
 
     def ordered(self) -> tuple[str, ...]:
@@ -84,15 +86,14 @@ class LoadIndex(dict[str, int]):
         old = self.get(replica)
         if old is not None:
             self[replica] = load
-            self._total += load - old
             self._moved.setdefault(replica, old)  # its first move since it was filed: the load it is filed at
 
     def discard(self, replica: str) -> None:
         old = self.pop(replica, None)
         if old is None:
             return
-        self._ordered, self._total = None, self._total - old
         filed = self._moved.pop(replica, old)
+        self._ordered, self._total = None, self._total - filed
         self._leave(replica, filed)
         if filed == self._min and filed not in self._at and self._at:
             self._min = min(self._at)
@@ -107,8 +108,9 @@ class LoadIndex(dict[str, int]):
         self._moved.clear()
 
     def _refile(self, replica: str, old: int, load: int) -> None:
-        """File ``replica`` at ``load`` rather than ``old``, keeping the minimum."""
+        """File ``replica`` at ``load`` rather than ``old``, keeping the minimum and the total."""
         at, ordered = self._at, self._sorted
+        self._total += load - old
         self._leave(replica, old)
         joined = at.get(load)
         if joined is None:
