@@ -112,8 +112,14 @@ lint: install-test
 	$(BIN)/ruff check
 	$(BIN)/lint-imports --no-cache
 
+# The suite runs the traffic port on its native lane where it is built (the default, --data-path auto); the data
+# path's own modules run once more on the Python data path alone, which the lane hands every other request to.
+PYTHON_PATH_TESTS := $(addprefix tests/,test_http_wire.py test_http_fast.py test_http_bounds.py test_hardening.py \
+  test_proxy.py test_end_to_end.py test_fuzz_http.py test_connect_timeout.py test_turns.py test_margin_paying.py \
+  test_health.py test_first_contact.py test_descriptors.py test_group_routing.py test_session_conventions.py)
 test: system-deps install-test native typecheck lint
 	$(BIN)/python -m pytest
+	ROLLOUT_ROUTER_DATA_PATH=python $(BIN)/python -m pytest -q $(PYTHON_PATH_TESTS)
 
 # The chart's dashboards against Grafana's own types (tests/grafana: grafana-foundation-sdk's strict decoder,
 # a Go module); needs Go, so it is a tier of its own, run by .ci/run. `make test` checks them in Python.

@@ -40,6 +40,40 @@ def test_load_index_is_the_mapping_it_was_told_with_its_minimum(ops, key):
             assert least_loaded(index, key) == least_loaded(model, key)  # the router's choice is the simulator's
 
 
+moves = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["set", "move"]), st.sampled_from(R), st.integers(0, 6)),
+    st.tuples(st.just("discard"), st.sampled_from(R), st.just(0)), st.tuples(st.just("read"), st.text(max_size=4),
+                                                                            st.just(0)),
+), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=moves)
+def test_moves_between_reads_are_filed_when_the_minimum_is_read(ops):
+    """Moves are filed by load only when ``min``/``least``/``total`` read the index: whatever moved between reads
+    (a replica's start and end of a request, moves back and forth, a leave), a read sees what a scan sees."""
+    index, model = LoadIndex(), {}
+    for op, arg, load in ops:
+        if op == "set":
+            index.set(arg, load)
+            model[arg] = load
+        elif op == "move":
+            index.move(arg, load)
+            if arg in model:
+                model[arg] = load
+        elif op == "discard":
+            index.discard(arg)
+            model.pop(arg, None)
+        elif model:
+            assert index.min() == min(model.values())
+            assert index.least(arg) == least_loaded(model, arg)
+            assert index.total() == sum(model.values())
+        assert dict(index) == model  # the mapping itself is never behind
+    assert index.total() == sum(model.values())
+    if model:
+        assert index.min() == min(model.values())
+
+
 set_ops = st.lists(st.one_of(
     st.tuples(st.just("acquire"), st.sampled_from(R)), st.tuples(st.just("release"), st.integers(0, 50)),
     st.tuples(st.just("down"), st.sampled_from(R)), st.tuples(st.just("tick"), st.integers(1, 3)),

@@ -11,7 +11,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from .policy import Decision, LiveConfig, Outcome, Policy, Request, create
+from .policy import Decision, LiveConfig, Outcome, Policy, create
 from .policy.hashing import lowest
 from .replicas import Lease, ReplicaSet
 
@@ -35,11 +35,13 @@ class Balancer:
         the request's GRPO group key (policy/groups.py).
         """
         loads = self.replicas.loads(grpc)
-        decision = self.policy.route(Request(key, loads, self._clock(), prefix, group))
-        if decision.outcome is Outcome.REPINNED and decision.previous is not None:
-            self.repinned[self.replicas.why_unroutable(decision.previous, grpc)] += 1
-        elif decision.outcome is Outcome.BROKEN and decision.previous is not None and decision.previous in loads:
-            self.on_break(loads[decision.previous] - lowest(loads), decision.pin_age)  # before this lease counts
+        decision = self.policy.decide(key, loads, self._clock(), prefix, group)
+        previous = decision.previous  # None unless the session moved (a sticky hit: most requests)
+        if previous is not None:
+            if decision.outcome is Outcome.REPINNED:
+                self.repinned[self.replicas.why_unroutable(previous, grpc)] += 1
+            elif decision.outcome is Outcome.BROKEN and previous in loads:
+                self.on_break(loads[previous] - lowest(loads), decision.pin_age)  # before this lease counts
         return decision, self.replicas.acquire(decision.replica)
 
     def why_moved(self, decision: Decision, grpc: bool = False) -> str | None:

@@ -207,9 +207,12 @@ class Metrics:
         self.rl: RlState | None = None  # the RL step's state (app.py sets it): /status's "rl"
         # the traffic port's data path and its lane's counts (app.py sets it): /status's "data_path"
         self.data_path: Callable[[], dict] = lambda: {"http": "python"}
+        # (replica, code) -> its series, for replicas with a backend label of their own (``observe``)
         self._children: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
         self.margin = MarginMeter(self.registry)
+        # A turn the replica accepted (``MarginMeter.turn``), bound once: one call per request rather than two.
+        self.turn: Callable[[Turn], None] = self.margin.turn
         balancer.on_break = self.margin.broke  # the balancer sees each break's loads; the meter counts them
 
     def backend_label(self, backend: str) -> str:
@@ -255,23 +258,22 @@ class Metrics:
     def retried(self, backend: str) -> None:
         self.retries.child(self.backend_label(backend)).inc()
 
-    def sample_kept(self) -> bool:
-        """Whether this kept turn's answer is read (settings.metrics.keptPrefillSampleRate)."""
-        return self.margin.sample(self.settings().metrics.kept_prefill_sample_rate)
-
-    def turn(self, turn: Turn) -> None:
-        """A turn the replica accepted: its time to first byte and, when measured, its prefill."""
-        self.margin.turn(turn)
-
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
-        """Count one finished request; the labelled children are looked up once per (backend label, code)."""
-        label = self.backend_label(backend)
-        children = self._children.get((label, code))
+        """Count one finished request; a replica's series are looked up once per (replica, code)."""
+        children = self._children.get((backend, code))
         if children is None:
-            children = self._children[(label, code)] = (self.requests.child(label, str(code)),
-                                                        self.duration.child(label))
+            children = self._series(backend, code)
         children[0].value += 1
         children[1].observe(seconds)
+
+    def _series(self, backend: str, code: int | str) -> tuple[CounterChild, HistogramChild]:
+        """The series a request to ``backend`` answered with ``code`` counts into, remembered when the replica
+        has a label of its own (one that shares ``other`` asks again next time: a label may have freed)."""
+        label = self.backend_label(backend)
+        children = self.requests.child(label, str(code)), self.duration.child(label)
+        if label == backend:
+            self._children[(backend, code)] = children
+        return children
 
 
     def status(self) -> dict:
@@ -331,26 +333,29 @@ class MarginMeter:
                              "the margin saw at each break.", buckets=GAP_BUCKETS, registry=registry)
         self.age = Histogram("rolloutrouter_break_pin_age_seconds", "How long a broken pin had been on its replica.",
                              buckets=AGE_BUCKETS, registry=registry)
-        self.repin_tokens = Counter("rolloutrouter_repin_prefill_tokens", "Prompt tokens the new replica prefilled "
-                                    "(prompt_tokens - cached_tokens of its answer) for moved turns, by why moved: "
-                                    "margin, removed, ejected, unhealthy, down, no_grpc.", ["reason"], registry=registry)
-        self.repin_turns = Counter("rolloutrouter_repin_prefill_turns", "Moved turns whose answer reported "
-                                   "prefill, by why moved.", ["reason"], registry=registry)
-        self.kept_tokens = Counter("rolloutrouter_kept_prefill_tokens", "Prompt tokens prefilled by the sampled "
-                                   "kept turns (settings.metrics.keptPrefillSampleRate).", registry=registry)
-        self.kept_turns = Counter("rolloutrouter_kept_prefill_turns", "Sampled kept turns whose answer reported "
-                                  "prefill.", registry=registry)
-        self.unmeasured = Counter("rolloutrouter_prefill_unmeasured", "Measured turns whose answer had no usage "
-                                  "with prompt_tokens_details.cached_tokens (vLLM needs --enable-prompt-tokens-"
-                                  "details; a stream needs stream_options.include_usage), by outcome.",
-                                  ["outcome"], registry=registry)
-        self._ttfb = {outcome: self.ttfb.child(outcome).observe for outcome in OUTCOMES}
+        # Counted per measured turn (every moved turn, a share of kept ones): plain numbers too (tallies.py).
+        self.repin_tokens = Tally("rolloutrouter_repin_prefill_tokens", "Prompt tokens the new replica prefilled "
+                                  "(prompt_tokens - cached_tokens of its answer) for moved turns, by why moved: "
+                                  "margin, removed, ejected, unhealthy, down, no_grpc.", ["reason"])
+        self.repin_turns = Tally("rolloutrouter_repin_prefill_turns", "Moved turns whose answer reported "
+                                 "prefill, by why moved.", ["reason"])
+        kept_tokens = Tally("rolloutrouter_kept_prefill_tokens", "Prompt tokens prefilled by the sampled "
+                            "kept turns (settings.metrics.keptPrefillSampleRate).", [])
+        kept_turns = Tally("rolloutrouter_kept_prefill_turns", "Sampled kept turns whose answer reported "
+                           "prefill.", [])
+        self.unmeasured = Tally("rolloutrouter_prefill_unmeasured", "Measured turns whose answer had no usage "
+                                "with prompt_tokens_details.cached_tokens (vLLM needs --enable-prompt-tokens-"
+                                "details; a stream needs stream_options.include_usage), by outcome.", ["outcome"])
+        for family in (self.repin_tokens, self.repin_turns, kept_tokens, kept_turns, self.unmeasured):
+            registry.register(family)
+        self.kept_tokens, self.kept_turns = kept_tokens.child(), kept_turns.child()  # exported from zero on
+        self._ttfb = {outcome: self.ttfb.child(outcome) for outcome in OUTCOMES}  # also /status's TTFB sums
         self._credit = 0.0  # kept-turn sampling: every 1/rate-th kept turn, deterministic
-        self.sums: dict[str, list[float]] = {outcome: [0, 0.0] for outcome in OUTCOMES}  # ttfb: [count, seconds]
         self.prefill: dict[str, list[int]] = {"moved": [0, 0], "kept": [0, 0]}  # [turns, tokens]
         self.breaks: list[float] = [0, 0.0]  # [count, gap sum]
 
     def sample(self, rate: float) -> bool:
+        """Whether this kept turn's answer is read, at ``rate`` (settings.metrics.keptPrefillSampleRate)."""
         self._credit += rate
         if self._credit >= 1:
             self._credit -= 1
@@ -365,35 +370,37 @@ class MarginMeter:
             self.age.observe(age)
 
     def turn(self, turn: Turn) -> None:
+        """A turn the replica accepted: its time to first byte and, when measured, its prefill."""
         if turn.first_byte is not None:
-            self._ttfb[turn.outcome](turn.first_byte)
-            sums = self.sums[turn.outcome]
-            sums[0] += 1
-            sums[1] += turn.first_byte
-        if not turn.measure:
-            return
+            self._ttfb[turn.outcome].observe(turn.first_byte)
+        if turn.measure:
+            self._measured(turn)
+
+    def _measured(self, turn: Turn) -> None:
+        """A measured turn's prefill, or that its answer did not say."""
         if turn.prefill is None:
-            self.unmeasured.labels(turn.outcome).inc()
+            self.unmeasured.child(turn.outcome).value += 1
             return
         kept = turn.outcome == "kept"
         if kept:
-            self.kept_tokens.inc(turn.prefill)
-            self.kept_turns.inc()
+            self.kept_tokens.value += turn.prefill
+            self.kept_turns.value += 1
         else:
-            self.repin_tokens.labels(turn.reason or turn.outcome).inc(turn.prefill)
-            self.repin_turns.labels(turn.reason or turn.outcome).inc()
+            self.repin_tokens.child(turn.reason or turn.outcome).value += turn.prefill
+            self.repin_turns.child(turn.reason or turn.outcome).value += 1
         totals = self.prefill["kept" if kept else "moved"]
         totals[0] += 1
         totals[1] += turn.prefill
 
     def status(self) -> dict:
         """/status "margin": lifetime sums a reader (or the operator, over several routers) can divide."""
-        moved = [sum(self.sums[o][0] for o in MOVED), sum(self.sums[o][1] for o in MOVED)]
+        sums = {outcome: [sum(child.counts), child.sum] for outcome, child in self._ttfb.items()}
+        moved = [sum(sums[o][0] for o in MOVED), sum(sums[o][1] for o in MOVED)]
         return {
             "repin_prefill_tokens": self.prefill["moved"][1], "repin_prefill_turns": self.prefill["moved"][0],
             "kept_prefill_tokens": self.prefill["kept"][1], "kept_prefill_turns": self.prefill["kept"][0],
             "ttfb": {"moved": _mean_of(moved),
-                     **{outcome: _mean_of(self.sums[outcome]) for outcome in OUTCOMES}},
+                     **{outcome: _mean_of(sums[outcome]) for outcome in OUTCOMES}},
             "breaks": int(self.breaks[0]),
             "break_gap_mean": round(self.breaks[1] / self.breaks[0], 3) if self.breaks[0] else None,
         }

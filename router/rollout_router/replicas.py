@@ -189,7 +189,10 @@ class ReplicaSet:
     def acquire(self, replica_id: str) -> Lease:
         replica = self._live[replica_id]
         replica.inflight += 1
-        self._recount(replica)
+        load = replica.inflight + replica.external  # ``_recount`` inlined, a live replica's: once per request
+        self._http.move(replica_id, load)
+        if replica.grpc_target is not None:
+            self._grpc.move(replica_id, load)
         return Lease(self, replica)
 
     def get(self, replica_id: str) -> Replica | None:
@@ -276,8 +279,12 @@ class ReplicaSet:
             log.error("in-flight count of %s would go negative; kept at 0", replica.id)
             return
         replica.inflight -= 1
-        self._recount(replica)
-        if replica.inflight == 0 and self._draining.get(replica.id) is replica:
+        if self._live.get(replica.id) is replica:  # ``_recount`` inlined: once per request
+            load = replica.inflight + replica.external
+            self._http.move(replica.id, load)
+            if replica.grpc_target is not None:
+                self._grpc.move(replica.id, load)
+        elif replica.inflight == 0 and self._draining.get(replica.id) is replica:
             del self._draining[replica.id]
 
     def _recount(self, replica: Replica) -> None:

@@ -15,10 +15,10 @@ With both ``None`` it decides exactly like ``AffinityPolicy(margin)``.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .affinity import AffinityPolicy
-from .base import Decision, Outcome, Request
+from .base import Decision, Outcome
 from .hashing import lowest
 
 
@@ -35,10 +35,11 @@ class AdaptiveAffinityPolicy(AffinityPolicy):
         self.context_scale, self.cooldown = context_scale, cooldown
         self._moved_at: dict[str, float] = {}
 
-    def route(self, request: Request) -> Decision:
-        decision = super().route(request)
-        if self.cooldown is not None and request.key is not None and decision.outcome is not Outcome.KEPT:
-            self._moved_at[request.key] = request.now
+    def decide(self, key: str | None, loads: Mapping[str, float], now: float,
+               prefix: Sequence[int] | str | None = None, group: str | None = None) -> Decision:
+        decision = super().decide(key, loads, now, prefix, group)
+        if self.cooldown is not None and key is not None and decision.outcome is not Outcome.KEPT:
+            self._moved_at[key] = now
             if len(self._moved_at) > self.table.max_sessions:
                 self._moved_at.pop(next(iter(self._moved_at)))
         return decision
@@ -47,14 +48,15 @@ class AdaptiveAffinityPolicy(AffinityPolicy):
         self._moved_at.pop(key, None)
         return super().release(key)
 
-    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
+    def _keeps(self, key: str, loads: Mapping[str, float], pinned: str, now: float,
+               prefix: Sequence[int] | str | None) -> bool:
         if self.margin is None or self.full_determinism:
-            return super()._keeps(request, loads, pinned)
-        if self.cooldown is not None and request.key is not None:
-            moved = self._moved_at.get(request.key)
-            if moved is not None and request.now - moved < self.cooldown:
+            return super()._keeps(key, loads, pinned, now, prefix)
+        if self.cooldown is not None:
+            moved = self._moved_at.get(key)
+            if moved is not None and now - moved < self.cooldown:
                 return True
         margin = float(self.margin)
-        if self.context_scale is not None and request.prefix is not None:
-            margin += len(request.prefix) / self.context_scale
+        if self.context_scale is not None and prefix is not None:
+            margin += len(prefix) / self.context_scale
         return loads[pinned] - lowest(loads) <= margin

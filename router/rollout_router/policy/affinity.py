@@ -15,13 +15,13 @@ within the same margin (``groups``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from .base import Decision, LiveConfig, Outcome, Request
+from .base import Decision, LiveConfig, NoReplicaError, Outcome, Request
 from .groups import GroupTable
 from .hashing import least_loaded, lowest, rendezvous
 from .sessions import SessionPolicy
-from .unkeyed import require
+from .unkeyed import NO_REPLICA
 
 
 class AffinityPolicy(SessionPolicy):
@@ -52,25 +52,31 @@ class AffinityPolicy(SessionPolicy):
         self.margin, self.full_determinism = margin, config.full_determinism
 
     def route(self, request: Request) -> Decision:
-        key = request.key
+        return self.decide(request.key, request.loads, request.now, request.prefix, request.group)
+
+    def decide(self, key: str | None, loads: Mapping[str, float], now: float,
+               prefix: Sequence[int] | str | None = None, group: str | None = None) -> Decision:
+        """The rule, for ``route`` and for the router, which calls it with no ``Request`` made per request."""
         if key is None:
-            decision = self._unkeyed.decide(request.loads, self.counters)
-            return decision if request.group is None else Decision(self._beside(request, decision.replica),
-                                                                   Outcome.UNKEYED)
-        loads = require(request.loads)
-        pinned = self.table.get(key, request.now)
+            decision = self._unkeyed.decide(loads, self.counters)
+            return decision if group is None else Decision(self._beside(group, loads, decision.replica),
+                                                           Outcome.UNKEYED)
+        if not loads:
+            raise NoReplicaError(NO_REPLICA)
+        pinned = self.table.get(key, now)
         if pinned is None:
-            decision = Decision(self._beside(request, self._place(key, loads)), Outcome.NEW)
+            decision = Decision(self._beside(group, loads, self._place(key, loads)), Outcome.NEW)
         elif pinned not in loads:
             decision = Decision(self._place(key, loads), Outcome.REPINNED, previous=pinned)
-        elif self._keeps(request, loads, pinned):
-            decision = self._keep(pinned)
+        elif self._keeps(key, loads, pinned, now, prefix):
+            return self._keep(key, pinned, now)
         else:
             decision = Decision(least_loaded(loads, key), Outcome.BROKEN, previous=pinned)
-        return self._commit(key, decision, request.now)
+        return self._commit(key, decision, now)
 
-    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
-        """The rule: whether ``request``'s session stays on its ``pinned`` replica, still routable, at ``loads``
+    def _keeps(self, key: str, loads: Mapping[str, float], pinned: str, now: float,
+               prefix: Sequence[int] | str | None) -> bool:
+        """The rule: whether session ``key`` stays on its ``pinned`` replica, still routable, at ``loads``
         (a subclass decides on the request too: its key, prefix and time)."""
         if self.margin is None or self.full_determinism:
             return True
@@ -81,11 +87,11 @@ class AffinityPolicy(SessionPolicy):
         self.groups.clear()
         return super().release_all()
 
-    def _beside(self, request: Request, chosen: str) -> str:
-        """Where a request starting a session goes: ``chosen``, or beside its group (``groups``)."""
-        if request.group is None:
+    def _beside(self, group: str | None, loads: Mapping[str, float], chosen: str) -> str:
+        """Where a request starting a session goes: ``chosen``, or beside its ``group`` (``groups``)."""
+        if group is None:
             return chosen
-        return self.groups.place(request.group, request.loads, chosen, self.margin, self.full_determinism)
+        return self.groups.place(group, loads, chosen, self.margin, self.full_determinism)
 
     def _place(self, key: str, loads: Mapping[str, float]) -> str:
         if self.full_determinism:

@@ -161,6 +161,13 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def route(self, request: Request) -> Decision: ...
 
+    def decide(self, key: str | None, loads: Mapping[str, float], now: float,
+               prefix: Sequence[int] | str | None = None, group: str | None = None) -> Decision:
+        """``route`` of the ``Request`` these make, as the router calls it once per request. A policy on the
+        router's hot path overrides this and builds ``route`` on it (no ``Request`` is made per request);
+        the others need only ``route``."""
+        return self.route(Request(key, loads, now, prefix, group))
+
     def configure(self, config: LiveConfig) -> None:
         """Apply the router's live knobs; pins and counters are kept."""
 

@@ -24,12 +24,12 @@ says where they fail): seconds are H200-roofline seconds there, so
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
 from .affinity import AffinityPolicy
-from .base import LiveConfig, PolicyOptions, Request
+from .base import LiveConfig, PolicyOptions
 from .hashing import lowest
 
 
@@ -62,12 +62,13 @@ class CostAffinityPolicy(AffinityPolicy):
         super().configure(config)
         self.relative, self.min_turn_seconds = float(options.relative), options.min_turn_seconds
 
-    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
-        if self.margin is None or self.full_determinism or request.key is None:
-            return super()._keeps(request, loads, pinned)
+    def _keeps(self, key: str, loads: Mapping[str, float], pinned: str, now: float,
+               prefix: Sequence[int] | str | None) -> bool:
+        if self.margin is None or self.full_determinism:
+            return super()._keeps(key, loads, pinned, now, prefix)
         if self.min_turn_seconds is not None:
-            last = self.table.used(request.key, request.now)
-            if last is not None and request.now - last < self.min_turn_seconds:
+            last = self.table.used(key, now)
+            if last is not None and now - last < self.min_turn_seconds:
                 return True
         least = lowest(loads)
         return loads[pinned] - least <= self.margin + self.relative * least

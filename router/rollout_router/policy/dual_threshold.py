@@ -10,10 +10,9 @@ handling and changes only the keep rule.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .affinity import AffinityPolicy
-from .base import Request
 from .hashing import lowest
 
 
@@ -31,5 +30,6 @@ class DualThresholdPolicy(AffinityPolicy):
         hi, lo = max(loads.values()), lowest(loads)
         return hi - lo > self.abs_threshold and hi > self.rel_threshold * lo
 
-    def _keeps(self, request: Request, loads: Mapping[str, float], pinned: str) -> bool:
+    def _keeps(self, key: str, loads: Mapping[str, float], pinned: str, now: float,
+               prefix: Sequence[int] | str | None) -> bool:
         return not (self.imbalanced(loads) and loads[pinned] > lowest(loads))

@@ -15,6 +15,8 @@ _SLOT_BITS = 20  # up to 2**20 distinct replica ids over the table's life
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
 _USED_BITS = 42  # last use in ms: 139 years of a monotonic clock
 _USED_MASK = (1 << _USED_BITS) - 1
+_START_SHIFT = _SLOT_BITS + _USED_BITS  # the second the pin began on its replica sits above both
+_UNUSED = ~(_USED_MASK << _SLOT_BITS)  # a pin's int without its last use: what a sticky hit keeps
 KEPT_REMEMBERED = 4096  # replicas whose KEPT decision is kept for reuse (SessionPolicy._keep)
 
 
@@ -27,11 +29,12 @@ class SessionTable:
 
     A pin is one int per key: its last use in whole milliseconds (rounded up,
     so a pin never expires early) above the slot of its replica id, each id
-    stored once, and above both the whole seconds the pin had been on that
-    replica at its last use (its age at a break, ``age``; zero for a fresh pin,
-    so a fresh pin's int is no larger). That keeps a million pins within the
-    router's memory budget (benchmarks/session_memory.py): no object per pin
-    beyond the key and one int.
+    stored once, and above both the whole second it was pinned to that replica
+    (its age at a break, ``age``), which a sticky hit leaves as it is: the hit
+    replaces the last use alone. That keeps a million pins within the router's
+    memory budget (benchmarks/session_memory.py): no object per pin beyond the
+    key and one int (of three 30-bit digits either way: a monotonic clock's
+    seconds fit in the 28 bits above the 62 below them for eight years).
     """
 
     def __init__(self, counters: Counters, max_sessions: int = 100_000, idle_ttl: float | None = 3600.0):
@@ -79,8 +82,7 @@ class SessionTable:
         """How long ``key`` has been pinned to its replica (to the second), or None if it has no live pin."""
         if self.get(key, now) is None:
             return None
-        packed = self._pins[key]
-        return max(0.0, now - (_used(packed) // 1000 - (packed >> (_SLOT_BITS + _USED_BITS))))
+        return max(0.0, now - (self._pins[key] >> _START_SHIFT))
 
     def held(self, now: float) -> list[tuple[str, str, float]]:
         """Every live pin as (key, replica, last use), least recently used first."""
@@ -89,7 +91,7 @@ class SessionTable:
                 for key, packed in self._pins.items() if not self._idle(packed, now)]
 
     def pin(self, key: str, replica: str, now: float) -> None:
-        """Pin (or re-pin) ``key`` and mark it most recently used; a pin to the same replica keeps its age."""
+        """Pin (or re-pin) ``key`` and mark it most recently used; a pin to the same replica keeps its start."""
         slot = self._slots.get(replica)
         if slot is None:
             slot = self._slots[replica] = len(self._replicas)
@@ -97,21 +99,21 @@ class SessionTable:
                 raise OverflowError("more than 2**20 distinct replica ids")
             self._replicas.append(replica)
         old = self._pins.get(key)
-        self._pins[key] = _packed(old if old is not None and old & _SLOT_MASK == slot else None,
-                                  math.ceil(now * 1000), slot)
+        used = math.ceil(now * 1000)
+        start = used // 1000
+        if old is not None and old & _SLOT_MASK == slot:
+            start = min(start, old >> _START_SHIFT)
+        self._pins[key] = ((start << _USED_BITS | used) << _SLOT_BITS) | slot
         self._pins.move_to_end(key)
         if len(self._pins) > self.max_sessions:
             self._evict_over_size()
 
-    def keep(self, key: str, replica: str, now: float) -> None:
-        """``pin`` for a sticky hit (every kept request): the pin is there already, on ``replica``, so its slot
-        is not looked up and the table cannot grow; anything else falls back to ``pin``."""
-        old = self._pins.get(key)
-        if old is None or self._replicas[old & _SLOT_MASK] != replica:
-            self.pin(key, replica, now)
-            return
-        self._pins[key] = _packed(old, math.ceil(now * 1000), old & _SLOT_MASK)
-        self._pins.move_to_end(key)
+    def keep(self, key: str, now: float) -> None:
+        """``pin`` for a sticky hit (every kept request), right after ``get`` found the pin: it stays on its
+        replica, so only its last use moves (its slot and start stay) and the table cannot grow."""
+        pins = self._pins
+        pins[key] = pins[key] & _UNUSED | math.ceil(now * 1000) << _SLOT_BITS
+        pins.move_to_end(key)
 
     def drop(self, key: str) -> None:
         """Remove a pin that should not have been made (not counted as released)."""
@@ -155,13 +157,6 @@ class SessionTable:
             self._counters.evicted_lru += 1
 
 
-def _packed(old: int | None, used: int, slot: int) -> int:
-    """A pin's int: last use ``used`` (ms) on ``slot``, with the whole seconds it has been there when ``old`` is
-    its previous int on the same slot (zero for a new or moved pin)."""
-    held = 0 if old is None else max(0, used // 1000 - (_used(old) // 1000 - (old >> (_SLOT_BITS + _USED_BITS))))
-    return ((held << _USED_BITS | used) << _SLOT_BITS) | slot
-
-
 def _used(packed: int) -> int:
     """A pin's last use, in ms."""
     return (packed >> _SLOT_BITS) & _USED_MASK
@@ -181,8 +176,12 @@ class SessionPolicy(Policy):
         self._unkeyed = Unkeyed()
         self._kept: dict[str, Decision] = {}  # replica -> its KEPT decision: immutable, so one serves every hit
 
-    def _keep(self, replica: str) -> Decision:
-        """The decision of a sticky hit on ``replica``, made once per replica rather than once per request."""
+    def _keep(self, key: str, replica: str, now: float) -> Decision:
+        """Record a sticky hit: ``key`` stays on ``replica``, the pin ``table.get`` has just returned (most
+        decisions, so it is counted without ``Counters.count``). Its decision is made once per replica rather
+        than once per request."""
+        self.table.keep(key, now)
+        self.counters.affinity_kept += 1
         decision = self._kept.get(replica)
         if decision is None:
             if len(self._kept) >= KEPT_REMEMBERED:
@@ -241,18 +240,14 @@ class SessionPolicy(Policy):
         if previous is None:
             decision = Decision(replica, Outcome.NEW)
         elif previous == replica:
-            decision = self._keep(replica)
+            return self._keep(key, replica, now)
         else:
             decision = Decision(replica, Outcome.BROKEN if previous in loads else Outcome.REPINNED, previous)
         return self._commit(key, decision, now)
 
     def _commit(self, key: str, decision: Decision, now: float) -> Decision:
-        """Pin ``key`` where ``decision`` sends it and count the decision (a break notes the age of the pin
-        it ends)."""
-        if decision.outcome is Outcome.KEPT:  # a sticky hit: most decisions, counted without ``Counters.count``
-            self.table.keep(key, decision.replica, now)
-            self.counters.affinity_kept += 1
-            return decision
+        """Pin ``key`` where ``decision`` moves it (new, broken, re-pinned; a sticky hit is ``_keep``'s) and
+        count the decision (a break notes the age of the pin it ends)."""
         if decision.outcome is Outcome.BROKEN:
             decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
         self.table.pin(key, decision.replica, now)

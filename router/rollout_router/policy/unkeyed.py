@@ -7,11 +7,13 @@ from collections.abc import Mapping
 from .base import Counters, Decision, NoReplicaError, Outcome
 from .hashing import least_loaded
 
+NO_REPLICA = "no replica is available"
+
 
 def require(loads: Mapping[str, float]) -> Mapping[str, float]:
     """``loads`` unchanged, or NoReplicaError when no replica can take a request."""
     if not loads:
-        raise NoReplicaError("no replica is available")
+        raise NoReplicaError(NO_REPLICA)
     return loads
 
 

@@ -19,7 +19,7 @@ from .. import descriptors
 from ..policy import Decision, Outcome
 from ..replicas import Lease
 from .context import RouterContext
-from .turns import Turn, turn_for
+from .turns import KEPT, Turn, turn_for
 
 
 class Refused(Exception):
@@ -89,9 +89,10 @@ def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str |
           group: str | None = None) -> Routed:
     """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn``; NoReplicaError."""
     decision, lease = context.balancer.acquire(key, prefix, grpc=grpc, group=group)
-    turn = turn_for(decision, context.balancer.why_moved(decision, grpc),
-                    decision.outcome is Outcome.KEPT and context.metrics.sample_kept())
-    return decision, lease, turn
+    if decision.outcome is Outcome.KEPT:  # most turns: nothing moved to say why, and a share of them is measured
+        return decision, lease, Turn(KEPT, None, context.metrics.margin.sample(
+            context.settings.metrics.kept_prefill_sample_rate))
+    return decision, lease, turn_for(decision, context.balancer.why_moved(decision, grpc))
 
 
 def settle(context: RouterContext, key: str | None, decision: Decision, turn: Turn, accepted: bool) -> None:

@@ -23,6 +23,7 @@ _USAGE: Final = b'"usage"'
 _DECODER: Final = json.JSONDecoder()
 MEASURED: Final = frozenset({Outcome.BROKEN, Outcome.REPINNED})
 _NAMES: Final = {outcome: outcome.value for outcome in Outcome}  # Enum's .value runs two Python calls
+KEPT: Final = _NAMES[Outcome.KEPT]  # a kept turn's outcome (``attempts.route`` makes those itself)
 
 
 class Turn:
@@ -50,10 +51,10 @@ class Turn:
         self.prefill = prefill_of(tail)
 
 
-def turn_for(decision: Decision, reason: str | None, sample: bool) -> Turn:
-    """The ``Turn`` of ``decision``: moved turns are always measured, kept ones when ``sample`` says so."""
-    outcome = decision.outcome
-    return Turn(_NAMES[outcome], reason, outcome in MEASURED or (sample and outcome is Outcome.KEPT))
+def turn_for(decision: Decision, reason: str | None) -> Turn:
+    """The ``Turn`` of a ``decision`` that kept no pin: moved turns are always measured, new and unkeyed ones
+    never (a kept turn is measured when sampled: ``Turn(KEPT, None, sampled)``)."""
+    return Turn(_NAMES[decision.outcome], reason, decision.outcome in MEASURED)
 
 
 def prefill_of(tail: bytes) -> int | None:
