@@ -191,3 +191,16 @@ async def test_concurrent_requests_reuse_the_pooled_connections():
             assert runtime.http_proxy.lane.native.forwarded == 120 and raw.connections <= 8
     finally:
         await raw.stop()
+
+
+@pytest.mark.skipif(lane._lane is None, reason="the lane is not built here (test_the_lane_is_built_... says why)")
+def test_the_lane_stops_at_the_python_paths_bounds():
+    """The lane's parsers hand over at the bounds the Python path enforces, and its relay holds, keeps and pools as
+    much: one number each, compiled into the lane, checked against the Python constants here."""
+    from rollout_router.proxy.http import relay, server
+    from rollout_router.proxy.http import upstream as pools
+    from rollout_router.proxy.turns import TAIL_BYTES
+    assert lane._lane.BOUNDS == {"MAX_HEAD": server.MAX_HEAD, "MAX_HEADERS": server.MAX_HEADERS,
+                                 "MAX_RESPONSE_HEAD": relay.MAX_RESPONSE_HEAD,
+                                 "MAX_RESPONSE_FIELDS": relay.MAX_RESPONSE_FIELDS, "BUFFER_LIMIT": relay.BUFFER_LIMIT,
+                                 "TAIL_BYTES": TAIL_BYTES, "DONE_TAIL": relay.DONE_TAIL, "POOL_SIZE": pools.POOL_SIZE}

@@ -6,16 +6,21 @@ SOURCE_HASH: str
 HANDOVER_REASONS: tuple[str, ...]
 
 
+BOUNDS: dict[str, int]
+
+
 class Lane:
     now: float
+    idle_seconds: float
+    write_stall_seconds: float
+    write_high_water: int
     max_body: int
     max_buffered: int
     forwarded: int
 
-    def __init__(self, glue: Any, listener: Any, versions: dict[str, str]) -> None: ...
+    def __init__(self, glue: Any, listener: Any, active: set[Any], versions: dict[str, str]) -> None: ...
     def set_names(self, session: tuple[bytes, ...], group: tuple[bytes, ...]) -> bool: ...
     def handover_counts(self) -> dict[str, int]: ...
-    def expire_silent(self, elapsed: float, first_byte: float | None, idle: float | None) -> None: ...
 
 
 class Pool:
@@ -52,5 +57,14 @@ class Upstream(asyncio.Protocol):  # as Client
     closed: bool
     idle_since: float
     seen: int
+    swept: int
+    silent: float
+    @property
+    def state(self) -> int: ...
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def forwarded(self) -> bool: ...
 
     def __init__(self, pool: Pool, lane: Lane) -> None: ...
+    def timeout(self) -> None: ...

@@ -43,9 +43,14 @@ cdef inline double monotonic() noexcept:
 include "_lane_heads.pxi"
 
 SOURCE_HASH = LANE_SOURCE_HASH  # of the sources it was built from (hatch_build.py): lane.py runs no stale lane
+# The bounds the lane's parsers stop at, handing over: server.py's and relay.py's (tests/test_lane.py compares them).
+BOUNDS = {"MAX_HEAD": MAX_HEAD, "MAX_HEADERS": MAX_FIELDS, "MAX_RESPONSE_HEAD": MAX_RESPONSE_HEAD,
+          "MAX_RESPONSE_FIELDS": MAX_FIELDS, "BUFFER_LIMIT": BUFFER_LIMIT, "TAIL_BYTES": TAIL_BYTES,
+          "DONE_TAIL": DONE_TAIL, "POOL_SIZE": POOL_SIZE}
+
 # The reasons of ``Lane.handovers``, by their W_ number (_lane_heads.pxi).
 HANDOVER_REASONS = ("method", "target", "version", "header", "hop_by_hop", "fleet_hop", "host", "size", "body",
-                    "budget", "declined", "slow", "stale", "refused", "connection_limit")
+                    "budget", "declined", "slow", "stale", "refused", "connection_limit", "backlog")
 
 cdef enum:
     POOL_SIZE = 64                 # upstream.py POOL_SIZE
@@ -105,24 +110,27 @@ cdef class Lane:
     ``connect``, ``opened``, ``closed``, ``head`` and ``exception``; ``listener`` holds the byte budget."""
 
     cdef public double now                   # the sweep's clock (``Listener.now``), set by the glue
+    cdef public double idle_seconds          # server.py's IDLE_SECONDS and WRITE_STALL_SECONDS, set by the glue
+    cdef public double write_stall_seconds
+    cdef public long long write_high_water   # server.py's WRITE_HIGH_WATER
     cdef public long long max_body           # ``maxBodyBytes`` and ``maxBufferedBytes``, kept live by the glue
     cdef public long long max_buffered
     cdef public long long forwarded          # requests answered here
     cdef object glue, listener, budget, versions
     cdef object _route, _finish, _failed, _hand_over, _connect, _opened, _closed, _head, _exception
-    cdef set active                          # upstream connections with an answer in progress
+    cdef set active                          # answers in progress: ``HttpProxy.active``, shared with the Python path
     cdef tuple names_ref                     # the key header names, lower-cased (keeps ``names`` alive)
     cdef const char* names[MAX_NAMES]
     cdef Py_ssize_t sizes[MAX_NAMES]
     cdef int count, session_count
     cdef long long handovers[W_REASONS]
 
-    def __init__(self, glue, listener, versions):
+    def __init__(self, glue, listener, set active, versions):
         self.glue, self.listener, self.budget, self.versions = glue, listener, listener.budget, versions
         self._route, self._finish, self._failed = glue.route, glue.finish, glue.failed
         self._hand_over, self._connect, self._head = glue.hand_over, glue.connect, glue.head
         self._opened, self._closed, self._exception = glue.opened, glue.closed, glue.exception
-        self.active = set()
+        self.active = active
         self.now = listener.now
         self.names_ref = ()
 
@@ -144,12 +152,6 @@ cdef class Lane:
     def handover_counts(self):
         """Requests handed to the Python path, by reason (``HANDOVER_REASONS``)."""
         return {HANDOVER_REASONS[i]: self.handovers[i] for i in range(W_REASONS)}
-
-    def expire_silent(self, double elapsed, first_byte, idle):
-        """``HttpProxy.expire_silent`` for the lane's answers: a replica silent past its limit times out."""
-        cdef Upstream up
-        for up in list(self.active):
-            up.sweep(elapsed, first_byte, idle)
 
     cdef bint charge(self, long long size) except -1:
         budget = self.budget

@@ -3,12 +3,6 @@
 # more than PAUSE_AT bytes wait. Every byte held counts against the listener's budget until its request is
 # answered or handed over.
 
-cdef enum:
-    IDLE_SECONDS = 75        # server.py IDLE_SECONDS
-    WRITE_STALL_SECONDS = 60  # server.py WRITE_STALL_SECONDS
-    WRITE_HIGH_WATER = 262144  # server.py WRITE_HIGH_WATER
-
-
 cdef class Client:
     """One client connection while the lane serves it (``asyncio.Protocol``, as uvloop calls it)."""
 
@@ -39,8 +33,8 @@ cdef class Client:
     # asyncio.Protocol
     def connection_made(self, transport):
         self.transport, self._write = transport, transport.write
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self.active_at = self.lane.now
+        transport.set_write_buffer_limits(high=self.lane.write_high_water)
+        self.active_at = self.since = self.lane.now or 1e-9  # a new connection owes its first head as any other
         if not self.lane._opened(self):
             self.hand_over(W_ADMIT, None)
 
@@ -94,21 +88,33 @@ cdef class Client:
         a request still arriving goes to the Python path, which times heads and bodies."""
         if self.gone or self.handed or self.broken:
             return None
-        if not self.busy and self.buf.size == 0:
-            if now - self.active_at > IDLE_SECONDS:
-                self.transport.close()
-        elif self.write_paused and now - self.write_paused_at > WRITE_STALL_SECONDS:
+        if self.write_paused and now - self.write_paused_at > self.lane.write_stall_seconds:
             self.lane.listener.write_stalls.inc()
             self.abort()
         elif not self.busy and self.since:
             return self.hand_over(W_SLOW, None)
+        elif not self.busy and now - self.active_at > self.lane.idle_seconds:
+            self.transport.close()
         return None
+
+    @property
+    def exchange(self):
+        """The answer in progress (``ClientConnection.exchange``), if any."""
+        return self.upstream
+
+    @property
+    def _read_paused(self):
+        """Whether reading is paused (``ClientConnection._read_paused``): too many bytes wait behind an answer."""
+        return self.read_paused
 
     # the requests
     cdef void next(self) except *:
         """Start the next whole request in the buffer, if nothing is being answered."""
         cdef int parsed
         cdef Lane lane = self.lane
+        if self.write_paused and self.buf.size and not (self.busy or self.gone or self.handed or self.broken):
+            self.hand_over(W_BACKLOG, None)  # requests wait while the client reads none of its answers: the Python
+            return  # path queues them, and pauses reading when too many wait
         while not (self.busy or self.gone or self.handed or self.broken or self.write_paused) and self.buf.size:
             if not self.since:
                 self.since = lane.now or 1e-9
@@ -151,7 +157,7 @@ cdef class Client:
         path = PyBytes_FromStringAndSize(self.buf.data + h.target, h.path_end - h.target)
         if group_at >= 0:
             group_at -= lane.session_count
-        routed = lane._route(self, path, h.body, key_at, key, group_at, group)
+        routed = lane._route(self, path, h.body, key_at, key, group_at, group, monotonic())
         if routed is None:
             self.hand_over(W_ROUTE, None)
             return
@@ -224,7 +230,7 @@ cdef class Client:
         self.upstream, self.pool = None, None
         self.lane.forwarded += 1
         try:
-            self.lane._finish(token, code, status, failure, first_at, tail)
+            self.lane._finish(token, code, status, failure, first_at, tail, monotonic())
         except BaseException as error:
             self.lane.report(error)
         self.answered()

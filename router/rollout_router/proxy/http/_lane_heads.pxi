@@ -32,7 +32,8 @@ cdef enum:
     W_STALE = 12      # the pooled connection went stale: the Python path retries it on a fresh one
     W_REFUSED = 13    # connecting to the replica failed: the Python path retries elsewhere
     W_ADMIT = 14      # the connection limit: the Python path refuses it
-    W_REASONS = 15
+    W_BACKLOG = 15    # requests wait while the client reads none of its answers: the Python path queues them
+    W_REASONS = 16
 
 cdef enum:
     MAX_HEAD = 65536    # server.py MAX_HEAD

@@ -46,14 +46,18 @@ cdef class Upstream:
     cdef public bint closed
     cdef public double idle_since
     cdef Client client            # the client of the answer in progress (None: idle)
-    cdef int state, framing, chunk_state, chunk_digits
-    cdef bint reused, sse, chunked, until_close, done_seen, paused, timed_out, stamp, measure, keeps
+    cdef readonly int state       # WAITING, BUFFERING, STREAMING or DONE, as ``relay.Exchange.state``
+    cdef int framing, chunk_state, chunk_digits
+    cdef readonly bint paused     # reading the replica paused: the client reads slowly
+    cdef bint reused, sse, chunked, until_close, done_seen, timed_out, stamp, measure, keeps
     cdef bint feeding, surplus, ending     # in ``feed``; bytes after the answer in its read; ended in ``feed``
     cdef bint ending_reusable
     cdef object ending_result
-    cdef public long long seen    # reads since the answer began (the sweep compares it with ``swept``)
-    cdef long long swept
-    cdef double silent, first_at
+    # what ``HttpProxy.expire_silent`` reads and sets, as of ``relay.Exchange``: reads since the answer began, as the
+    # last sweep saw them, and the silence counted since
+    cdef public long long seen, swept
+    cdef public double silent
+    cdef double first_at
     cdef int status
     cdef object code, failure
     cdef Buf head                 # the response head while it comes
@@ -452,17 +456,16 @@ cdef class Upstream:
             self.fail(f"closed the connection ({type(exc).__name__ if exc is not None else 'EOF'})", CLOSED)
         self.flush()
 
-    cdef void sweep(self, double elapsed, first_byte, idle) except *:
-        """``HttpProxy.expire_silent`` for this answer: silence counted, and past its limit, a timeout."""
-        if (self.seen != self.swept and self.state != WAITING) or self.paused:
-            self.swept, self.silent = self.seen, 0
-            return
-        self.silent += elapsed
-        limit = first_byte if self.state == WAITING else idle
-        if limit is not None and self.silent >= limit:
-            self.timed_out = True
-            self.fail("timed out", TIMEOUT)
-            self.flush()
+    @property
+    def forwarded(self):
+        """Never to a fleet's owner router (``relay.Exchange.forwarded``): the lane forwards to replicas only."""
+        return False
+
+    def timeout(self):
+        """The sweep found the replica silent too long (``HttpProxy.expire_silent``, as ``relay.Exchange.timeout``)."""
+        self.timed_out = True
+        self.fail("timed out", TIMEOUT)
+        self.flush()
 
     cdef void client_gone(self) except *:
         """The client hung up: stop the replica's work at once; a stream read to [DONE] still counts as done."""

@@ -19,6 +19,24 @@ HEADS_KEPT = 256  # response shapes remembered (HEADS); cleared when full, so a 
 HEADS: dict[tuple, tuple[bytes, bytes, bool, bool, bool, bool]] = {}
 
 
+def remembered(status: int, reason: bytes, headers: list[tuple[bytes, bytes]], has_length: bool,
+               upstream_keeps: bool, request: HttpRequest, replica: str, forwarded: bool, version: str | None
+               ) -> tuple[bytes, bytes, bool, bool, bool, bool]:
+    """``client_head``, built once per shape (``HEADS``): everything the client's head depends on. Replicas send
+    the same head, the same Date for a second, over and over; the Content-Length value is no part of the shape
+    (every completion has its own): it goes between the two halves of the remembered head. ``forwarded``: to the
+    owner router, whose head names the replica already."""
+    shape = (status, reason, tuple(headers), has_length, upstream_keeps, request.head_only, request.keep_alive,
+             request.close_after, request.http10, forwarded, replica, version)
+    built = HEADS.get(shape)
+    if built is None:
+        if len(HEADS) >= HEADS_KEPT:
+            HEADS.clear()
+        built = HEADS[shape] = client_head(status, reason, headers, has_length, upstream_keeps, request,
+                                           None if forwarded else replica, version)
+    return built
+
+
 def client_head(status: int, reason: bytes, headers: list[tuple[bytes, bytes]], has_length: bool,
                 upstream_keeps: bool, request: HttpRequest, replica: str | None, version: str | None
                 ) -> tuple[bytes, bytes, bool, bool, bool, bool]:

@@ -13,17 +13,17 @@ import asyncio
 import functools
 import hashlib
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..attempts import Routed, route, settle
 from ..session_key import header_key
-from .heads import client_head
+from . import server, upstream
+from .heads import remembered
 from .relay import CLIENT_CLOSED, connect_failure, failure_answer
 from .routes import forwarded, unkeyed
 from .server import ClientConnection, HttpRequest
-from .upstream import CONNECT_SECONDS, ReplicaPool
+from .upstream import ReplicaPool
 
 try:
     from . import _lane
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 SOURCES = ("_lane.pyx", "_lane_heads.pxi", "_lane_client.pxi", "_lane_relay.pxi")  # hatch_build.py SOURCES
 W_SLOW, W_ADMIT = 11, 14  # _lane_heads.pxi: a request still arriving at a sweep, the connection limit
 PATHS_KEPT = 1024  # paths whose verdict (forwarded, keyed) is remembered; cleared when full
+KEYED, UNKEYED = 1, 2  # a forwarded path whose session key is read, or one routed without (``routes.unkeyed``)
 LANE_REQUEST = HttpRequest(0)  # what a lane request is to the Python path's heads: keep-alive HTTP/1.1, no HEAD
 
 Token = tuple[str | None, str | None, Routed, float]  # key, group, routing, the attempt's start
@@ -63,14 +64,17 @@ class LaneGlue:
     """One traffic listener's lane: the ``_lane.Lane``, its replica pools, what it calls."""
 
     def __init__(self, proxy: HttpProxy) -> None:
-        self.proxy = proxy
-        self.native = _lane.Lane(self, proxy, proxy.context.rl.versions)
+        self.proxy, self.context = proxy, proxy.context
+        self._metrics, self._outliers = proxy.context.metrics, proxy.context.outliers
+        self.native = _lane.Lane(self, proxy, proxy.active, proxy.context.rl.versions)
+        self.native.write_high_water = server.WRITE_HIGH_WATER
         self.pools: dict[str, Any] = {}
-        self._paths: dict[bytes, int] = {}  # path -> 0 (not forwarded), 1 (keyed) or 2 (unkeyed)
+        self._paths: dict[bytes, int] = {}  # path -> 0 (not forwarded), KEYED or UNKEYED
         self._settings: object = None  # the settings the lane's limits and key names were read from (``_sync``)
         self._kept: frozenset[bytes] = frozenset()  # the key names the lane looks for (``proxy.key_names``)
         self._limits: object = None
         self._sync()
+        self.tick(proxy.now, proxy.now)
 
     def client(self) -> Any:
         """A new client connection's protocol."""
@@ -84,6 +88,8 @@ class LaneGlue:
         self.native.max_body, self.native.max_buffered = limits.max_body_bytes, limits.max_buffered_bytes
         session, self._kept = proxy.key_names()
         self.native.set_names(session, proxy.names.groups)
+        settings = proxy.context.settings
+        self._max_key, self._group_fields = settings.session.max_key_bytes, bool(settings.group.body_fields)
 
     def _changed(self, size: int) -> bool:
         """New settings: whether they change what the lane read this request with (its body's ``size`` against
@@ -94,11 +100,11 @@ class LaneGlue:
 
     # what the lane calls
     def route(self, client: Any, path: bytes, size: int, key_at: int, key: bytes | None, group_at: int,
-              group: bytes | None) -> tuple[Any, bool, Token] | None:
-        """``HttpProxy._fast``'s checks and routing for a whole request (``size``: its body's bytes); None hands
-        it to the Python path."""
-        proxy = self.proxy
-        context, fleet = proxy.context, proxy.context.fleet
+              group: bytes | None, now: float) -> tuple[Any, bool, Token] | None:
+        """``HttpProxy._fast``'s checks and routing for a whole request (``size``: its body's bytes; ``now``: the
+        attempt's start); None hands it to the Python path."""
+        context = self.context
+        fleet = context.fleet
         if context.rl.paused or (fleet is not None and fleet.leaving):
             return None
         if context.settings is not self._settings and self._changed(size):
@@ -110,27 +116,29 @@ class LaneGlue:
             return None
         try:
             session_key = group_key = None
-            if kind == 1:
-                session_key = self._key(key_at, key, "session")
-                group_key = self._key(group_at, group, "group")
+            if kind == KEYED:
+                if key is not None and len(key) <= self._max_key:  # ``header_key``'s common case
+                    session_key = key.decode()
+                else:
+                    session_key = self._key(key_at, key, "session")
+                if group is not None or self._group_fields:
+                    group_key = self._key(group_at, group, "group")
             if fleet is not None and session_key is not None and not fleet.decided_here(session_key, False):
                 return None
-            routed = route(context, session_key, group=group_key)
+            routed = route(context, session_key, None, False, group_key)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
             return None
-        proxy.answering += 1
-        started = time.monotonic()
+        self.proxy.answering += 1
         turn = routed[2]
-        turn.begin(started)
-        replica = routed[1].replica.id
-        pool = self.pools.get(replica)
+        turn.begin(now)
+        pool = self.pools.get(routed[1].replica.id)
         if pool is None:  # (not ``or``: an empty pool is falsy)
-            pool = self._pool(replica)
-        return pool, turn.measure, (session_key, group_key, routed, started)
+            pool = self._pool(routed[1].replica.id)
+        return pool, turn.measure, (session_key, group_key, routed, now)
 
     def _kind(self, path: bytes) -> int:
         text = path.decode("ascii")  # the lane takes printable ASCII targets only
-        kind = (2 if unkeyed(text) else 1) if forwarded(text) else 0
+        kind = (UNKEYED if unkeyed(text) else KEYED) if forwarded(text) else 0
         if len(self._paths) >= PATHS_KEPT:
             self._paths.clear()
         self._paths[path] = kind
@@ -155,11 +163,9 @@ class LaneGlue:
         return pool
 
     def finish(self, token: Token, code: int | None, status: int, failure: str | None, first_at: float,
-               tail: bytes | None) -> None:
-        """``Forwarding.done`` for a lane request: passive health, the metrics, the lease, the turn."""
+               tail: bytes | None, now: float) -> None:
+        """``Forwarding.done`` for a lane request ended at ``now``: passive health, the metrics, the lease, the turn."""
         key, _, (decision, lease, turn), started = token
-        proxy = self.proxy
-        context = proxy.context
         if first_at:
             turn.first(first_at)
         if tail is not None:
@@ -167,15 +173,16 @@ class LaneGlue:
                 turn.answer(tail)
             except Exception:  # a measurement's bug must not keep the request from ending (a lease held for good)
                 log.exception("measuring the answer of replica %s failed", lease.replica.id)
+        replica = lease.replica
         if failure is not None:
-            context.outliers.failure(lease.replica, failure)
+            self._outliers.failure(replica, failure)
         elif status:
-            context.outliers.answered(lease.replica, status)
+            self._outliers.answered(replica, status)
         if code is not None:
-            context.metrics.observe(lease.replica.id, code, time.monotonic() - started)
+            self._metrics.observe(replica.id, code, now - started)
         lease.release()
-        settle(context, key, decision, turn, status < 400 if status else failure is None and code == CLIENT_CLOSED)
-        proxy.answering -= 1
+        settle(self.context, key, decision, turn, status < 400 if status else failure is None and code == CLIENT_CLOSED)
+        self.proxy.answering -= 1
 
     def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
                ) -> tuple[bytes | None, int]:
@@ -183,7 +190,7 @@ class LaneGlue:
 
     def head(self, replica: str, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], has_length: bool,
              keeps: bool, version: str | None) -> tuple[bytes, bytes, bool, bool, bool, bool]:
-        return client_head(status, reason, headers, has_length, keeps, LANE_REQUEST, replica, version)
+        return remembered(status, reason, headers, has_length, keeps, LANE_REQUEST, replica, False, version)
 
     def connect(self, pool: Any, client: Any) -> None:
         """A new connection to ``pool``'s replica for the request waiting on ``client``."""
@@ -192,13 +199,13 @@ class LaneGlue:
     async def _connect(self, pool: Any, client: Any) -> None:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(CONNECT_SECONDS):
-                _, upstream = await loop.create_connection(lambda: _lane.Upstream(pool, self.native), pool.host,
-                                                           pool.port, ssl=pool.ssl)
+            async with asyncio.timeout(upstream.CONNECT_SECONDS):
+                _, connection = await loop.create_connection(lambda: _lane.Upstream(pool, self.native), pool.host,
+                                                             pool.port, ssl=pool.ssl)
         except OSError as error:  # TimeoutError among them
             client.refused(error)
             return
-        client.connected(upstream)
+        client.connected(connection)
 
     def abandon(self, token: Token, error: OSError) -> None:
         """Connecting failed and the client has gone: counted as ``attempts.forward`` counts a refusal."""
@@ -255,13 +262,11 @@ class LaneGlue:
         transport.set_protocol(native)
 
     # the sweep
-    def tick(self, now: float, elapsed: float, idle_before: float) -> None:
-        """Once a sweep: the lane's clock, its silent replicas timed out, its idle connections closed."""
-        self.native.now = now
-        settings = self.proxy.context.settings
-        first_byte, idle = settings.first_byte_timeout_seconds, settings.upstream_timeout_seconds
-        if first_byte is not None or idle is not None:
-            self.native.expire_silent(elapsed, first_byte, idle)
+    def tick(self, now: float, idle_before: float) -> None:
+        """Once a sweep: the lane's clock and the connection deadlines (server.py's, read each time), its idle
+        replica connections closed. (Its answers are in ``HttpProxy.active``: ``expire_silent`` times them out.)"""
+        native = self.native
+        native.now, native.idle_seconds, native.write_stall_seconds = now, server.IDLE_SECONDS, server.WRITE_STALL_SECONDS
         self.close_idle(idle_before)
 
     def close_idle(self, older_than: float) -> None:

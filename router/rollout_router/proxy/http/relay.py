@@ -29,7 +29,7 @@ from ..attempts import Refused, refused_or_short
 from ..errors import error_body
 from ..turns import TAIL_BYTES, Turn
 from . import wire
-from .heads import HEADS, HEADS_KEPT, client_head, lines
+from .heads import lines, remembered
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
@@ -149,21 +149,9 @@ class Exchange:
         self.status = status
         request = self.request
         version = None if self.forwarded else self.proxy.context.rl.versions.get(self.replica)
-        upstream_keeps = parser.should_keep_alive()
-        # Everything the client's head depends on: replicas send the same head, the same Date for a second,
-        # over and over, so the head is built once per shape (HEADS) rather than once per response. The
-        # Content-Length value is no part of the shape (every completion has its own): it goes between the
-        # two halves of the remembered head.
         sent_length = self.length
-        shape = (status, self.reason, tuple(headers), sent_length is not None, upstream_keeps, request.head_only,
-                 request.keep_alive, request.close_after, request.http10, self.forwarded, self.replica, version)
-        built = HEADS.get(shape)
-        if built is None:
-            if len(HEADS) >= HEADS_KEPT:
-                HEADS.clear()
-            built = HEADS[shape] = client_head(status, self.reason, headers, sent_length is not None,
-                                                upstream_keeps, request, None if self.forwarded else self.replica,
-                                                version)
+        built = remembered(status, self.reason, headers, sent_length is not None, parser.should_keep_alive(), request,
+                           self.replica, self.forwarded, version)
         head, after, self.sse, self.chunked, self.until_close, close_after = built
         length = None
         if sent_length is not None:

@@ -91,8 +91,9 @@ class ClientConnection(asyncio.Protocol):
         return client
 
     def started_at(self, head: float, body: float) -> None:
-        """The request being read began in the lane: its head at ``head``, its body at ``body`` (0: not yet)."""
-        if self._request is not None and self._in_head:
+        """The lane's clocks of the request being read (of the connection's first head when it has sent nothing):
+        its head began at ``head``, its body at ``body`` (0: not yet)."""
+        if self._in_head:
             self._head_at = head
         elif self._request is not None and body:
             self._body_at = body

@@ -32,6 +32,7 @@ from .upstream import KEEPALIVE_SECONDS, Pools
 
 if TYPE_CHECKING:
     from ...fleet.node import Fleet
+    from ._lane import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class HttpProxy(HttpListener):
     def __init__(self, context: RouterContext, data_path: str = "auto"):
         super().__init__(context)
         self.pools = Pools()
-        self.active: set[Exchange] = set()
+        self.active: set[Exchange | Upstream] = set()  # answers in progress, on either data path
         self.answering = 0  # requests being answered now (decided, forwarded or relayed)
         self.names = KeyNames()
         self.decisions: DecisionClient | None = None  # a --workers N worker's channels to its siblings
@@ -279,7 +280,7 @@ class HttpProxy(HttpListener):
         self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
         self.expire_silent(elapsed)
         if self.lane is not None:
-            self.lane.tick(self.now, elapsed, self.now - KEEPALIVE_SECONDS)
+            self.lane.tick(self.now, self.now - KEEPALIVE_SECONDS)
         if self.decisions is not None:
             self.decisions.sweep()
 
