@@ -30,18 +30,22 @@ def source_hash(folder: Path = PACKAGE) -> str:
     return digest.hexdigest()[:16]
 
 
-def build(work: Path) -> Path:
-    """Compile the lane into PACKAGE (in place); returns the built module's path. Raises when Cython or the
+def build(work: Path, target: Path | None = None, flags: tuple[str, ...] = ()) -> Path:
+    """Compile the lane into PACKAGE (in place), or into ``target`` with extra compiler and linker ``flags`` (the
+    sanitizers' build, tests/test_lane_asan.py); returns the built module's path. Raises when Cython or the
     compiler is missing or fails."""
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
 
-    extension = Extension(MODULE, [str(PACKAGE / "_lane.pyx")], extra_compile_args=["-O2"])
+    extension = Extension(MODULE, [str(PACKAGE / "_lane.pyx")], extra_compile_args=["-O2", *flags],
+                          extra_link_args=list(flags))
     modules = cythonize([extension], build_dir=str(work / "cython"), quiet=True, language_level=3,
                         compile_time_env={"LANE_SOURCE_HASH": source_hash()}, force=True)
     distribution = Distribution({"ext_modules": modules, "package_dir": {"": "router"}})
     command = distribution.get_command_obj("build_ext")
-    command.inplace = True
+    command.inplace = target is None
+    if target is not None:
+        command.build_lib = str(target)
     command.build_temp = str(work / "temp")
     command.ensure_finalized()
     previous = Path.cwd()
@@ -50,7 +54,8 @@ def build(work: Path) -> Path:
         command.run()
     finally:
         os.chdir(previous)
-    built = PACKAGE / f"_lane{sysconfig.get_config_var('EXT_SUFFIX')}"
+    built = (PACKAGE if target is None else target / "rollout_router" / "proxy" / "http") / \
+        f"_lane{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not built.exists():
         raise RuntimeError(f"the build left no {built.name}")
     return built
