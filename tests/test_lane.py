@@ -204,3 +204,23 @@ def test_the_lane_stops_at_the_python_paths_bounds():
                                  "MAX_RESPONSE_HEAD": relay.MAX_RESPONSE_HEAD,
                                  "MAX_RESPONSE_FIELDS": relay.MAX_RESPONSE_FIELDS, "BUFFER_LIMIT": relay.BUFFER_LIMIT,
                                  "TAIL_BYTES": TAIL_BYTES, "DONE_TAIL": relay.DONE_TAIL, "POOL_SIZE": pools.POOL_SIZE}
+
+
+@ON_LANE
+@pytest.mark.parametrize("partial", [b"\r\r\n\r\n", b"POST /v1/chat/%63ompletions HTTP/1.1\r\nHost: r\r\n", b""])
+async def test_a_head_handed_over_unfinished_keeps_its_clock(partial):
+    """The head's clock started in the lane (at its first byte, or at the connect): the Python path answers 408
+    when it has not ended within headerTimeoutSeconds of then (it once never did: the clock stayed behind)."""
+    raw = RawReplica(lambda index, connection: OK)
+    url = await raw.start()
+    try:
+        settings = RouterSettings(backends=[url], health=NO_PROBES, header_timeout_seconds=1)
+        async with running_router(settings) as (base, runtime):
+            host, port = base.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(partial)
+            code, _, _ = await asyncio.wait_for(read_response(reader), 10)
+            writer.close()
+            assert code == 408 and raw.requests == 0
+    finally:
+        await raw.stop()

@@ -244,8 +244,9 @@ class LaneGlue:
             client.handed = handed
         if data:
             client.data_received(data)
-        if why == W_SLOW:  # the request's clocks started in the lane, and the sweep is visiting
+        if native.since:  # a request (or the connection's first head) began in the lane: its clocks come too
             client.started_at(native.since, native.body_since)
+        if why == W_SLOW:  # and the sweep is visiting
             client.check(proxy.now, proxy.limits())
         return client
 
