@@ -55,6 +55,7 @@ OURS = {"ours (sticky)": ours(), "ours (python data path)": ours("--data-path", 
         "ours (margin 2)": ours("--affinity-break-margin", "2"),
         "ours (cost_affinity)": ours("--policy", "cost_affinity", "--affinity-break-margin", "2"),
         "ours (2 workers)": ours("--workers", "2"),  # sticky; the CPU of the parent and both workers
+        "ours (2 workers; python data path)": ours("--workers", "2", "--data-path", "python"),
         "ours (2 entry workers)": ours("--workers", "2", "--ownership", "entry")}
 
 BASELINE = "ours (sticky, baseline src)"  # --baseline-src: runs whatever --arms says

@@ -112,6 +112,10 @@ def test_every_turn_of_a_session_stays_on_one_replica_whichever_worker_it_enters
     assert public["fleet"]["delegated"] == sum(d["fleet"]["delegated"] for d in documents)
     report = parse_report(json.dumps(public).encode())  # what the operator's status sums per pod
     assert (report["new_sessions"], report["affinity_kept"]) == (SESSIONS, SESSIONS * (TURNS - 1))
+    path = public["data_path"]
+    if path["http"] == "native":  # each worker's lane sent the turns, its own and those its sibling decided, but for
+        # one a worker relays (the Python path) while its decision channel to the sibling opens, at most
+        assert path["lane_requests"] >= SESSIONS * TURNS - 2 and path["lane_handovers"]["declined"] <= 2, path
 
 
 def test_a_session_released_at_the_public_admin_port_is_gone_from_both_workers(router):

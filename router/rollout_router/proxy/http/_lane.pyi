@@ -4,6 +4,7 @@ from typing import Any
 
 SOURCE_HASH: str
 HANDOVER_REASONS: tuple[str, ...]
+RELAY: str
 
 
 BOUNDS: dict[str, int]

@@ -50,7 +50,8 @@ BOUNDS = {"MAX_HEAD": MAX_HEAD, "MAX_HEADERS": MAX_FIELDS, "MAX_RESPONSE_HEAD": 
 
 # The reasons of ``Lane.handovers``, by their W_ number (_lane_heads.pxi).
 HANDOVER_REASONS = ("method", "target", "version", "header", "hop_by_hop", "fleet_hop", "host", "size", "body",
-                    "budget", "declined", "slow", "stale", "refused", "connection_limit", "backlog")
+                    "budget", "declined", "slow", "refused", "connection_limit", "backlog")
+RELAY = "relay"  # handed over with a request a sibling worker would not route: the Python path relays it
 
 cdef enum:
     POOL_SIZE = 64                 # upstream.py POOL_SIZE

@@ -161,13 +161,25 @@ cdef class Client:
         if routed is None:
             self.hand_over(W_ROUTE, None)
             return
-        self.pool, self.measure, self.token = routed
         self.busy, self.since, self.body_since = True, 0, 0
+        if routed:
+            self.routed(*routed)
+        # else asked of the sibling worker that owns its key: ``routed`` or ``relay`` comes when it answers
+
+    def routed(self, Pool pool, bint measure, token):
+        """Send the request routed to ``pool``'s replica on an idle connection, or a new one; ``token`` is what
+        ``finish`` gets (``LaneGlue.route``, or ``LaneAsk.decided`` for a request a sibling worker routed)."""
+        self.pool, self.measure, self.token = pool, measure, token
         up = self.pool.take()
         if up is None:
-            lane._connect(self.pool, self)
+            self.lane._connect(self.pool, self)
         else:
             self.send(up, True)
+
+    def relay(self):
+        """The sibling worker asked would not route the request: the Python path relays it through its owner."""
+        self.busy = False
+        self.hand_over(W_ROUTE, RELAY)
 
     def connected(self, Upstream up):
         """The new connection ``LaneGlue.connect`` opened for the request waiting here."""
@@ -250,10 +262,10 @@ cdef class Client:
         self.next()
 
     cdef void stale(self) except *:
-        """The pooled connection closed before answering: the Python path sends the request again on a fresh one."""
-        token, self.token = self.token, None
-        self.upstream, self.pool, self.busy = None, None, False
-        self.hand_over(W_STALE, (token, None))
+        """The pooled connection closed before answering: sent again, once, on a new one (``ReplicaPool.exchange``:
+        a new connection is never stale; nothing was sent, and the attempt's clock runs on)."""
+        self.upstream = None
+        self.lane._connect(self.pool, self)
 
     def refused(self, error):
         """Connecting failed (``LaneGlue.connect``): the Python path counts it and retries elsewhere."""

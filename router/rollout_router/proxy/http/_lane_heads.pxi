@@ -27,13 +27,13 @@ cdef enum:
     W_SIZE = 7        # a head over MAX_HEAD bytes or MAX_FIELDS fields
     W_BODY = 8        # a body over maxBodyBytes
     W_BUDGET = 9      # the byte budget is full
-    W_ROUTE = 10      # the router's Python declined (a probe, a key to check, a fleet hop, a pause, ...)
+    W_ROUTE = 10      # the router's Python declined (a probe, a key to check, a fleet hop, a pause, ...), or a
+                      # sibling worker asked for the replica would not route it (relayed to the key's owner)
     W_SLOW = 11       # a request still arriving at a sweep: the Python path times it
-    W_STALE = 12      # the pooled connection went stale: the Python path retries it on a fresh one
-    W_REFUSED = 13    # connecting to the replica failed: the Python path retries elsewhere
-    W_ADMIT = 14      # the connection limit: the Python path refuses it
-    W_BACKLOG = 15    # requests wait while the client reads none of its answers: the Python path queues them
-    W_REASONS = 16
+    W_REFUSED = 12    # connecting to the replica failed: the Python path retries elsewhere
+    W_ADMIT = 13      # the connection limit: the Python path refuses it
+    W_BACKLOG = 14    # requests wait while the client reads none of its answers: the Python path queues them
+    W_REASONS = 15
 
 cdef enum:
     MAX_HEAD = 65536    # server.py MAX_HEAD

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ... import descriptors
 from ...health import TIMEOUT
@@ -140,3 +141,69 @@ class Delegated:
         """Answer as if the fast path had not taken it: ``handle`` relays it through its owner."""
         self.proxy.answering -= 1
         self.client.answer_later(self.request, self.proxy.handle(self.client, self.request))
+
+
+class LaneAsked:
+    """A request of the native lane whose replica a sibling worker chooses: ``Delegated`` for the lane, whose
+    client connection (``_lane.Client``) waits for ``decided`` and sends the request itself; it is the token
+    ``LaneGlue.finish`` passes back when the answer ends."""
+
+    __slots__ = ("proxy", "client", "pool", "end", "ident", "replica", "turn")
+
+    def __init__(self, proxy: HttpProxy, client: Any, pool: Callable[[str], Any]) -> None:
+        self.proxy, self.client, self.pool = proxy, client, pool
+        self.end: EntryEnd | None = None
+        self.ident = 0
+        self.replica = ""
+        self.turn: Turn | None = None
+
+    def ask(self, decisions: DecisionClient, owner: str, key: str, group: str | None) -> bool:
+        """Ask ``owner``; False when it is no sibling with an open channel (the lane hands the request over)."""
+        self.end = decisions.ask(owner, key, group, self.decided)
+        return self.end is not None
+
+    def decided(self, ident: int, routing: Routing | None) -> None:
+        """The owner's answer: the lane sends the request to its replica; None: the Python path relays it."""
+        self.ident = ident
+        if routing is None:
+            self.proxy.answering -= 1  # ``handle`` counts it again
+            return self.client.relay()
+        self.replica, self.turn = routing
+        self.turn.begin(time.monotonic())
+        if self.client.gone:  # what the single-process attempt records then (499, a turn that rejected nothing)
+            return self.finish(CLIENT_CLOSED, 0, None, 0.0, None, time.monotonic())
+        self.client.routed(self.pool(self.replica), self.turn.measure, self)
+
+    def finish(self, code: int | None, status: int, failure: str | None, first_at: float, tail: bytes | None,
+               now: float) -> None:
+        """The answer ended: the owner hears how (``Delegated.done``), this worker records the request's metrics
+        and its turn."""
+        turn = self.turn
+        assert turn is not None  # decided
+        if first_at:
+            turn.first(first_at)
+        if tail is not None:
+            try:
+                turn.answer(tail)
+            except Exception:  # a measurement's bug must not keep the owner's lease held
+                log.exception("measuring the answer of replica %s failed", self.replica)
+        ok = status < 400 if status else failure is None and code == CLIENT_CLOSED
+        if self.end is not None and self.end.open():
+            self.end.finished(self.ident, ok, status, failure)
+        metrics = self.proxy.context.metrics
+        if code is not None:
+            metrics.observe(self.replica, code, now - turn.started)
+        if ok:
+            metrics.turn(turn)
+        fleet = self.proxy.context.fleet
+        if fleet is not None:
+            fleet.delegated += 1
+        self.proxy.answering -= 1
+
+    def refused(self, error: OSError) -> None:
+        """Connecting to the replica failed: the owner marks it down (as its own attempt would: ``Delegated._open``);
+        the request then relays through the owner, to be routed elsewhere (the caller hands it over)."""
+        failure = TIMEOUT if isinstance(error, TimeoutError) else None
+        if self.end is not None and self.end.open():
+            self.end.finished(self.ident, False, 0, failure, not descriptors.local_shortage(error))
+        self.proxy.answering -= 1

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..attempts import Routed, route, settle
 from ..session_key import header_key
 from . import server, upstream
+from .delegated import LaneAsked
 from .heads import remembered
 from .relay import CLIENT_CLOSED, connect_failure, failure_answer
 from .routes import forwarded, unkeyed
@@ -36,7 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOURCES = ("_lane.pyx", "_lane_heads.pxi", "_lane_client.pxi", "_lane_relay.pxi")  # hatch_build.py SOURCES
-W_SLOW, W_ADMIT = 11, 14  # _lane_heads.pxi: a request still arriving at a sweep, the connection limit
+# why the lane handed a connection over (_lane_heads.pxi): a request still arriving at a sweep, the connection limit
+W_SLOW, W_ADMIT = ((_lane.HANDOVER_REASONS.index("slow"), _lane.HANDOVER_REASONS.index("connection_limit"))
+                   if _lane is not None else (-1, -1))
 PATHS_KEPT = 1024  # paths whose verdict (forwarded, keyed) is remembered; cleared when full
 KEYED, UNKEYED = 1, 2  # a forwarded path whose session key is read, or one routed without (``routes.unkeyed``)
 LANE_REQUEST = HttpRequest(0)  # what a lane request is to the Python path's heads: keep-alive HTTP/1.1, no HEAD
@@ -100,7 +103,7 @@ class LaneGlue:
 
     # what the lane calls
     def route(self, client: Any, path: bytes, size: int, key_at: int, key: bytes | None, group_at: int,
-              group: bytes | None, now: float) -> tuple[Any, bool, Token] | None:
+              group: bytes | None, now: float) -> tuple[Any, bool, Token] | tuple[()] | None:
         """``HttpProxy._fast``'s checks and routing for a whole request (``size``: its body's bytes; ``now``: the
         attempt's start); None hands it to the Python path."""
         context = self.context
@@ -124,17 +127,27 @@ class LaneGlue:
                 if group is not None or self._group_fields:
                     group_key = self._key(group_at, group, "group")
             if fleet is not None and session_key is not None and not fleet.decided_here(session_key, False):
-                return None
+                return self._ask(client, session_key, group_key)  # a sibling worker's key: its owner decides
             routed = route(context, session_key, None, False, group_key)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
             return None
         self.proxy.answering += 1
         turn = routed[2]
         turn.begin(now)
-        pool = self.pools.get(routed[1].replica.id)
-        if pool is None:  # (not ``or``: an empty pool is falsy)
-            pool = self._pool(routed[1].replica.id)
-        return pool, turn.measure, (session_key, group_key, routed, now)
+        return self.pool(routed[1].replica.id), turn.measure, (session_key, group_key, routed, now)
+
+    def _ask(self, client: Any, key: str, group: str | None) -> tuple[()] | None:
+        """A key a sibling worker owns: ask it for the replica (``LaneAsked``; an empty tuple tells the lane to
+        wait for its answer); None (the Python path) when there is no sibling to ask: another router owns the
+        key, or no channel is open."""
+        proxy = self.proxy
+        fleet, decisions = proxy.context.fleet, proxy.decisions
+        if decisions is None or fleet is None or (owner := fleet.owner_of(key)) is None:
+            return None
+        if not LaneAsked(proxy, client, self.pool).ask(decisions, owner.id, key, group):
+            return None
+        proxy.answering += 1
+        return ()
 
     def _kind(self, path: bytes) -> int:
         text = path.decode("ascii")  # the lane takes printable ASCII targets only
@@ -156,15 +169,21 @@ class LaneGlue:
             raise LookupError("a body field to read")
         return None
 
-    def _pool(self, replica: str) -> Any:
-        model = ReplicaPool(replica)  # the Python pool's reading of the URL
-        pool = self.pools[replica] = _lane.Pool(replica, model.prefix, model.host_header, model.host, model.port,
-                                                model.ssl)
+    def pool(self, replica: str) -> Any:
+        """The lane's pool of connections to ``replica``, made on first use."""
+        pool = self.pools.get(replica)
+        if pool is None:  # (not ``or``: an empty pool is falsy)
+            model = ReplicaPool(replica)  # the Python pool's reading of the URL
+            pool = self.pools[replica] = _lane.Pool(replica, model.prefix, model.host_header, model.host,
+                                                    model.port, model.ssl)
         return pool
 
     def finish(self, token: Token, code: int | None, status: int, failure: str | None, first_at: float,
                tail: bytes | None, now: float) -> None:
-        """``Forwarding.done`` for a lane request ended at ``now``: passive health, the metrics, the lease, the turn."""
+        """``Forwarding.done`` for a lane request ended at ``now``: passive health, the metrics, the lease, the turn
+        (a request a sibling worker routed: ``LaneAsked.finish``)."""
+        if type(token) is LaneAsked:
+            return token.finish(code, status, failure, first_at, tail, now)
         key, _, (decision, lease, turn), started = token
         if first_at:
             turn.first(first_at)
@@ -207,8 +226,10 @@ class LaneGlue:
             return
         client.connected(connection)
 
-    def abandon(self, token: Token, error: OSError) -> None:
+    def abandon(self, token: Token | LaneAsked, error: OSError) -> None:
         """Connecting failed and the client has gone: counted as ``attempts.forward`` counts a refusal."""
+        if isinstance(token, LaneAsked):
+            return token.refused(error)
         key, _, (decision, lease, _turn), _ = token
         context = self.proxy.context
         connect_failure(self.proxy, lease, error)
@@ -231,7 +252,7 @@ class LaneGlue:
         log.error("the native HTTP lane's call into the router failed", exc_info=error)
 
     # the hand-over
-    def hand_over(self, native: Any, data: bytes, why: int, handed: tuple[Token, OSError | None] | None
+    def hand_over(self, native: Any, data: bytes, why: int, handed: tuple[Token | LaneAsked, OSError] | str | None
                   ) -> ClientConnection:
         """The lane gives its connection to the Python path, which reads ``data`` from the start."""
         proxy = self.proxy
@@ -240,8 +261,10 @@ class LaneGlue:
         if why == W_ADMIT:
             client.refuse()
             return client
-        if handed is not None:
-            client.handed = handed
+        if isinstance(handed, tuple) and isinstance(handed[0], LaneAsked):  # a sibling decided, its replica refused:
+            handed[0].refused(handed[1])  # relayed through the owner, as ``Delegated._open`` does
+            handed = _lane.RELAY
+        client.handed = handed
         if data:
             client.data_received(data)
         if native.since:  # a request (or the connection's first head) began in the lane: its clocks come too

@@ -77,7 +77,7 @@ class ClientConnection(asyncio.Protocol):
         # request the lane had routed (its first request here is that one).
         self.lane: LaneGlue | None = None
         self.shaped = 0
-        self.handed: tuple | None = None
+        self.handed: tuple | str | None = None
 
     @classmethod
     def adopted(cls, listener: HttpListener, transport: asyncio.Transport, lane: LaneGlue, write_paused: bool,

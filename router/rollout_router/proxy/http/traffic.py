@@ -79,22 +79,21 @@ class HttpProxy(HttpListener):
     def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
         """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``;
         a request the native lane routed and handed over, with its routing (``lane.py``)."""
-        if client.handed is not None:
-            client.answer_later(request, self.handle(client, request, self._handed(client, request)))
+        handed, client.handed = client.handed, None
+        if handed is not None:  # the lane's, with its routing or to relay through the key's owner
+            client.answer_later(request, self.handle(client, request, self._handed(client, request, handed)))
         elif not self._fast(client, request):
             client.answer_later(request, self.handle(client, request))
 
-    def _handed(self, client: ClientConnection, request: HttpRequest) -> Forwarding:
-        """The routing the lane handed over with ``client``'s first request: its pooled connection went stale
-        (sent again on a fresh one, as ``Forwarding.done`` does), or connecting failed (a refusal: retried
-        elsewhere, as ``attempts.forward`` does)."""
-        assert client.handed is not None
-        (key, group, routed, started), error = client.handed
-        client.handed = None
+    def _handed(self, client: ClientConnection, request: HttpRequest, handed: tuple | str) -> Forwarding | None:
+        """What the lane handed over with a client's first request: a connect to its replica that failed (a
+        refusal, retried elsewhere as ``attempts.forward`` does), or nothing to go on (a sibling worker would not
+        route it: ``handle`` relays it through its owner)."""
+        if not isinstance(handed, tuple):
+            return None
+        (key, group, routed, _), error = handed
         normalise(request)
         forwarding = Forwarding(self, client, request, key, group, routed)
-        if error is None:
-            forwarding.started = started
         forwarding.refused = error
         return forwarding
 
