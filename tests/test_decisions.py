@@ -16,7 +16,7 @@ import pytest
 from rollout_router.proxy import decisions
 from rollout_router.proxy.attempts import route
 from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
-from rollout_router.proxy.http.delegated import Delegated
+from rollout_router.proxy.http.delegated import Delegated, LaneAsked
 from rollout_router.proxy.http.upstream import ReplicaPool
 from rollout_router.proxy.turns import Turn
 from rollout_router.settings import HealthSettings, RouterSettings
@@ -322,4 +322,57 @@ async def test_a_delegated_request_whose_client_left_is_answered_here_and_counte
     delegated.end = entry  # type: ignore[assignment]
     delegated.decided(6, ("http://127.0.0.1:9", Turn("kept", None, False)))
     assert answered == ["request"] and entry.relayed == 0 and entry.told == [(6, True, 0, None, False)]
+    assert entry.context.fleet.delegated == 1 and entry.answering == 0
+
+
+class LaneClient:
+    """What a ``LaneAsked`` request uses of the lane's client connection (``_lane.Client``), recorded."""
+
+    def __init__(self, gone: bool = False) -> None:
+        self.gone, self.sent, self.relayed = gone, [], 0
+
+    def routed(self, pool, measure, token) -> None:
+        self.sent.append((pool, measure, token))
+
+    def relay(self) -> None:
+        self.relayed += 1
+
+
+def lane_asked(entry: Entry, client: LaneClient) -> LaneAsked:
+    asked = LaneAsked(entry, client, lambda replica: f"pool of {replica}")  # type: ignore[arg-type]
+    asked.end = entry  # type: ignore[assignment]
+    return asked
+
+
+async def test_a_lane_request_a_sibling_routes_is_sent_by_the_lane_and_its_end_told_to_the_owner():
+    entry, client = Entry(), LaneClient()
+    entry.context.metrics = type("Metrics", (), {"observe": lambda *a: None, "turn": lambda *a: None})()
+    asked = lane_asked(entry, client)
+    asked.decided(7, ("http://127.0.0.1:9", Turn("kept", None, False)))
+    assert client.sent == [("pool of http://127.0.0.1:9", False, asked)] and entry.told == []
+    asked.finish(200, 200, None, 0.0, None, 1.0)  # what LaneGlue.finish passes on
+    assert entry.told == [(7, True, 200, None, False)]
+    assert entry.context.fleet.delegated == 1 and entry.answering == 0
+
+
+async def test_a_lane_request_a_sibling_would_not_route_is_relayed_by_the_python_path():
+    entry, client = Entry(), LaneClient()
+    lane_asked(entry, client).decided(8, None)
+    assert client.relayed == 1 and client.sent == [] and entry.answering == 0  # ``handle`` counts it again
+
+
+async def test_a_lane_request_a_sibling_decided_whose_replica_refuses_tells_the_owner_and_is_not_counted_delegated():
+    entry, client = Entry(), LaneClient()
+    asked = lane_asked(entry, client)
+    asked.decided(9, ("http://127.0.0.1:9", Turn("kept", None, False)))
+    asked.refused(ConnectionRefusedError())  # then the lane hands it over, to relay (LaneGlue.hand_over)
+    assert entry.told == [(9, False, 0, None, True)] and entry.answering == 0
+    assert entry.context.fleet.delegated == 0
+
+
+async def test_a_lane_request_a_sibling_decided_whose_client_left_is_answered_here_and_counted_delegated():
+    entry, client = Entry(), LaneClient(gone=True)
+    entry.context.metrics = type("Metrics", (), {"observe": lambda *a: None, "turn": lambda *a: None})()
+    lane_asked(entry, client).decided(10, ("http://127.0.0.1:9", Turn("kept", None, False)))
+    assert client.sent == [] and entry.told == [(10, True, 0, None, False)]
     assert entry.context.fleet.delegated == 1 and entry.answering == 0

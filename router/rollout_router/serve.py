@@ -240,8 +240,6 @@ def run(args: argparse.Namespace) -> int:
     if args.data_path == "native" and missing:
         print(f"rollout-router serve: --data-path native: {missing}", file=sys.stderr)
         return 2
-    if args.data_path == "auto" and missing:
-        logging.getLogger(__name__).warning("%s: the traffic port runs its Python data path", missing)
     if args.workers > 1:
         from . import multicore  # the parent of the workers: it serves no traffic itself
         multicore.refuse_peers(args, settings)
@@ -252,12 +250,15 @@ def run(args: argparse.Namespace) -> int:
                       args.worker, args.worker_sockets if args.worker else None)
     runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
                       peering, args.data_path)
-    asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout))
+    asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout,
+                       missing if args.data_path == "auto" else None))
     return 0
 
 
-async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None, drain_timeout: float) -> None:
-    """Bind, announce the bound ports, serve until SIGINT/SIGTERM; SIGHUP reloads the settings.
+async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None, drain_timeout: float,
+                 no_lane: str | None = None) -> None:
+    """Bind, announce the bound ports (and ``no_lane``: why the native lane cannot run, when it was not asked for
+    by name), serve until SIGINT/SIGTERM; SIGHUP reloads the settings.
 
     SIGTERM to a router with peers first leaves the fleet (``Runtime.leave``, at most ``drain_timeout``
     seconds); SIGINT, or SIGTERM again, stops it at once.
@@ -271,6 +272,8 @@ async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None,
         port = await runtime.start(host, port)
         admin = (runtime.admin_address[0], runtime.admin_port) if runtime.admin_address and runtime.admin_port else None
         listening.announce("rollout-router", host, port, runtime.grpc_port, port_file, admin)
+        if no_lane is not None:
+            logging.getLogger(__name__).warning("%s: the traffic port runs its Python data path", no_lane)
         await _first(stopping.wait(), terminated.wait(), _warn_without_replicas(runtime))
         drains = runtime.has_peers() or runtime.peering.worker  # a worker drains even once the others have left
         if not stopping.is_set() and drains:

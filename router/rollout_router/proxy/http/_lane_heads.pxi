@@ -59,12 +59,12 @@ cdef void _tables():
 _tables()
 
 
-cdef struct Field:
-    Py_ssize_t name
-    Py_ssize_t colon
-    Py_ssize_t value
-    Py_ssize_t end        # the value's end (the line's CR)
-    int kept              # forwarded to the replica
+cdef struct Field:       # offsets into the buffer the head is in (a head is far below 4 GiB: 32 bits each)
+    unsigned int name
+    unsigned int colon
+    unsigned int value
+    unsigned int end      # the value's end (the line's CR)
+    unsigned char kept    # forwarded to the replica
 
 
 cdef struct Head:
