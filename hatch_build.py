@@ -19,14 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 PACKAGE = ROOT / "router" / "rollout_router" / "proxy" / "http"
 MODULE = "rollout_router.proxy.http._lane"
-SOURCES = ("_lane.pyx", "_lane_heads.pxi", "_lane_client.pxi", "_lane_relay.pxi")
 
 
 def source_hash(folder: Path = PACKAGE) -> str:
-    """The hash of the lane's sources, as the built module records it."""
+    """The hash of the lane's sources (``_lane.pyx`` and the ``.pxi`` files it includes), as the built module
+    records it and ``lane.unavailable`` checks it."""
     digest = hashlib.sha256()
-    for name in SOURCES:
-        digest.update((folder / name).read_bytes())
+    for source in sorted([*folder.glob("_lane*.pyx"), *folder.glob("_lane*.pxi")]):
+        digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
 

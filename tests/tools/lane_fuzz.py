@@ -4,7 +4,7 @@
 
 The module is the sanitizers' build of ``_lane.pyx``; it stands in for the lane the router imports. Then: the
 request parser over mutated requests (fed whole and a byte at a time: ``read_request_head``), the response parser
-over mutated heads, and a router on real sockets whose clients send mutated requests, cut short or whole, and
+over mutated heads, the chunk reader over mutated bodies (a byte at a time), and a router on real sockets whose clients send mutated requests, cut short or whole, and
 whose replica answers mutated answers (heads, Content-Length and chunked bodies, trailers, SSE) split at random
 points. A read or write out of bounds, a use after free or undefined behaviour aborts the process; the router must
 also end with nothing held (budget, leases, answers in progress). Prints one line and exits 0 when all went well.
@@ -66,9 +66,11 @@ def parsers(lane, cases: int, rng: random.Random) -> None:
     for index in range(cases):
         request = mutate(rng.choice(REQUESTS).replace(b"%d", b"%d" % index), rng)
         lane.read_request_head(request, (b"x-session-id", b"x-group-id"))
-        head = mutate(rng.choice(ANSWERS).split(b"\r\n\r\n")[0], rng) + b"\r\n\r\n"
+        head, _, body = rng.choice(ANSWERS).partition(b"\r\n\r\n")
+        head = mutate(head, rng) + b"\r\n\r\n"
         if head.find(b"\r\n\r\n") == len(head) - 4:
             lane.read_response_head(head)
+        lane.read_chunked(mutate(body, rng))
 
 
 async def router(cases: int, rng: random.Random) -> None:

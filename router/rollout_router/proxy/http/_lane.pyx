@@ -13,7 +13,8 @@ its routing) and the Python path parses those bytes from the start, so every err
 odd request is answered by the code that always answered it. A connection comes back to the lane when
 the Python path is idle on it (``lane.py``).
 
-The relay (``_lane_relay.pxi``) is ``relay.Exchange`` for the answers the lane forwards: the same states,
+The readers of a request head (``_lane_requests.pxi``) and of a response head and chunked body
+(``_lane_responses.pxi``) work on C buffers with explicit lengths. The relay (``_lane_relay.pxi``) is ``relay.Exchange`` for the answers the lane forwards: the same states,
 the same client heads (built by ``heads.client_head`` once per shape and replica), the same error
 answers (made by the Python path's ``error_bytes``), the same bounds.
 """
@@ -40,7 +41,8 @@ cdef inline double monotonic() noexcept:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-include "_lane_heads.pxi"
+include "_lane_requests.pxi"
+include "_lane_responses.pxi"
 
 SOURCE_HASH = LANE_SOURCE_HASH  # of the sources it was built from (hatch_build.py): lane.py runs no stale lane
 # The bounds the lane's parsers stop at, handing over: server.py's and relay.py's (tests/test_lane.py compares them).
@@ -48,7 +50,7 @@ BOUNDS = {"MAX_HEAD": MAX_HEAD, "MAX_HEADERS": MAX_FIELDS, "MAX_RESPONSE_HEAD": 
           "MAX_RESPONSE_FIELDS": MAX_FIELDS, "BUFFER_LIMIT": BUFFER_LIMIT, "TAIL_BYTES": TAIL_BYTES,
           "DONE_TAIL": DONE_TAIL, "POOL_SIZE": POOL_SIZE}
 
-# The reasons of ``Lane.handovers``, by their W_ number (_lane_heads.pxi).
+# The reasons of ``Lane.handovers``, by their W_ number (_lane_requests.pxi).
 HANDOVER_REASONS = ("method", "target", "version", "header", "hop_by_hop", "fleet_hop", "host", "size", "body",
                     "budget", "declined", "slow", "refused", "connection_limit", "backlog")
 RELAY = "relay"  # handed over with a request a sibling worker would not route: the Python path relays it
@@ -230,3 +232,75 @@ cdef class Pool:
 
 include "_lane_client.pxi"
 include "_lane_relay.pxi"
+
+
+# --- the readers as Python sees them: tests/test_lane_parse.py holds them against llhttp ---
+
+def read_request_head(bytes data, tuple names=()):
+    """``parse_request`` over ``data`` fed one byte at a time and whole: ``"incomplete"``, the W_ reason's
+    name, or what the lane would forward (method, target, the forwarded fields, the key values, the body's
+    length, the head's length). Both feeds must agree."""
+    cdef Head whole, trickled
+    cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef const char* keys[MAX_NAMES]
+    cdef Py_ssize_t sizes[MAX_NAMES]
+    cdef Py_ssize_t i, n = len(data)
+    cdef int count = len(names), a, b = P_INCOMPLETE
+    if count > MAX_NAMES:
+        raise ValueError(f"at most {MAX_NAMES} key names")
+    for i in range(count):
+        keys[i], sizes[i] = PyBytes_AS_STRING(names[i]), len(names[i])
+    head_reset(&whole)
+    head_reset(&trickled)
+    a = parse_request(s, n, &whole, keys, sizes, count)
+    for i in range(1, n + 1):
+        b = parse_request(s, i, &trickled, keys, sizes, count)
+        if b != P_INCOMPLETE:
+            break
+    if a != b or (a == P_SIMPLE and whole.length != trickled.length):  # (a reason may differ: what is seen first)
+        raise AssertionError(f"fed whole: {a} ({whole.why}), fed a byte at a time: {b} ({trickled.why})")
+    if a == P_INCOMPLETE:
+        return "incomplete"
+    if a == P_OTHER:
+        return HANDOVER_REASONS[whole.why]
+    fields = [(data[f.name:f.colon], data[f.value:f.end]) for f in whole.fields[:whole.nfields] if f.kept]
+    keyed = [data[whole.key[i]:whole.key_end[i]] if whole.key[i] >= 0 else None for i in range(count)]
+    return {"method": b"POST" if whole.post else b"GET", "target": data[whole.target:whole.target_end],
+            "path": data[whole.target:whole.path_end], "fields": fields, "keys": keyed,
+            "body": whole.body if whole.has_length else None, "length": whole.length}
+
+
+def read_response_head(bytes data):
+    """``parse_response`` over a whole head (through its blank line): the refusal's words, or what the relay
+    reads of it (status, reason, fields but Content-Length, its value, chunked, close)."""
+    cdef Response r
+    cdef Py_ssize_t end = head_end(<const unsigned char*>PyBytes_AS_STRING(data), 0, len(data))
+    if end != len(data):
+        raise ValueError("not one whole head")
+    if not parse_response(<const unsigned char*>PyBytes_AS_STRING(data), end, &r):
+        return r.error.decode()
+    return {"status": r.status, "reason": data[r.reason:r.reason_end],
+            "fields": [(data[f.name:f.colon], data[f.value:f.end]) for f in r.fields[:r.nfields]],
+            "length": data[r.content_length:r.content_length_end] if r.content_length >= 0 else None,
+            "chunked": bool(r.chunked), "close": bool(r.close)}
+
+
+def read_chunked(bytes data):
+    """``dechunk`` over a chunked body fed a byte at a time: (the data, where the body ended or None, the refusal's
+    words or None)."""
+    cdef Chunks chunks
+    cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t used = 0, at = 0, length = 0, end
+    cdef int found
+    pieces = []
+    chunks_reset(&chunks)
+    for end in range(1, len(data) + 1):
+        while used < end:
+            found = dechunk(&chunks, s, end, &used, &at, &length)
+            if found == CH_DATA:
+                pieces.append(data[at:at + length])
+            elif found == CH_END:
+                return b"".join(pieces), used, None
+            elif found == CH_BAD:
+                return b"".join(pieces), None, chunks.error.decode()
+    return b"".join(pieces), None, None

@@ -14,22 +14,10 @@ cdef enum:
     BY_LENGTH = 0
     BY_CHUNKS = 1
     BY_CLOSE = 2
-    # where the chunk parser is
-    C_SIZE = 0
-    C_EXTENSION = 1
-    C_SIZE_LF = 2
-    C_DATA = 3
-    C_DATA_CR = 4
-    C_DATA_LF = 5
-    C_TRAILER = 6      # at the start of a trailer line, or of the final blank line
-    C_TRAILER_LINE = 7
-    C_TRAILER_LF = 8
-    C_END_LF = 9
     BUFFER_LIMIT = 1048576         # relay.py BUFFER_LIMIT
     MAX_RESPONSE_HEAD = 65536      # relay.py MAX_RESPONSE_HEAD
     TAIL_BYTES = 4096              # turns.py TAIL_BYTES
     DONE_TAIL = 16                 # relay.py DONE_TAIL
-    MAX_CHUNK_DIGITS = 15
 
 CLIENT_CLOSED = 499
 STALE_RESULT = "stale"
@@ -47,7 +35,8 @@ cdef class Upstream:
     cdef public double idle_since
     cdef Client client            # the client of the answer in progress (None: idle)
     cdef readonly int state       # WAITING, BUFFERING, STREAMING or DONE, as ``relay.Exchange.state``
-    cdef int framing, chunk_state, chunk_digits
+    cdef int framing
+    cdef Chunks chunks            # the chunked framing, as far as it is read
     cdef readonly bint paused     # reading the replica paused: the client reads slowly
     cdef bint reused, sse, chunked, until_close, done_seen, timed_out, stamp, measure, keeps
     cdef bint feeding, surplus, ending     # in ``feed``; bytes after the answer in its read; ended in ``feed``
@@ -65,7 +54,7 @@ cdef class Upstream:
     cdef Buf body                 # a held answer's body (BUFFERING)
     cdef Buf out                  # what this read sends the client
     cdef Buf usage                # the answer's last TAIL_BYTES, when its turn is measured
-    cdef long long remaining      # BY_LENGTH: body bytes to come; BY_CHUNKS: bytes left in the chunk
+    cdef long long remaining      # BY_LENGTH: body bytes to come
     cdef long long bare           # bytes read since the last body bytes, once the head has ended
     cdef bytes before, after      # the client's head (``heads.client_head``), its Content-Length between them
     cdef char length[24]          # the replica's Content-Length value
@@ -254,7 +243,8 @@ cdef class Upstream:
         if has_length:
             self.framing, self.remaining = BY_LENGTH, r.body
         elif r.chunked:
-            self.framing, self.chunk_state, self.chunk_digits, self.remaining = BY_CHUNKS, C_SIZE, 0, 0
+            self.framing = BY_CHUNKS
+            chunks_reset(&self.chunks)
         else:
             self.framing = BY_CLOSE
         if has_length and r.body <= BUFFER_LIMIT and not self.sse:
@@ -318,9 +308,8 @@ cdef class Upstream:
     cdef Py_ssize_t body_bytes(self, const char* s, Py_ssize_t size) except -1:
         """Body bytes of the replica's framing: relayed, and the answer completed at its end; returns the bytes
         used (fewer than ``size`` when the answer ended before them)."""
-        cdef Py_ssize_t used = 0, take
-        cdef unsigned char c
-        cdef int digit
+        cdef Py_ssize_t used = 0, at = 0, take
+        cdef int found
         if self.framing == BY_CLOSE:
             self.on_body(s, size)
             return size
@@ -333,70 +322,15 @@ cdef class Upstream:
                 self.complete()
             return take
         while used < size and self.state != DONE:
-            c = <unsigned char>s[used]
-            if self.chunk_state == C_DATA:
-                take = size - used if size - used < self.remaining else self.remaining
-                self.on_body(s + used, take)
-                used += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.chunk_state = C_DATA_CR
-                continue
-            used += 1
-            if self.chunk_state == C_SIZE:
-                digit = _hex(c)
-                if digit >= 0 and self.chunk_digits < MAX_CHUNK_DIGITS:
-                    self.remaining = self.remaining * 16 + digit
-                    self.chunk_digits += 1
-                elif self.chunk_digits and (c == 59 or c == 32 or c == 9):  # ';' a chunk extension, or its spaces
-                    self.chunk_state = C_EXTENSION
-                elif self.chunk_digits and c == 13:
-                    self.chunk_state = C_SIZE_LF
-                else:
-                    return self.bad_chunk("an invalid chunk size")
-            elif self.chunk_state == C_EXTENSION:
-                if c == 13:
-                    self.chunk_state = C_SIZE_LF
-                elif not VALUE[c]:
-                    return self.bad_chunk("an invalid chunk extension")
-            elif self.chunk_state == C_SIZE_LF:
-                if c != 10:
-                    return self.bad_chunk("a chunk size line without LF")
-                self.chunk_digits = 0
-                self.chunk_state = C_DATA if self.remaining else C_TRAILER
-            elif self.chunk_state == C_DATA_CR:
-                if c != 13:
-                    return self.bad_chunk("a chunk's data not followed by CRLF")
-                self.chunk_state = C_DATA_LF
-            elif self.chunk_state == C_DATA_LF:
-                if c != 10:
-                    return self.bad_chunk("a chunk's data not followed by CRLF")
-                self.chunk_state = C_SIZE
-            elif self.chunk_state == C_TRAILER:
-                if c == 13:
-                    self.chunk_state = C_END_LF
-                elif TCHAR[c]:
-                    self.chunk_state = C_TRAILER_LINE  # a trailer field: read and dropped (bounded: ``bare``)
-                else:
-                    return self.bad_chunk("an invalid trailer")
-            elif self.chunk_state == C_TRAILER_LINE:
-                if c == 13:
-                    self.chunk_state = C_TRAILER_LF
-                elif not VALUE[c] and c != 58:
-                    return self.bad_chunk("an invalid trailer")
-            elif self.chunk_state == C_TRAILER_LF:
-                if c != 10:
-                    return self.bad_chunk("a trailer without LF")
-                self.chunk_state = C_TRAILER
-            elif self.chunk_state == C_END_LF:
-                if c != 10:
-                    return self.bad_chunk("a chunked body's last line without LF")
+            found = dechunk(&self.chunks, <const unsigned char*>s, size, &used, &at, &take)
+            if found == CH_DATA:
+                self.on_body(s + at, take)
+            elif found == CH_END:
                 self.complete()
+            elif found == CH_BAD:
+                self.fail(f"sent an invalid response ({self.chunks.error.decode()})", INVALID_RESPONSE)
+                return 0
         return used
-
-    cdef Py_ssize_t bad_chunk(self, str what) except -1:
-        self.fail(f"sent an invalid response ({what})", INVALID_RESPONSE)
-        return 0
 
     cdef void on_body(self, const char* s, Py_ssize_t size) except *:
         """Body bytes for the client: held, or framed and sent; the stream's first byte, [DONE] and tail noted."""
@@ -541,16 +475,6 @@ cdef class Upstream:
         if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
-
-
-cdef inline int _hex(unsigned char c) noexcept:
-    if 48 <= c <= 57:
-        return c - 48
-    if 97 <= c <= 102:
-        return c - 87
-    if 65 <= c <= 70:
-        return c - 55
-    return -1
 
 
 cdef Py_ssize_t _hex_size(Py_ssize_t value, char* out) noexcept:

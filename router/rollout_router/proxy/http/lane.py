@@ -36,8 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("_lane.pyx", "_lane_heads.pxi", "_lane_client.pxi", "_lane_relay.pxi")  # hatch_build.py SOURCES
-# why the lane handed a connection over (_lane_heads.pxi): a request still arriving at a sweep, the connection limit
+# why the lane handed a connection over (_lane_requests.pxi): a request still arriving at a sweep, the connection limit
 W_SLOW, W_ADMIT = ((_lane.HANDOVER_REASONS.index("slow"), _lane.HANDOVER_REASONS.index("connection_limit"))
                    if _lane is not None else (-1, -1))
 PATHS_KEPT = 1024  # paths whose verdict (forwarded, keyed) is remembered; cleared when full
@@ -54,10 +53,10 @@ def unavailable() -> str | None:
     if _lane is None:
         return "the native HTTP lane is not built (installing needs Cython and a C compiler)"
     folder = Path(__file__).parent
-    if (folder / SOURCES[0]).exists():  # a checkout: its sources must be those the module was built from
+    if (folder / "_lane.pyx").exists():  # a checkout: its sources must be those the module was built from
         digest = hashlib.sha256()
-        for name in SOURCES:
-            digest.update((folder / name).read_bytes())
+        for source in sorted([*folder.glob("_lane*.pyx"), *folder.glob("_lane*.pxi")]):  # hatch_build.py's source_hash
+            digest.update(source.read_bytes())
         if digest.hexdigest()[:16] != _lane.SOURCE_HASH:
             return "the native HTTP lane is older than its sources (run `make native`, or reinstall)"
     return None
