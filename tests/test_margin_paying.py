@@ -240,3 +240,13 @@ async def test_a_streams_time_to_first_byte_waits_for_its_first_event_not_its_he
             assert metrics[("rolloutrouter_time_to_first_byte_seconds_sum", (("outcome", "new"),))] >= PREFILL_SECONDS
     finally:
         await runner.cleanup()
+
+
+def test_a_reload_changes_which_kept_turns_are_measured():
+    """The sample rate is read at each apply, not per request: a reload must still take effect."""
+    from rollout_router.app import Runtime
+    runtime = Runtime(RouterSettings(metrics={"keptPrefillSampleRate": 0.0}))
+    runtime.apply(runtime.settings)
+    assert not any(runtime.metrics.margin.sample() for _ in range(10))
+    runtime.apply(RouterSettings(metrics={"keptPrefillSampleRate": 1.0}))
+    assert all(runtime.metrics.margin.sample() for _ in range(10))

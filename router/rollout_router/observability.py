@@ -211,6 +211,7 @@ class Metrics:
         self._children: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
         self.margin = MarginMeter(self.registry)
+        self.margin.rate = settings().metrics.kept_prefill_sample_rate
         # A turn the replica accepted (``MarginMeter.turn``), bound once: one call per request rather than two.
         self.turn: Callable[[Turn], None] = self.margin.turn
         balancer.on_break = self.margin.broke  # the balancer sees each break's loads; the meter counts them
@@ -351,12 +352,14 @@ class MarginMeter:
         self.kept_tokens, self.kept_turns = kept_tokens.child(), kept_turns.child()  # exported from zero on
         self._ttfb = {outcome: self.ttfb.child(outcome) for outcome in OUTCOMES}  # also /status's TTFB sums
         self._credit = 0.0  # kept-turn sampling: every 1/rate-th kept turn, deterministic
+        self.rate = 0.0  # settings.metrics.keptPrefillSampleRate: Metrics and Runtime.apply set it
         self.prefill: dict[str, list[int]] = {"moved": [0, 0], "kept": [0, 0]}  # [turns, tokens]
         self.breaks: list[float] = [0, 0.0]  # [count, gap sum]
 
-    def sample(self, rate: float) -> bool:
-        """Whether this kept turn's answer is read, at ``rate`` (settings.metrics.keptPrefillSampleRate)."""
-        self._credit += rate
+    def sample(self) -> bool:
+        """Whether this kept turn's answer is read, at ``rate`` (settings.metrics.keptPrefillSampleRate, which
+        ``Runtime.apply`` sets here: read per request from the settings, it cost two pydantic lookups)."""
+        self._credit += self.rate
         if self._credit >= 1:
             self._credit -= 1
             return True

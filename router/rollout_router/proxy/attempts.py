@@ -90,8 +90,7 @@ def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str |
     """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn``; NoReplicaError."""
     decision, lease = context.balancer.acquire(key, prefix, grpc=grpc, group=group)
     if decision.outcome is Outcome.KEPT:  # most turns: nothing moved to say why, and a share of them is measured
-        return decision, lease, Turn(KEPT, None, context.metrics.margin.sample(
-            context.settings.metrics.kept_prefill_sample_rate))
+        return decision, lease, Turn(KEPT, None, context.metrics.margin.sample())
     return decision, lease, turn_for(decision, context.balancer.why_moved(decision, grpc))
 
 
