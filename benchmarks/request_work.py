@@ -20,10 +20,14 @@ session id cycling over 256 (so they are sticky hits after the first lap). Count
   CPU            process time per request over a second, unprofiled pass (router and this client together;
                  the client's share is the same for every tree, so differences are the router's)
 
+On the native lane (``--data-path auto``, the default where it was built) the lane's own work is C and not counted
+here: what is counted is the router's Python it calls (``lane.py``'s route and finish, and what they call).
+``--data-path python`` counts the Python data path alone.
+
 The counts are deterministic for a given tree, so two trees compare exactly (``PYTHONPATH=OLD/router``
 runs an older checkout's package). CPU time per request is benchmarks/proxy_cost.py's job.
 
-    .venv/bin/python benchmarks/request_work.py [--requests 2000] [--stream] [--raw]
+    .venv/bin/python benchmarks/request_work.py [--requests 2000] [--stream] [--raw] [--data-path python]
     PYTHONPATH=/tmp/old/router .venv/bin/python benchmarks/request_work.py
 """
 from __future__ import annotations
@@ -130,11 +134,12 @@ class HoldingReplica(asyncio.Protocol):
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
 
 
-async def held_blocks() -> float:
+async def held_blocks(data_path: str) -> float:
     """Memory blocks per request in flight (``held`` in the module's docstring)."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(HoldingReplica, "127.0.0.22", 0)
-    runtime = Runtime(RouterSettings(backends=[f"http://127.0.0.22:{server.sockets[0].getsockname()[1]}"]))
+    runtime = Runtime(RouterSettings(backends=[f"http://127.0.0.22:{server.sockets[0].getsockname()[1]}"]),
+                      data_path=data_path)
     port = await runtime.start("127.0.0.1", 0)
     clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(HELD)]
 
@@ -166,12 +171,13 @@ async def held_blocks() -> float:
         server.close()
 
 
-async def run(url: str, requests: int, raw: bool, stream: bool) -> tuple[float, float, float, float, dict[str, float]]:
+async def run(url: str, requests: int, raw: bool, stream: bool, data_path: str
+              ) -> tuple[float, float, float, float, dict[str, float]]:
     if raw:  # benchmarks/raw_proxy.py in this process instead: the floor, counted the same way
         raw_server = await raw_proxy.serve("127.0.0.1", 0, [url])
         port = raw_server.sockets[0].getsockname()[1]
     else:
-        runtime = Runtime(RouterSettings(backends=[url]))
+        runtime = Runtime(RouterSettings(backends=[url]), data_path=data_path)
         port = await runtime.start("127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -212,18 +218,21 @@ def main() -> int:
     parser.add_argument("--stream", action="store_true", help="SSE streams (32 events and [DONE]) instead of "
                         "small JSON answers: the counts are per stream")
     parser.add_argument("--raw", action="store_true", help="count benchmarks/raw_proxy.py, the floor, instead")
+    parser.add_argument("--data-path", choices=["auto", "python"], default="auto",
+                        help="the router's data path, as serve --data-path (default auto: the native lane where built)")
     args = parser.parse_args()
     if args.requests <= 0:
         parser.error(f"--requests must be positive, got {args.requests}")
     replica = start_raw_replica("127.0.0.21")
     try:
-        python, c, blocks, cpu, opcodes = asyncio.run(run(replica.url, args.requests, args.raw, args.stream))
-        held = None if args.raw else asyncio.run(held_blocks())
+        python, c, blocks, cpu, opcodes = asyncio.run(run(replica.url, args.requests, args.raw, args.stream,
+                                                          args.data_path))
+        held = None if args.raw else asyncio.run(held_blocks(args.data_path))
     finally:
         replica.stop()
     unit = "stream" if args.stream else "request"
-    print(f"{'benchmarks/raw_proxy.py' if args.raw else f'rollout_router from {PACKAGE}'}, {args.requests} sticky "
-          f"{unit}s on one keep-alive connection")
+    print(f"{'benchmarks/raw_proxy.py' if args.raw else f'rollout_router from {PACKAGE} ({args.data_path} data path)'}"
+          f", {args.requests} sticky {unit}s on one keep-alive connection")
     print(f"per {unit}: {python:.1f} Python calls, {c:.1f} C calls, {blocks:+.2f} blocks retained, "
           f"{cpu:.0f} µs CPU (router and client)")
     ranked = sorted(opcodes.items(), key=lambda item: -item[1])

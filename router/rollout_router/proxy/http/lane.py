@@ -133,7 +133,10 @@ class LaneGlue:
         self.proxy.answering += 1
         turn = routed[2]
         turn.begin(now)
-        return self.pool(routed[1].replica.id), turn.measure, (session_key, group_key, routed, now)
+        pool = self.pools.get(routed[1].replica.id)
+        if pool is None:
+            pool = self.pool(routed[1].replica.id)
+        return pool, turn.measure, (session_key, group_key, routed, now)
 
     def _ask(self, client: Any, key: str, group: str | None) -> tuple[()] | None:
         """A key a sibling worker owns: ask it for the replica (``LaneAsked``; an empty tuple tells the lane to
