@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -330,10 +330,14 @@ class MarginMeter:
                            "the replica's response body (a stream's first event; gRPC: the first message), by "
                            "routing outcome (kept, broken, new, repinned, unkeyed).", ["outcome"], LATENCY_BUCKETS)
         registry.register(self.ttfb)
-        self.gap = Histogram("rolloutrouter_break_gap", "Load gap (pinned replica's in-flight minus the lowest) "
-                             "the margin saw at each break.", buckets=GAP_BUCKETS, registry=registry)
-        self.age = Histogram("rolloutrouter_break_pin_age_seconds", "How long a broken pin had been on its replica.",
-                             buckets=AGE_BUCKETS, registry=registry)
+        # Observed at each break (a margin may break a tenth of the turns): plain numbers too (tallies.py).
+        gap = Spread("rolloutrouter_break_gap", "Load gap (pinned replica's in-flight minus the lowest) the margin "
+                     "saw at each break.", [], GAP_BUCKETS)
+        age = Spread("rolloutrouter_break_pin_age_seconds", "How long a broken pin had been on its replica.", [],
+                     AGE_BUCKETS)
+        registry.register(gap)
+        registry.register(age)
+        self.gap, self.age = gap.child(), age.child()
         # Counted per measured turn (every moved turn, a share of kept ones): plain numbers too (tallies.py).
         self.repin_tokens = Tally("rolloutrouter_repin_prefill_tokens", "Prompt tokens the new replica prefilled "
                                   "(prompt_tokens - cached_tokens of its answer) for moved turns, by why moved: "

@@ -2,7 +2,6 @@
 base of every policy that keeps one."""
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -249,7 +248,7 @@ class SessionPolicy(Policy):
         """Pin ``key`` where ``decision`` moves it (new, broken, re-pinned; a sticky hit is ``_keep``'s) and
         count the decision (a break notes the age of the pin it ends)."""
         if decision.outcome is Outcome.BROKEN:
-            decision = dataclasses.replace(decision, pin_age=self.table.age(key, now))
+            decision = Decision(decision.replica, decision.outcome, decision.previous, self.table.age(key, now))
         self.table.pin(key, decision.replica, now)
         self.counters.count(decision.outcome)
         return decision
