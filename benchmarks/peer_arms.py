@@ -13,6 +13,8 @@ generator sends too):
   native floor                  not a peer: benchmarks/native_floor/, the same in C protocols on uvloop (built with
                                 the machine's cc); "+ our routing" calls the router's Python routing and
                                 bookkeeping once per request: what a native data path calling our policy costs
+  lane floor                    not a peer: benchmarks/lane_floor.py, the router's own native lane with its routing
+                                stubbed out (one replica, nothing recorded): what the lane's C costs alone
 
 Each start function returns a ``Service`` once the arm answers; ``None`` when its program is not installed
 (``make bench-deps`` installs them all). Configuration files go to a temporary directory.
@@ -143,6 +145,12 @@ def raw_proxy(backends: list[str]) -> Service:
                      *backends], port)
 
 
+def lane_floor(backends: list[str]) -> Service:
+    port = free_port()
+    return _started([sys.executable, str(Path(__file__).with_name("lane_floor.py")), "127.0.0.1", str(port),
+                     backends[0]], port, "/healthz")
+
+
 def native_floor(route: str) -> Callable[[list[str]], Service | None]:
     def start(backends: list[str]) -> Service | None:
         if tool("cc") is None:
@@ -161,4 +169,5 @@ PEERS: dict[str, Callable[[list[str]], Service | None]] = {
     "raw asyncio proxy (floor)": raw_proxy,
     "native floor (C protocols)": native_floor("hash"),
     "native floor + our routing": native_floor("ours"),
+    "lane floor (routing stubbed)": lane_floor,
 }
