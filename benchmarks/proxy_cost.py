@@ -177,15 +177,23 @@ def figure(samples: list[dict[str, float]], key: str, minus: float = 0.0) -> str
     return f"{statistics.median(values):.0f} [{min(values):.0f}-{max(values):.0f}]"
 
 
-def report(arms: list[Arm], sets: list[set[str]], reference: str) -> str:
-    """The table: CPU per request and per stream with their ranges, latency added over direct, checks."""
+def median_cpu(arms: list[Arm], name: str, load: str) -> float | None:
+    """The named arm's median CPU for one load, or None when that arm did not run."""
+    arm = next((a for a in arms if a.name == name), None)
+    return statistics.median(s["cpu_us"] for s in arm.samples[load]) if arm else None
+
+
+def report(arms: list[Arm], sets: list[set[str]], reference: str, stream_reference: str) -> str:
+    """The table: CPU per request and per stream with their ranges and ratios, latency added over direct, checks.
+
+    Requests are compared with `reference` and streams with `stream_reference` (issue 22's targets: HAProxy per
+    request, nginx per stream)."""
     direct = arms[0].samples
     base = {k: statistics.median(s[k] for s in direct["chat"]) for k in ("p50_ms", "p99_ms")}
-    ref = next((a for a in arms if a.name == reference), None)
-    ref_req = statistics.median(s["cpu_us"] for s in ref.samples["chat"]) if ref else None
-    ref_sse = statistics.median(s["cpu_us"] for s in ref.samples["sse"]) if ref else None
-    head = (f"| arm | CPU µs per request | vs {reference.split(' (')[0]} | SSE µs per stream | vs {reference.split(' (')[0]} "
-            "| p50 / p99 added ms | non-2xx, errors, late | sessions answered, split |")
+    ref_req, ref_sse = median_cpu(arms, reference, "chat"), median_cpu(arms, stream_reference, "sse")
+    head = (f"| arm | CPU µs per request | vs {reference.split(' (')[0]} | SSE µs per stream "
+            f"| vs {stream_reference.split(' (')[0]} | p50 / p99 added ms | non-2xx, errors, late "
+            "| sessions answered, split |")
     lines = [head, "|" + "---|" * 8]
     for arm in arms:
         chat, sse = arm.samples["chat"], arm.samples["sse"]
@@ -195,8 +203,9 @@ def report(arms: list[Arm], sets: list[set[str]], reference: str) -> str:
         short = sum(s["ok"] * EVENTS - s["events"] for s in sse)
         added = (f"{statistics.median(s['p50_ms'] for s in chat) - base['p50_ms']:+.2f} / "
                  f"{statistics.median(s['p99_ms'] for s in chat) - base['p99_ms']:+.2f}")
-        ratios = (f"{req / ref_req:.2f}x", f"{stream / ref_sse:.2f}x") if ref_req and ref_sse and arm is not arms[0] \
-            else ("-", "-")  # direct's CPU is the replica's own work, not a relay's
+        relay = arm is not arms[0]  # direct's CPU is the replica's own work, not a relay's
+        ratios = (f"{req / ref_req:.2f}x" if relay and ref_req else "-",
+                  f"{stream / ref_sse:.2f}x" if relay and ref_sse else "-")
         checks = f"{bad}, late {late}" + (f", {short} events short" if short else "")
         lines.append(f"| {arm.name} | {figure(chat, 'cpu_us')} | {ratios[0]} | {figure(sse, 'cpu_us')} | {ratios[1]} "
                      f"| {added} | {checks} | {spread(arm, sets)} |")
@@ -212,7 +221,10 @@ def main() -> int:
     parser.add_argument("--arms", help="comma-separated arm names to run (default: all); direct always runs")
     parser.add_argument("--baseline-src", type=Path, metavar="DIR", help="also run 'ours (sticky)' from this "
                         "source directory (the folder holding an older rollout_router package), side by side")
-    parser.add_argument("--reference", default="HAProxy 2.6 (one thread)", help="the arm the ratios are against")
+    parser.add_argument("--reference", default="HAProxy 2.6 (one thread)",
+                        help="the arm the per-request ratios are against (default: HAProxy)")
+    parser.add_argument("--stream-reference", default="nginx 1.22 (one worker)",
+                        help="the arm the per-stream ratios are against (default: nginx)")
     args = parser.parse_args()
     for flag, value in (("--rounds", args.rounds), ("--seconds", args.seconds), ("--rate", args.rate),
                         ("--stream-rate", args.stream_rate)):
@@ -229,7 +241,7 @@ def main() -> int:
         print(f"fixed {args.rate} req/s chat and {args.stream_rate} streams/s SSE ({EVENTS} events), "
               f"{args.seconds:g} s each, {args.rounds} rounds, 32 connections, 256 sessions per arm; "
               "median [min-max] over rounds")
-        print(report(arms, seen(backends), args.reference))
+        print(report(arms, seen(backends), args.reference, args.stream_reference))
         for note in notes:
             print(note)
     finally:
