@@ -233,6 +233,7 @@ def main() -> int:
     if args.baseline_src is not None and not (args.baseline_src / "rollout_router" / "__init__.py").is_file():
         parser.error(f"--baseline-src {args.baseline_src}: no rollout_router package in that directory")
     build_loadgen()
+    before = os.getloadavg()[0]  # the peers' costs move with what else the machine runs (docs/benchmarks.md)
     backends = [start_raw_replica(f"127.0.0.{20 + i}") for i in range(2)]
     arms: list[Arm] = []
     try:
@@ -240,7 +241,7 @@ def main() -> int:
         measure(arms, args)
         print(f"fixed {args.rate} req/s chat and {args.stream_rate} streams/s SSE ({EVENTS} events), "
               f"{args.seconds:g} s each, {args.rounds} rounds, 32 connections, 256 sessions per arm; "
-              "median [min-max] over rounds")
+              f"median [min-max] over rounds; load average {before:.1f} before, {os.getloadavg()[0]:.1f} after")
         print(report(arms, seen(backends), args.reference, args.stream_reference))
         for note in notes:
             print(note)
