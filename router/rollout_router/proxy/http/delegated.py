@@ -30,26 +30,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Delegated:
-    """One request on its way through a decision asked of a sibling worker."""
+class Asked:
+    """A request whose replica a sibling worker chooses, from the question to the end it is told: what the
+    Python path's ``Delegated`` and the native lane's ``LaneAsked`` share. ``decided`` takes the owner's answer;
+    a subclass says what to do with it (``_forward``), without one (``_relay``) and when the client has gone
+    (``_gone``)."""
 
-    __slots__ = ("proxy", "client", "request", "end", "ident", "replica", "turn", "opening")
+    __slots__ = ("proxy", "client", "end", "ident", "replica", "turn")
 
-    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest) -> None:
-        self.proxy, self.client, self.request = proxy, client, request
+    def __init__(self, proxy: HttpProxy, client: Any) -> None:
+        self.proxy, self.client = proxy, client
         self.end: EntryEnd | None = None  # the channel the decision was asked on: its end is told there
         self.ident = 0
         self.replica = ""
         self.turn: Turn | None = None  # the owner's routing outcome, stamped here (its ``started``: the attempt's)
-        self.opening: asyncio.Task | None = None  # a connection being opened to the replica (held while it is)
 
     def ask(self, decisions: DecisionClient, owner: str, key: str, group: str | None) -> bool:
-        """Ask ``owner``; False when it is no sibling with an open channel (the request relays)."""
+        """Ask ``owner``; False when it is no sibling with an open channel (the request relays, or is handed over)."""
         self.end = decisions.ask(owner, key, group, self.decided)
         return self.end is not None
 
     def decided(self, ident: int, routing: Routing | None) -> None:
-        """The owner's answer: forward to its replica on an idle connection, or on a new one; None: relay."""
+        """The owner's answer: its replica and turn, the attempt's clock started; None: relay through the owner."""
         self.ident = ident
         if routing is None:
             return self._relay()
@@ -57,6 +59,52 @@ class Delegated:
         self.turn.begin(time.monotonic())
         if self.client.gone:
             return self._gone()
+        self._forward()
+
+    def _relay(self) -> None:
+        raise NotImplementedError
+
+    def _gone(self) -> None:
+        raise NotImplementedError
+
+    def _forward(self) -> None:
+        raise NotImplementedError
+
+    def _finished(self, ok: bool, status: int, failure: str | None, refused: bool = False) -> None:
+        """Tell the owner how the request ended (it releases the lease and tells its passive health)."""
+        if self.end is not None and self.end.open():
+            self.end.finished(self.ident, ok, status, failure, refused)
+
+    def _record(self, code: int | None, ok: bool, now: float) -> None:
+        """This worker's metrics of the request, ended at ``now``, and its turn."""
+        metrics, turn = self.proxy.context.metrics, self.turn
+        assert turn is not None  # decided
+        if code is not None:
+            metrics.observe(self.replica, code, now - turn.started)
+        if ok:
+            metrics.turn(turn)
+
+    def _counted(self) -> None:
+        """Answered here on the owner's decision: counted as delegated (one that relays after all is counted
+        as forwarded instead, never as both)."""
+        fleet = self.proxy.context.fleet
+        if fleet is not None:
+            fleet.delegated += 1
+        self.proxy.answering -= 1
+
+
+class Delegated(Asked):
+    """One request of the Python path on its way through a decision asked of a sibling worker."""
+
+    __slots__ = ("request", "opening")
+
+    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest) -> None:
+        super().__init__(proxy, client)
+        self.request = request
+        self.opening: asyncio.Task | None = None  # a connection being opened to the replica (held while it is)
+
+    def _forward(self) -> None:
+        """Forward to the owner's replica on an idle connection, or on a new one."""
         fleet = self.proxy.context.fleet
         if fleet is not None and fleet.leaving:  # began leaving while it waited: as ``handle`` does, its client
             self.request.close_after = True  # reconnects elsewhere
@@ -106,35 +154,18 @@ class Delegated:
             return self._connect(self.proxy.pools.get(self.replica))
         ok = accepted(exchange)
         self._finished(ok, exchange.status, exchange.failure)
-        self._record(exchange.code, ok)
+        self._record(exchange.code, ok, time.monotonic())
         self._answered()
 
     def _gone(self) -> None:
         """The client left before anything was sent: what the single-process attempt records then (499, a
         turn that rejected nothing)."""
         self._finished(True, 0, None)
-        self._record(CLIENT_CLOSED, True)
+        self._record(CLIENT_CLOSED, True, time.monotonic())
         self._answered()
 
-    def _record(self, code: int | None, ok: bool) -> None:
-        metrics, turn = self.proxy.context.metrics, self.turn
-        assert turn is not None  # decided
-        if code is not None:
-            metrics.observe(self.replica, code, time.monotonic() - turn.started)
-        if ok:
-            metrics.turn(turn)
-
-    def _finished(self, ok: bool, status: int, failure: str | None, refused: bool = False) -> None:
-        if self.end is not None and self.end.open():
-            self.end.finished(self.ident, ok, status, failure, refused)
-
     def _answered(self) -> None:
-        """Answered here on the owner's decision: counted as delegated (one that relays after all is counted
-        as forwarded instead, never as both)."""
-        fleet = self.proxy.context.fleet
-        if fleet is not None:
-            fleet.delegated += 1
-        self.proxy.answering -= 1
+        self._counted()
         self.client.answered(self.request)
 
     def _relay(self) -> None:
@@ -143,41 +174,35 @@ class Delegated:
         self.client.answer_later(self.request, self.proxy.handle(self.client, self.request))
 
 
-class LaneAsked:
-    """A request of the native lane whose replica a sibling worker chooses: ``Delegated`` for the lane, whose
-    client connection (``_lane.Client``) waits for ``decided`` and sends the request itself; it is the token
-    ``LaneGlue.finish`` passes back when the answer ends."""
+class LaneAsked(Asked):
+    """A request of the native lane whose replica a sibling worker chooses: the lane's client connection
+    (``_lane.Client``) waits for ``decided`` and sends the request itself; this is the token ``LaneGlue.finish``
+    passes back when the answer ends."""
 
-    __slots__ = ("proxy", "client", "pool", "end", "ident", "replica", "turn")
+    __slots__ = ("pool",)
 
     def __init__(self, proxy: HttpProxy, client: Any, pool: Callable[[str], Any]) -> None:
-        self.proxy, self.client, self.pool = proxy, client, pool
-        self.end: EntryEnd | None = None
-        self.ident = 0
-        self.replica = ""
-        self.turn: Turn | None = None
+        super().__init__(proxy, client)
+        self.pool = pool
 
-    def ask(self, decisions: DecisionClient, owner: str, key: str, group: str | None) -> bool:
-        """Ask ``owner``; False when it is no sibling with an open channel (the lane hands the request over)."""
-        self.end = decisions.ask(owner, key, group, self.decided)
-        return self.end is not None
-
-    def decided(self, ident: int, routing: Routing | None) -> None:
-        """The owner's answer: the lane sends the request to its replica; None: the Python path relays it."""
-        self.ident = ident
-        if routing is None:
-            self.proxy.answering -= 1  # ``handle`` counts it again
-            return self.client.relay()
-        self.replica, self.turn = routing
-        self.turn.begin(time.monotonic())
-        if self.client.gone:  # what the single-process attempt records then (499, a turn that rejected nothing)
-            return self.finish(CLIENT_CLOSED, 0, None, 0.0, None, time.monotonic())
+    def _forward(self) -> None:
+        """The lane sends the request to the owner's replica."""
+        assert self.turn is not None  # decided
         self.client.routed(self.pool(self.replica), self.turn.measure, self)
+
+    def _relay(self) -> None:
+        """The Python path relays it through its owner (``handle`` counts it again)."""
+        self.proxy.answering -= 1
+        self.client.relay()
+
+    def _gone(self) -> None:
+        """What the single-process attempt records then (499, a turn that rejected nothing)."""
+        self.finish(CLIENT_CLOSED, 0, None, 0.0, None, time.monotonic())
 
     def finish(self, code: int | None, status: int, failure: str | None, first_at: float, tail: bytes | None,
                now: float) -> None:
-        """The answer ended: the owner hears how (``Delegated.done``), this worker records the request's metrics
-        and its turn."""
+        """The answer ended: the owner hears how (as ``Delegated.done`` tells it), this worker records the
+        request's metrics and its turn."""
         turn = self.turn
         assert turn is not None  # decided
         if first_at:
@@ -188,22 +213,13 @@ class LaneAsked:
             except Exception:  # a measurement's bug must not keep the owner's lease held
                 log.exception("measuring the answer of replica %s failed", self.replica)
         ok = status < 400 if status else failure is None and code == CLIENT_CLOSED
-        if self.end is not None and self.end.open():
-            self.end.finished(self.ident, ok, status, failure)
-        metrics = self.proxy.context.metrics
-        if code is not None:
-            metrics.observe(self.replica, code, now - turn.started)
-        if ok:
-            metrics.turn(turn)
-        fleet = self.proxy.context.fleet
-        if fleet is not None:
-            fleet.delegated += 1
-        self.proxy.answering -= 1
+        self._finished(ok, status, failure)
+        self._record(code, ok, now)
+        self._counted()
 
     def refused(self, error: OSError) -> None:
         """Connecting to the replica failed: the owner marks it down (as its own attempt would: ``Delegated._open``);
         the request then relays through the owner, to be routed elsewhere (the caller hands it over)."""
-        failure = TIMEOUT if isinstance(error, TimeoutError) else None
-        if self.end is not None and self.end.open():
-            self.end.finished(self.ident, False, 0, failure, not descriptors.local_shortage(error))
+        self._finished(False, 0, TIMEOUT if isinstance(error, TimeoutError) else None,
+                       not descriptors.local_shortage(error))
         self.proxy.answering -= 1
