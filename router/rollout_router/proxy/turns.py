@@ -13,10 +13,13 @@ usage.prompt_tokens_details.cached_tokens`` of the JSON body or of the last SSE 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Final
 
 from .. import jsonbody
 from ..policy import Decision, Outcome
+
+log = logging.getLogger(__name__)
 
 TAIL_BYTES: Final = 4096  # a vLLM usage block (and the SSE chunk around it) is a few hundred bytes
 _USAGE: Final = b'"usage"'
@@ -46,9 +49,14 @@ class Turn:
         if self.first_byte is None:
             self.first_byte = now - self.started
 
-    def answer(self, tail: bytes) -> None:
-        """The tail of a JSON answer or SSE stream: the prefill of its last usage block, if it has one."""
-        self.prefill = prefill_of(tail)
+    def answer(self, tail: bytes, replica: str) -> None:
+        """The tail of a JSON answer or SSE stream from ``replica``: the prefill of its last usage block, if it has
+        one. A bug in reading it is logged, not raised: a measurement must not keep a request from ending (a
+        lease held for good)."""
+        try:
+            self.prefill = prefill_of(tail)
+        except Exception:  # any bug of the reading: the request ends all the same
+            log.exception("measuring the answer of replica %s failed", replica)
 
 
 def turn_for(decision: Decision, reason: str | None) -> Turn:

@@ -208,10 +208,7 @@ class LaneAsked(Asked):
         if first_at:
             turn.first(first_at)
         if tail is not None:
-            try:
-                turn.answer(tail)
-            except Exception:  # a measurement's bug must not keep the owner's lease held
-                log.exception("measuring the answer of replica %s failed", self.replica)
+            turn.answer(tail, self.replica)
         ok = status < 400 if status else failure is None and code == CLIENT_CLOSED
         self._finished(ok, status, failure)
         self._record(code, ok, now)

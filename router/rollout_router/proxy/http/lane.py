@@ -190,10 +190,7 @@ class LaneGlue:
         if first_at:
             turn.first(first_at)
         if tail is not None:
-            try:
-                turn.answer(tail)
-            except Exception:  # a measurement's bug must not keep the request from ending (a lease held for good)
-                log.exception("measuring the answer of replica %s failed", lease.replica.id)
+            turn.answer(tail, lease.replica.id)
         replica = lease.replica
         if failure is not None:
             self._outliers.failure(replica, failure)

@@ -264,10 +264,7 @@ class Exchange:
         close its connection."""
         self.state = DONE
         if self.usage_tail and self.turn is not None and self.code is not None and self.code < 400:
-            try:
-                self.turn.answer(self.usage_tail)  # a whole answer (a stream read to [DONE] counts)
-            except Exception:  # a measurement's bug must not keep the exchange from ending (a lease held for good)
-                log.exception("measuring the answer of replica %s failed", self.replica)
+            self.turn.answer(self.usage_tail, self.replica)  # a whole answer (a stream read to [DONE] counts)
         conn = self.conn
         if conn.exchange is self:
             conn.exchange = None  # what else the read brings is nobody's (``UpstreamConnection.surplus``)
