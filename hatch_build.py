@@ -6,28 +6,29 @@ which one a router runs; ``--data-path native`` refuses to start without the lan
 its build hook (pyproject.toml ``[tool.hatch.build.hooks.custom]``): an editable install builds the module in
 place, next to its source, as ``make`` does after an edit (``python hatch_build.py``); a wheel carries it.
 The built module records a hash of its sources (``SOURCE_HASH``), so a router never runs a lane older than
-the sources beside it (``lane.py``).
+the sources beside it (``lane_sources.py`` computes it, for this file and for ``lane.py``).
 """
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import os
 import sys
 import sysconfig
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE = ROOT / "router" / "rollout_router" / "proxy" / "http"
 MODULE = "rollout_router.proxy.http._lane"
 
 
-def source_hash(folder: Path = PACKAGE) -> str:
-    """The hash of the lane's sources (``_lane.pyx`` and the ``.pxi`` files it includes), as the built module
-    records it and ``lane.unavailable`` checks it."""
-    digest = hashlib.sha256()
-    for source in sorted([*folder.glob("_lane*.pyx"), *folder.glob("_lane*.pxi")]):
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+def _sources() -> ModuleType:
+    """``lane_sources.py``, loaded by its path: the package's dependencies need not be installed yet."""
+    spec = importlib.util.spec_from_file_location("lane_sources", PACKAGE / "lane_sources.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build(work: Path, target: Path | None = None, flags: tuple[str, ...] = ()) -> Path:
@@ -40,7 +41,7 @@ def build(work: Path, target: Path | None = None, flags: tuple[str, ...] = ()) -
     extension = Extension(MODULE, [str(PACKAGE / "_lane.pyx")], extra_compile_args=["-O2", *flags],
                           extra_link_args=list(flags))
     modules = cythonize([extension], build_dir=str(work / "cython"), quiet=True, language_level=3,
-                        compile_time_env={"LANE_SOURCE_HASH": source_hash()}, force=True)
+                        compile_time_env={"LANE_SOURCE_HASH": _sources().source_hash(PACKAGE)}, force=True)
     distribution = Distribution({"ext_modules": modules, "package_dir": {"": "router"}})
     command = distribution.get_command_obj("build_ext")
     command.inplace = target is None

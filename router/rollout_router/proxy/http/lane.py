@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..attempts import Routed, route, settle
@@ -21,6 +19,7 @@ from ..session_key import header_key
 from . import server, upstream
 from .delegated import LaneAsked
 from .heads import remembered
+from .lane_sources import FOLDER, source_hash
 from .relay import CLIENT_CLOSED, connect_failure, failure_answer
 from .routes import forwarded, unkeyed
 from .server import ClientConnection, HttpRequest
@@ -52,13 +51,8 @@ def unavailable() -> str | None:
     (read once: a process runs the module it imported)."""
     if _lane is None:
         return "the native HTTP lane is not built (installing needs Cython and a C compiler)"
-    folder = Path(__file__).parent
-    if (folder / "_lane.pyx").exists():  # a checkout: its sources must be those the module was built from
-        digest = hashlib.sha256()
-        for source in sorted([*folder.glob("_lane*.pyx"), *folder.glob("_lane*.pxi")]):  # hatch_build.py's source_hash
-            digest.update(source.read_bytes())
-        if digest.hexdigest()[:16] != _lane.SOURCE_HASH:
-            return "the native HTTP lane is older than its sources (run `make native`, or reinstall)"
+    if (FOLDER / "_lane.pyx").exists() and source_hash() != _lane.SOURCE_HASH:  # a checkout, edited since the build
+        return "the native HTTP lane is older than its sources (run `make native`, or reinstall)"
     return None
 
 
