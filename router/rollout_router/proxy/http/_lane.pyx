@@ -14,9 +14,10 @@ odd request is answered by the code that always answered it. A connection comes 
 the Python path is idle on it (``lane.py``).
 
 The readers of a request head (``_lane_requests.pxi``) and of a response head and chunked body
-(``_lane_responses.pxi``) work on C buffers with explicit lengths. The relay (``_lane_relay.pxi``) is ``relay.Exchange`` for the answers the lane forwards: the same states,
-the same client heads (built by ``heads.client_head`` once per shape and replica), the same error
-answers (made by the Python path's ``error_bytes``), the same bounds.
+(``_lane_responses.pxi``) work on C buffers with explicit lengths. The relay (``_lane_relay.pxi``) is
+``relay.Exchange`` for the answers the lane forwards: the same states, the same client heads (built by
+``heads.client_head`` once per shape and replica), the same error answers (made by the Python path's
+``error_bytes``), the same bounds.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem

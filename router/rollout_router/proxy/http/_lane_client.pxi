@@ -168,7 +168,7 @@ cdef class Client:
 
     def routed(self, Pool pool, bint measure, token):
         """Send the request routed to ``pool``'s replica on an idle connection, or a new one; ``token`` is what
-        ``finish`` gets (``LaneGlue.route``, or ``LaneAsk.decided`` for a request a sibling worker routed)."""
+        ``finish`` gets (``LaneGlue.route``, or ``LaneAsked`` for a request a sibling worker routed)."""
         self.pool, self.measure, self.token = pool, measure, token
         up = self.pool.take()
         if up is None:

@@ -283,7 +283,8 @@ class LaneGlue:
         """Once a sweep: the lane's clock and the connection deadlines (server.py's, read each time), its idle
         replica connections closed. (Its answers are in ``HttpProxy.active``: ``expire_silent`` times them out.)"""
         native = self.native
-        native.now, native.idle_seconds, native.write_stall_seconds = now, server.IDLE_SECONDS, server.WRITE_STALL_SECONDS
+        native.now, native.idle_seconds = now, server.IDLE_SECONDS
+        native.write_stall_seconds = server.WRITE_STALL_SECONDS
         self.close_idle(idle_before)
 
     def close_idle(self, older_than: float) -> None:
