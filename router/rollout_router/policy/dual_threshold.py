@@ -30,6 +30,9 @@ class DualThresholdPolicy(AffinityPolicy):
         hi, lo = max(loads.values()), lowest(loads)
         return hi - lo > self.abs_threshold and hi > self.rel_threshold * lo
 
+    def _keeps_every_pin(self) -> bool:
+        return False  # the gate reads the loads, margin or none
+
     def _keeps(self, key: str, loads: Mapping[str, float], pinned: str, now: float,
                prefix: Sequence[int] | str | None) -> bool:
         return not (self.imbalanced(loads) and loads[pinned] > lowest(loads))

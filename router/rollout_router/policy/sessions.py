@@ -161,6 +161,19 @@ def _used(packed: int) -> int:
     return (packed >> _SLOT_BITS) & _USED_MASK
 
 
+class KeptDecisions(dict[str, Decision]):
+    """Replica -> its KEPT decision, made on first use: a decision is immutable, so one serves every sticky hit on
+    the replica (no ``Decision`` made per request); a churning fleet's old replica ids are cleared away."""
+
+    __slots__ = ()
+
+    def __missing__(self, replica: str) -> Decision:
+        if len(self) >= KEPT_REMEMBERED:
+            self.clear()
+        decision = self[replica] = Decision(replica, Outcome.KEPT)
+        return decision
+
+
 class SessionPolicy(Policy):
     """A policy that remembers each key's replica in a bounded ``SessionTable``.
 
@@ -173,20 +186,14 @@ class SessionPolicy(Policy):
         super().__init__()
         self.table = SessionTable(self.counters, max_sessions, idle_ttl)
         self._unkeyed = Unkeyed()
-        self._kept: dict[str, Decision] = {}  # replica -> its KEPT decision: immutable, so one serves every hit
+        self._kept = KeptDecisions()
 
     def _keep(self, key: str, replica: str, now: float) -> Decision:
         """Record a sticky hit: ``key`` stays on ``replica``, the pin ``table.get`` has just returned (most
-        decisions, so it is counted without ``Counters.count``). Its decision is made once per replica rather
-        than once per request."""
+        decisions, so it is counted without ``Counters.count``)."""
         self.table.keep(key, now)
         self.counters.affinity_kept += 1
-        decision = self._kept.get(replica)
-        if decision is None:
-            if len(self._kept) >= KEPT_REMEMBERED:
-                self._kept.clear()  # a churning fleet's old replica ids go
-            decision = self._kept[replica] = Decision(replica, Outcome.KEPT)
-        return decision
+        return self._kept[replica]
 
     def configure(self, config: LiveConfig) -> None:
         self.table.resize(config.max_sessions, config.idle_ttl)

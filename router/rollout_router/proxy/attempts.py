@@ -86,12 +86,13 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
 
 
 def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str | None = None, grpc: bool = False,
-          group: str | None = None) -> Routed:
-    """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn``; NoReplicaError."""
+          group: str | None = None, started: float = 0.0) -> Routed:
+    """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn`` (``started``: when the
+    attempt is dispatched, for a caller that dispatches it at once; else ``Turn.begin``); NoReplicaError."""
     decision, lease = context.balancer.acquire(key, prefix, grpc, group)
     if decision.outcome is Outcome.KEPT:  # most turns: nothing moved to say why, and a share of them is measured
-        return decision, lease, Turn(KEPT, None, context.metrics.margin.sample())
-    return decision, lease, turn_for(decision, context.balancer.why_moved(decision, grpc))
+        return decision, lease, Turn(KEPT, None, context.metrics.margin.sample(), started)
+    return decision, lease, turn_for(decision, context.balancer.why_moved(decision, grpc), started)
 
 
 def settle(context: RouterContext, key: str | None, decision: Decision, turn: Turn, accepted: bool) -> None:

@@ -34,9 +34,9 @@ class Turn:
 
     __slots__ = ("outcome", "reason", "measure", "started", "first_byte", "prefill")
 
-    def __init__(self, outcome: str, reason: str | None, measure: bool):
+    def __init__(self, outcome: str, reason: str | None, measure: bool, started: float = 0.0):
         self.outcome, self.reason, self.measure = outcome, reason, measure
-        self.started = 0.0
+        self.started = started  # when its attempt was dispatched, if known as it is made (else ``begin``)
         self.first_byte: float | None = None  # seconds from the attempt's dispatch to the first body byte
         self.prefill: int | None = None  # prompt tokens prefilled, when the answer said (None: not measured)
 
@@ -59,10 +59,10 @@ class Turn:
             log.exception("measuring the answer of replica %s failed", replica)
 
 
-def turn_for(decision: Decision, reason: str | None) -> Turn:
+def turn_for(decision: Decision, reason: str | None, started: float = 0.0) -> Turn:
     """The ``Turn`` of a ``decision`` that kept no pin: moved turns are always measured, new and unkeyed ones
     never (a kept turn is measured when sampled: ``Turn(KEPT, None, sampled)``)."""
-    return Turn(_NAMES[decision.outcome], reason, decision.outcome in MEASURED)
+    return Turn(_NAMES[decision.outcome], reason, decision.outcome in MEASURED, started)
 
 
 def prefill_of(tail: bytes) -> int | None:

@@ -121,16 +121,14 @@ class LaneGlue:
                     group_key = self._key(group_at, group, "group")
             if fleet is not None and session_key is not None and not fleet.decided_here(session_key, False):
                 return self._ask(client, session_key, group_key)  # a sibling worker's key: its owner decides
-            routed = route(context, session_key, None, False, group_key)
+            routed = route(context, session_key, None, False, group_key, now)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
             return None
         self.proxy.answering += 1
-        turn = routed[2]
-        turn.begin(now)
         pool = self.pools.get(routed[1].replica.id)
         if pool is None:
             pool = self.pool(routed[1].replica.id)
-        return pool, turn.measure, (session_key, group_key, routed, now)
+        return pool, routed[2].measure, (session_key, group_key, routed, now)
 
     def _ask(self, client: Any, key: str, group: str | None) -> tuple[()] | None:
         """A key a sibling worker owns: ask it for the replica (``LaneAsked``; an empty tuple tells the lane to
