@@ -350,7 +350,7 @@ async def test_a_lane_request_a_sibling_routes_is_sent_by_the_lane_and_its_end_t
     asked = lane_asked(entry, client)
     asked.decided(7, ("http://127.0.0.1:9", Turn("kept", None, False)))
     assert client.sent == [("pool of http://127.0.0.1:9", False, asked)] and entry.told == []
-    asked.finish(200, 200, None, 0.0, None, 1.0)  # what LaneGlue.finish passes on
+    asked.finish(200, 200, None, True, 0.0, None, 1.0)  # what LaneGlue.finish passes on (200: accepted)
     assert entry.told == [(7, True, 200, None, False)]
     assert entry.context.fleet.delegated == 1 and entry.answering == 0
 

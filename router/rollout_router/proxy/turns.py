@@ -49,6 +49,14 @@ class Turn:
         if self.first_byte is None:
             self.first_byte = now - self.started
 
+    def ended(self, first_at: float, tail: bytes | None, replica: str) -> None:
+        """The native lane's attempt ended: its first body byte came at ``first_at`` (0: none came), ``tail`` is
+        the end of its answer when measured (``answer``). ``first`` inlined: once a request, one call."""
+        if first_at and self.first_byte is None:
+            self.first_byte = first_at - self.started
+        if tail is not None:
+            self.answer(tail, replica)
+
     def answer(self, tail: bytes, replica: str) -> None:
         """The tail of a JSON answer or SSE stream from ``replica``: the prefill of its last usage block, if it has
         one. A bug in reading it is logged, not raised: a measurement must not keep a request from ending (a

@@ -197,19 +197,14 @@ class LaneAsked(Asked):
 
     def _gone(self) -> None:
         """What the single-process attempt records then (499, a turn that rejected nothing)."""
-        self.finish(CLIENT_CLOSED, 0, None, 0.0, None, time.monotonic())
+        self.finish(CLIENT_CLOSED, 0, None, True, 0.0, None, time.monotonic())
 
-    def finish(self, code: int | None, status: int, failure: str | None, first_at: float, tail: bytes | None,
-               now: float) -> None:
-        """The answer ended: the owner hears how (as ``Delegated.done`` tells it), this worker records the
-        request's metrics and its turn."""
-        turn = self.turn
-        assert turn is not None  # decided
-        if first_at:
-            turn.first(first_at)
-        if tail is not None:
-            turn.answer(tail, self.replica)
-        ok = status < 400 if status else failure is None and code == CLIENT_CLOSED
+    def finish(self, code: int | None, status: int, failure: str | None, ok: bool, first_at: float,
+               tail: bytes | None, now: float) -> None:
+        """The answer ended (``ok``: the replica accepted it, as ``LaneGlue.finish`` judged): the owner hears how
+        (as ``Delegated.done`` tells it), this worker records the request's metrics and its turn."""
+        assert self.turn is not None  # decided
+        self.turn.ended(first_at, tail, self.replica)
         self._finished(ok, status, failure)
         self._record(code, ok, now)
         self._counted()

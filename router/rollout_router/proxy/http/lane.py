@@ -176,14 +176,12 @@ class LaneGlue:
                tail: bytes | None, now: float) -> None:
         """``Forwarding.done`` for a lane request ended at ``now``: passive health, the metrics, the lease, the turn
         (a request a sibling worker routed: ``LaneAsked.finish``)."""
+        ok = status < 400 if status else failure is None and code == CLIENT_CLOSED  # ``relay.accepted``'s rule
         if type(token) is LaneAsked:
-            return token.finish(code, status, failure, first_at, tail, now)
+            return token.finish(code, status, failure, ok, first_at, tail, now)
         key, _, (decision, lease, turn), started = token
-        if first_at:
-            turn.first(first_at)
-        if tail is not None:
-            turn.answer(tail, lease.replica.id)
         replica = lease.replica
+        turn.ended(first_at, tail, replica.id)
         if failure is not None:
             self._outliers.failure(replica, failure)
         elif status:
@@ -191,7 +189,7 @@ class LaneGlue:
         if code is not None:
             self._metrics.observe(replica.id, code, now - started)
         lease.release()
-        settle(self.context, key, decision, turn, status < 400 if status else failure is None and code == CLIENT_CLOSED)
+        settle(self.context, key, decision, turn, ok)
         self.proxy.answering -= 1
 
     def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
