@@ -33,6 +33,8 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
+from lane_floor import Stubbed
+
 from rollout_router.app import Runtime
 from rollout_router.policy import sessions
 from rollout_router.policy.affinity import AffinityPolicy
@@ -93,12 +95,6 @@ def fused(glue: LaneGlue) -> Calls:
     return route, finish
 
 
-def stub(glue: LaneGlue) -> Calls:
-    """The lane floor's two calls (lane_floor.py's ``Stubbed``)."""
-    pool = glue.pool(BACKENDS[0])
-    return (lambda *_: (pool, False, None)), (lambda *_: None)
-
-
 def timed(calls: Calls, requests: int, other: bytearray, junk: bytes) -> float:
     """µs per route and finish, each pair after ``other`` is overwritten (nothing when it is empty)."""
     route, finish = calls
@@ -121,7 +117,8 @@ async def measure(requests: int, rounds: int, sizes: list[int]) -> dict[tuple[st
         ours: Calls = (glue.route, glue.finish)
         for key in KEYS:  # every session pinned, every series made
             ours[1](ours[0](None, PATH, 80, 0, key, -1, None, 1.0)[2], 200, 200, None, 1.001, None, 1.002)
-        arms = {"ours": ours, "fused": fused(glue), "stub": stub(glue)}
+        stubbed = Stubbed(runtime.http_proxy)  # a second glue on the same router: the lane floor's
+        arms = {"ours": ours, "fused": fused(glue), "stub": (stubbed.route, stubbed.finish)}
         results: dict[tuple[str, int], list[float]] = {}
         policy, replicas = runtime.balancer.policy, runtime.replicas
         for size in sizes:
