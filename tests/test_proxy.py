@@ -311,7 +311,7 @@ async def test_unexpected_errors_become_json_500_and_the_router_goes_on(replicas
     async with running_router(RouterSettings(backends=[r.url for r in replicas])) as (base, runtime):
         def broken(*args, **kwargs):
             raise RuntimeError("boom")
-        monkeypatch.setattr(runtime.balancer, "acquire", broken)
+        monkeypatch.setattr(runtime.balancer, "take", broken)  # what every route goes through
         code, _, body = await chat(http, base, "s")
         assert code == 500 and body["error"]["code"] == 500 and "boom" not in json.dumps(body)
         monkeypatch.undo()

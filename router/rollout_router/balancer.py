@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from .policy import Decision, LiveConfig, Outcome, Policy, create
 from .policy.hashing import lowest
-from .replicas import Lease, ReplicaSet
+from .replicas import Lease, Replica, ReplicaSet
 
 
 class Balancer:
@@ -28,12 +28,18 @@ class Balancer:
 
     def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None,
                 grpc: bool = False, group: str | None = None) -> tuple[Decision, Lease]:
-        """Route one request and count it in flight; raises NoReplicaError.
+        """Route one request and count it in flight, held by a ``Lease``; raises NoReplicaError.
 
         ``grpc`` limits the choice to replicas with a gRPC target; the counts
         compared are the same shared in-flight counts either way. ``group`` is
         the request's GRPO group key (policy/groups.py).
         """
+        decision, replica = self.take(key, prefix, grpc, group)
+        return decision, Lease(self.replicas, replica)
+
+    def take(self, key: str | None, prefix: Sequence[int] | str | None = None,
+             grpc: bool = False, group: str | None = None) -> tuple[Decision, Replica]:
+        """``acquire`` for a caller that puts the replica back itself, once (``ReplicaSet.take``)."""
         loads = self.replicas.loads(grpc)
         decision = self.policy.decide(key, loads, self._clock(), prefix, group)
         previous = decision.previous  # None unless the session moved (a sticky hit: most requests)
@@ -41,8 +47,8 @@ class Balancer:
             if decision.outcome is Outcome.REPINNED:
                 self.repinned[self.replicas.why_unroutable(previous, grpc)] += 1
             elif decision.outcome is Outcome.BROKEN and previous in loads:
-                self.on_break(loads[previous] - lowest(loads), decision.pin_age)  # before this lease counts
-        return decision, self.replicas.acquire(decision.replica)
+                self.on_break(loads[previous] - lowest(loads), decision.pin_age)  # before this request counts
+        return decision, self.replicas.take(decision.replica)
 
     def why_moved(self, decision: Decision, grpc: bool = False) -> str | None:
         """Why ``decision`` moved its session: margin (a break), or why the old replica was out (a re-pin)."""

@@ -9,6 +9,7 @@ runtime they are handed (``proxy.context.RouterContext``), and import nothing fr
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -265,7 +266,9 @@ class Metrics:
         if children is None:
             children = self._series(backend, code)
         children[0].value += 1
-        children[1].observe(seconds)
+        spread = children[1]  # ``HistogramChild.observe`` inlined: once a request
+        spread.counts[bisect_left(spread.bounds, seconds)] += 1
+        spread.sum += seconds
 
     def _series(self, backend: str, code: int | str) -> tuple[CounterChild, HistogramChild]:
         """The series a request to ``backend`` answered with ``code`` counts into, remembered when the replica
@@ -355,6 +358,8 @@ class MarginMeter:
             registry.register(family)
         self.kept_tokens, self.kept_turns = kept_tokens.child(), kept_turns.child()  # exported from zero on
         self._ttfb = {outcome: self.ttfb.child(outcome) for outcome in OUTCOMES}  # also /status's TTFB sums
+        # A kept turn not measured has no ``Turn`` on the native lane (``attempts.taken``): its first byte goes here.
+        self.kept_first_byte: HistogramChild = self._ttfb["kept"]
         self._credit = 0.0  # kept-turn sampling: every 1/rate-th kept turn, deterministic
         self.rate = 0.0  # settings.metrics.keptPrefillSampleRate: Metrics and Runtime.apply set it
         self.prefill: dict[str, list[int]] = {"moved": [0, 0], "kept": [0, 0]}  # [turns, tokens]
@@ -378,8 +383,11 @@ class MarginMeter:
 
     def turn(self, turn: Turn) -> None:
         """A turn the replica accepted: its time to first byte and, when measured, its prefill."""
-        if turn.first_byte is not None:
-            self._ttfb[turn.outcome].observe(turn.first_byte)
+        first_byte = turn.first_byte
+        if first_byte is not None:
+            spread = self._ttfb[turn.outcome]  # ``HistogramChild.observe`` inlined: once a request
+            spread.counts[bisect_left(spread.bounds, first_byte)] += 1
+            spread.sum += first_byte
         if turn.measure:
             self._measured(turn)
 

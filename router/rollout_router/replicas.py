@@ -81,7 +81,7 @@ class Lease:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._owner._release(self.replica)
+            self._owner.put(self.replica)
 
 
 OUT_OF_ROTATION = {"ejected": "ejected after failures", "unhealthy": "failing their health probe",
@@ -187,13 +187,23 @@ class ReplicaSet:
         return len(http) + sum(1 for replica_id in grpc if replica_id not in http)
 
     def acquire(self, replica_id: str) -> Lease:
+        """Count one request in flight on a live replica, held by a ``Lease``."""
+        return Lease(self, self.take(replica_id))
+
+    def take(self, replica_id: str) -> Replica:
+        """Count one request in flight on a live replica, for a caller that ``put``s it back exactly once (the
+        native lane, whose finish is called once per request: no ``Lease`` made per request)."""
         replica = self._live[replica_id]
         replica.inflight += 1
         load = replica.inflight + replica.external  # ``_recount`` inlined, a live replica's: once per request
-        self._http.move(replica_id, load)
+        http = self._http
+        filed = http.get(replica_id)  # and ``LoadIndex.move``, on the HTTP index
+        if filed is not None:
+            http[replica_id] = load
+            http._moved.setdefault(replica_id, filed)
         if replica.grpc_target is not None:
             self._grpc.move(replica_id, load)
-        return Lease(self, replica)
+        return replica
 
     def get(self, replica_id: str) -> Replica | None:
         return self._live.get(replica_id)
@@ -274,18 +284,24 @@ class ReplicaSet:
     def total_inflight(self) -> int:
         return sum(r.inflight for r in self._live.values()) + sum(r.inflight for r in self._draining.values())
 
-    def _release(self, replica: Replica) -> None:
+    def put(self, replica: Replica) -> None:
+        """A request counted by ``take`` ended (a ``Lease`` calls it once, whatever ends the request)."""
         if replica.inflight <= 0:  # a bug somewhere: never let routing see a negative load
             log.error("in-flight count of %s would go negative; kept at 0", replica.id)
             return
         replica.inflight -= 1
-        if self._live.get(replica.id) is replica:  # ``_recount`` inlined: once per request
+        replica_id = replica.id
+        if self._live.get(replica_id) is replica:  # ``_recount`` inlined: once per request
             load = replica.inflight + replica.external
-            self._http.move(replica.id, load)
+            http = self._http
+            filed = http.get(replica_id)  # and ``LoadIndex.move``, on the HTTP index
+            if filed is not None:
+                http[replica_id] = load
+                http._moved.setdefault(replica_id, filed)
             if replica.grpc_target is not None:
-                self._grpc.move(replica.id, load)
-        elif replica.inflight == 0 and self._draining.get(replica.id) is replica:
-            del self._draining[replica.id]
+                self._grpc.move(replica_id, load)
+        elif replica.inflight == 0 and self._draining.get(replica_id) is replica:
+            del self._draining[replica_id]
 
     def _recount(self, replica: Replica) -> None:
         """Move a replica whose count changed within the indexes that hold it."""

@@ -64,15 +64,21 @@ class AffinityPolicy(SessionPolicy):
                                                            Outcome.UNKEYED)
         if not loads:
             raise NoReplicaError(NO_REPLICA)
-        pinned = self.table.get(key, now)
+        if self._every_pin_kept:  # a routable pin is kept: found and kept in one call (most requests)
+            pinned = self.table.hit(key, now)
+            if pinned is not None and pinned in loads:
+                self.counters.affinity_kept += 1
+                return self._kept[pinned]
+        else:
+            pinned = self.table.get(key, now)
+            if pinned is not None and pinned in loads and self._keeps(key, loads, pinned, now, prefix):
+                self.table.keep(key, now)  # ``_keep`` inlined: most requests come here
+                self.counters.affinity_kept += 1
+                return self._kept[pinned]
         if pinned is None:
             decision = Decision(self._beside(group, loads, self._place(key, loads)), Outcome.NEW)
         elif pinned not in loads:
             decision = Decision(self._place(key, loads), Outcome.REPINNED, previous=pinned)
-        elif self._every_pin_kept or self._keeps(key, loads, pinned, now, prefix):
-            self.table.keep(key, now)  # ``_keep`` inlined: most requests come here
-            self.counters.affinity_kept += 1
-            return self._kept[pinned]
         else:
             decision = Decision(least_loaded(loads, key), Outcome.BROKEN, previous=pinned)
         return self._commit(key, decision, now)

@@ -73,6 +73,23 @@ class SessionTable:
             return None
         return self._replicas[packed & _SLOT_MASK]
 
+    def hit(self, key: str, now: float) -> str | None:
+        """``get`` and ``keep`` in one call, for a rule that keeps every routable pin (``AffinityPolicy.decide``):
+        the pinned replica, its last use now; None if unknown or idle past the TTL. A pin found whose replica is
+        not routable is re-pinned by the caller, which sets its last use again."""
+        pins = self._pins
+        packed = pins.get(key)
+        if packed is None:
+            return None
+        ttl = self.idle_ttl
+        if ttl is not None and now - ((packed >> _SLOT_BITS) & _USED_MASK) / 1000 > ttl:
+            del pins[key]
+            self._counters.expired_idle += 1
+            return None
+        pins[key] = packed & _UNUSED | math.ceil(now * 1000) << _SLOT_BITS
+        pins.move_to_end(key)
+        return self._replicas[packed & _SLOT_MASK]
+
     def used(self, key: str, now: float) -> float | None:
         """When ``key``'s pin was last used (the policy's clock), or None if unknown or idle past the TTL."""
         return None if self.get(key, now) is None else _used(self._pins[key]) / 1000

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from .. import descriptors
 from ..policy import Decision, Outcome
-from ..replicas import Lease
+from ..replicas import Lease, Replica
 from .context import RouterContext
 from .turns import KEPT, Turn, turn_for
 
@@ -48,6 +48,7 @@ class AllRefused(Exception):
 
 
 Routed = tuple[Decision, Lease, Turn]  # one attempt's routing (``route``)
+Taken = tuple[Decision, Replica, Turn | None]  # the same without a lease, and a kept turn unmeasured (``taken``)
 
 
 async def forward(context: RouterContext, key: str | None, send: Callable[[Lease, Turn], Awaitable[bool]],
@@ -89,10 +90,19 @@ def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str |
           group: str | None = None, started: float = 0.0) -> Routed:
     """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn`` (``started``: when the
     attempt is dispatched, for a caller that dispatches it at once; else ``Turn.begin``); NoReplicaError."""
-    decision, lease = context.balancer.acquire(key, prefix, grpc, group)
+    decision, replica, turn = taken(context, key, prefix, grpc, group, started)
+    return decision, Lease(context.replicas, replica), turn or Turn(KEPT, None, False, started)
+
+
+def taken(context: RouterContext, key: str | None, prefix: Sequence[int] | str | None = None, grpc: bool = False,
+          group: str | None = None, started: float = 0.0) -> Taken:
+    """``route`` for the native lane, which puts the replica back itself, once (no ``Lease`` per request), and
+    records a kept turn that is not measured, most requests, with no ``Turn`` made: None in its place, its first
+    byte observed alone (``MarginMeter.kept_first_byte``)."""
+    decision, replica = context.balancer.take(key, prefix, grpc, group)
     if decision.outcome is Outcome.KEPT:  # most turns: nothing moved to say why, and a share of them is measured
-        return decision, lease, Turn(KEPT, None, context.metrics.margin.sample(), started)
-    return decision, lease, turn_for(decision, context.balancer.why_moved(decision, grpc), started)
+        return decision, replica, Turn(KEPT, None, True, started) if context.metrics.margin.sample() else None
+    return decision, replica, turn_for(decision, context.balancer.why_moved(decision, grpc), started)
 
 
 def settle(context: RouterContext, key: str | None, decision: Decision, turn: Turn, accepted: bool) -> None:

@@ -14,8 +14,10 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..attempts import Routed, route, settle
+from ...replicas import Lease
+from ..attempts import Taken, taken
 from ..session_key import header_key
+from ..turns import KEPT, Turn
 from . import server, upstream
 from .delegated import LaneAsked
 from .heads import remembered
@@ -42,7 +44,7 @@ PATHS_KEPT = 1024  # paths whose verdict (forwarded, keyed) is remembered; clear
 KEYED, UNKEYED = 1, 2  # a forwarded path whose session key is read, or one routed without (``routes.unkeyed``)
 LANE_REQUEST = HttpRequest(0)  # what a lane request is to the Python path's heads: keep-alive HTTP/1.1, no HEAD
 
-Token = tuple[str | None, str | None, Routed, float]  # key, group, routing, the attempt's start
+Token = tuple[str | None, str | None, Taken, float]  # key, group, routing (no lease: ``finish`` puts it back), start
 
 
 @functools.cache
@@ -61,7 +63,9 @@ class LaneGlue:
 
     def __init__(self, proxy: HttpProxy) -> None:
         self.proxy, self.context = proxy, proxy.context
-        self._metrics, self._outliers = proxy.context.metrics, proxy.context.outliers
+        context = proxy.context
+        self._metrics, self._outliers, self._replicas = context.metrics, context.outliers, context.replicas
+        self._kept_first_byte = context.metrics.margin.kept_first_byte
         self.native = _lane.Lane(self, proxy, proxy.active, proxy.context.rl.versions)
         self.native.write_high_water = server.WRITE_HIGH_WATER
         self.pools: dict[str, Any] = {}
@@ -121,14 +125,15 @@ class LaneGlue:
                     group_key = self._key(group_at, group, "group")
             if fleet is not None and session_key is not None and not fleet.decided_here(session_key, False):
                 return self._ask(client, session_key, group_key)  # a sibling worker's key: its owner decides
-            routed = route(context, session_key, None, False, group_key, now)
+            routed = taken(context, session_key, None, False, group_key, now)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
             return None
         self.proxy.answering += 1
-        pool = self.pools.get(routed[1].replica.id)
+        pool = self.pools.get(routed[1].id)
         if pool is None:
-            pool = self.pool(routed[1].replica.id)
-        return pool, routed[2].measure, (session_key, group_key, routed, now)
+            pool = self.pool(routed[1].id)
+        turn = routed[2]
+        return pool, turn is not None and turn.measure, (session_key, group_key, routed, now)
 
     def _ask(self, client: Any, key: str, group: str | None) -> tuple[()] | None:
         """A key a sibling worker owns: ask it for the replica (``LaneAsked``; an empty tuple tells the lane to
@@ -179,17 +184,22 @@ class LaneGlue:
         ok = status < 400 if status else failure is None and code == CLIENT_CLOSED  # ``relay.accepted``'s rule
         if type(token) is LaneAsked:
             return token.finish(code, status, failure, ok, first_at, tail, now)
-        key, _, (decision, lease, turn), started = token
-        replica = lease.replica
-        turn.ended(first_at, tail, replica.id)
+        key, _, (decision, replica, turn), started = token
+        if turn is not None:
+            turn.ended(first_at, tail, replica.id)
         if failure is not None:
             self._outliers.failure(replica, failure)
         elif status:
             self._outliers.answered(replica, status)
         if code is not None:
             self._metrics.observe(replica.id, code, now - started)
-        lease.release()
-        settle(self.context, key, decision, turn, ok)
+        self._replicas.put(replica)
+        if not ok:  # ``attempts.settle`` inlined: once a request
+            self.context.balancer.forget(key, decision)
+        elif turn is not None:
+            self._metrics.turn(turn)
+        elif first_at:  # a kept turn, not measured (``taken``): its first byte alone
+            self._kept_first_byte.observe(first_at - started)
         self.proxy.answering -= 1
 
     def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
@@ -219,13 +229,13 @@ class LaneGlue:
         """Connecting failed and the client has gone: counted as ``attempts.forward`` counts a refusal."""
         if isinstance(token, LaneAsked):
             return token.refused(error)
-        key, _, (decision, lease, _turn), _ = token
+        key, _, (decision, replica, _turn), _ = token
         context = self.proxy.context
-        connect_failure(self.proxy, lease, error)
-        context.replicas.mark_down(lease.replica_id, context.settings.down_seconds)
-        context.metrics.retried(lease.replica_id)
+        connect_failure(self.proxy, replica, error)
+        context.replicas.mark_down(replica.id, context.settings.down_seconds)
+        context.metrics.retried(replica.id)
         context.balancer.forget(key, decision)
-        lease.release()
+        context.replicas.put(replica)
         self.proxy.answering -= 1
 
     def opened(self, client: Any) -> bool:
@@ -250,10 +260,7 @@ class LaneGlue:
         if why == W_ADMIT:
             client.refuse()
             return client
-        if isinstance(handed, tuple) and isinstance(handed[0], LaneAsked):  # a sibling decided, its replica refused:
-            handed[0].refused(handed[1])  # relayed through the owner, as ``Delegated._open`` does
-            handed = _lane.RELAY
-        client.handed = handed
+        client.handed = handed if not isinstance(handed, tuple) else self._refused(*handed)
         if data:
             client.data_received(data)
         if native.since:  # a request (or the connection's first head) began in the lane: its clocks come too
@@ -261,6 +268,17 @@ class LaneGlue:
         if why == W_SLOW:  # and the sweep is visiting
             client.check(proxy.now, proxy.limits())
         return client
+
+    def _refused(self, token: Token | LaneAsked, error: OSError) -> tuple | str:
+        """What the Python path is handed with a request whose replica refused the connection: one a sibling
+        decided relays through its owner (as ``Delegated._open`` does); one routed here is retried elsewhere as
+        ``attempts.forward`` does, its routing now under a ``Lease`` (``HttpProxy._handed``)."""
+        if isinstance(token, LaneAsked):
+            token.refused(error)
+            return _lane.RELAY
+        key, group, (decision, replica, turn), started = token
+        leased = decision, Lease(self.context.replicas, replica), turn or Turn(KEPT, None, False, started)
+        return (key, group, leased, started), error
 
     def take_back(self, client: ClientConnection) -> None:
         """The Python path is idle on ``client``'s connection: the lane serves it again."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
-from ...replicas import Lease
+from ...replicas import Lease, Replica
 from ..attempts import Refused, refused_or_short
 from ..errors import error_body
 from ..turns import TAIL_BYTES, Turn
@@ -371,15 +371,15 @@ async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpReque
     try:
         return await pool.exchange(send, fresh)
     except OSError as error:
-        raise connect_failure(proxy, lease, error) from None
+        raise connect_failure(proxy, lease.replica, error) from None
 
 
-def connect_failure(proxy: HttpProxy, lease: Lease, error: OSError) -> Exception:
-    """What a failed connect to the leased replica raises: ``Refused`` (nothing was sent: as safe to retry as a
+def connect_failure(proxy: HttpProxy, replica: Replica, error: OSError) -> Exception:
+    """What a failed connect to the routed replica raises: ``Refused`` (nothing was sent: as safe to retry as a
     refusal; a timeout also counts against the replica's health), or the router's own descriptor shortage."""
     if isinstance(error, TimeoutError):
-        proxy.context.outliers.failure(lease.replica, TIMEOUT)
-        return Refused(f"connecting to {lease.replica.id} timed out")
+        proxy.context.outliers.failure(replica, TIMEOUT)
+        return Refused(f"connecting to {replica.id} timed out")
     return refused_or_short(error, str(error))
 
 

@@ -190,7 +190,7 @@ class HttpProxy(HttpListener):
         async def send(lease: Lease, turn: Turn) -> bool:
             if forwarding.refused is not None:  # the lane's connect to this replica failed
                 error, forwarding.refused = forwarding.refused, None
-                raise connect_failure(self, lease, error)
+                raise connect_failure(self, lease.replica, error)
             started, forwarding.started = forwarding.started, None
             stale = started is not None  # the fast path's attempt, begun on a pooled connection that went stale
             if started is None:
