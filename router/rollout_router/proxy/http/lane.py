@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from ...replicas import Lease
@@ -189,8 +190,8 @@ class LaneGlue:
             turn.ended(first_at, tail, replica.id)
         if failure is not None:
             self._outliers.failure(replica, failure)
-        elif status:
-            self._outliers.answered(replica, status)
+        elif status and (status >= 500 or replica.failures or replica.server_errors):  # else ``answered`` changes
+            self._outliers.answered(replica, status)  # nothing: a head below 500, no streak running (most requests)
         if code is not None:
             self._metrics.observe(replica.id, code, now - started)
         self._replicas.put(replica)
@@ -198,8 +199,10 @@ class LaneGlue:
             self.context.balancer.forget(key, decision)
         elif turn is not None:
             self._metrics.turn(turn)
-        elif first_at:  # a kept turn, not measured (``taken``): its first byte alone
-            self._kept_first_byte.observe(first_at - started)
+        elif first_at:  # a kept turn, not measured (``taken``): its first byte alone (``HistogramChild.observe``)
+            spread, seconds = self._kept_first_byte, first_at - started
+            spread.counts[bisect_left(spread.bounds, seconds)] += 1
+            spread.sum += seconds
         self.proxy.answering -= 1
 
     def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
