@@ -10,7 +10,7 @@ sticky hit answered 200 (256 sessions, pinned before), timed with ``perf_counter
 other memory (0: warm; the L2 cache here is 4 MiB, the L3 300 MiB shared), three arms interleaved over rounds,
 medians and minimums in µs:
 
-  ours        the router's ``LaneGlue`` as the lane calls it: policy, lease, turn, metrics, passive health
+  ours        the router's ``LaneGlue`` as the lane calls it: policy, in-flight count, turn, metrics, passive health
   fused       an experiment, not the router: the same state changes for a sticky hit (the pin's last use and
               the kept counter, the replica's in-flight count and load, the request and latency series, the
               time to first byte, the passive-health streaks) written out in two functions, reading the same
