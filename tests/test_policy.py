@@ -225,6 +225,29 @@ def test_rendezvous_moves_only_keys_of_a_removed_replica(keys, removed):
 
 
 @settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from("abc"), st.floats(0, 50)), max_size=30),
+       ttl=st.none() | st.floats(0.5, 20))
+def test_a_sticky_hit_is_get_then_keep(steps, ttl):
+    """``SessionTable.hit`` (the router's sticky hit) leaves the table as ``get`` then ``keep`` would: the same
+    answers, pins, last uses, LRU order and expiry counts, whatever the keys, times and TTL."""
+    counted, fused = Counters(), Counters()
+    apart, together = SessionTable(counted, idle_ttl=ttl), SessionTable(fused, idle_ttl=ttl)
+    now = 0.0
+    for key, wait in steps:
+        now += wait
+        found = apart.get(key, now)
+        if found is not None:
+            apart.keep(key, now)
+        assert together.hit(key, now) == found
+        if found is None:  # a new pin, on both
+            apart.pin(key, "r0", now)
+            together.pin(key, "r0", now)
+        assert apart.held(now) == together.held(now)
+        assert [apart.age(k, now) for k in "abc"] == [together.age(k, now) for k in "abc"]
+    assert counted.expired_idle == fused.expired_idle
+
+
+@settings(max_examples=200, deadline=None)
 @given(used=st.floats(0, 1e7), ttl=st.floats(0.01, 1e5))
 def test_a_pin_never_expires_before_its_idle_timeout(used, ttl):
     """Pins store their last use in milliseconds, rounded up: late by under a millisecond, never early."""
