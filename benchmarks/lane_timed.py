@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from proxy_cost import CHAT, STREAM, Arm, build_loadgen, load
+from proxy_cost import CHAT, STREAM, Arm, build_loadgen, load, load_options, loads_checked
 from proxy_overhead import start_raw_replica
 
 from rollout_router.app import Runtime
@@ -121,20 +121,13 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of both loads (default 3)")
-    parser.add_argument("--seconds", type=float, default=4, help="seconds per load per round (default 4)")
-    parser.add_argument("--rate", type=int, default=2000, help="chat requests a second (default 2000)")
-    parser.add_argument("--stream-rate", type=int, default=500, help="SSE streams a second (default 500)")
+    load_options(parser, rounds=3, seconds=4)
     parser.add_argument("--serve", nargs="+", metavar="ARG", help=argparse.SUPPRESS)  # PORT REPORT BACKEND...
-    args = parser.parse_args()
+    args = loads_checked(parser)
     if args.serve:
         port, report, *backends = args.serve
         uvloop.run(serve(int(port), backends, Path(report)))
         return 0
-    for flag, value in (("--rounds", args.rounds), ("--seconds", args.seconds), ("--rate", args.rate),
-                        ("--stream-rate", args.stream_rate)):
-        if value <= 0:
-            parser.error(f"{flag} must be positive, got {value}")
     if lane.unavailable() is not None:
         print(f"lane_timed.py: {lane.unavailable()}", file=sys.stderr)
         return 1

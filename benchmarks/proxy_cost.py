@@ -212,12 +212,28 @@ def report(arms: list[Arm], sets: list[set[str]], reference: str, stream_referen
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="rounds, arms alternating (default 5)")
-    parser.add_argument("--seconds", type=float, default=5, help="seconds per load per arm per round (default 5)")
+def load_options(parser: argparse.ArgumentParser, rounds: int, seconds: float) -> None:
+    """The two fixed-rate loads' options (also lane_timed.py's); ``loads_checked`` refuses what is not positive."""
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"rounds, arms alternating (default {rounds})")
+    parser.add_argument("--seconds", type=float, default=seconds,
+                        help=f"seconds per load per arm per round (default {seconds:g})")
     parser.add_argument("--rate", type=int, default=2000, help="chat requests per second offered (default 2000)")
     parser.add_argument("--stream-rate", type=int, default=500, help="SSE streams per second offered (default 500)")
+
+
+def loads_checked(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The parsed arguments, the loads' options each positive (else one line and exit 2, naming the flag)."""
+    args = parser.parse_args()
+    for flag, value in (("--rounds", args.rounds), ("--seconds", args.seconds), ("--rate", args.rate),
+                        ("--stream-rate", args.stream_rate)):
+        if value <= 0:
+            parser.error(f"{flag} must be positive, got {value}")
+    return args
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    load_options(parser, rounds=5, seconds=5)
     parser.add_argument("--arms", help="comma-separated arm names to run (default: all); direct always runs")
     parser.add_argument("--baseline-src", type=Path, metavar="DIR", help="also run 'ours (sticky)' from this "
                         "source directory (the folder holding an older rollout_router package), side by side")
@@ -225,11 +241,7 @@ def main() -> int:
                         help="the arm the per-request ratios are against (default: HAProxy)")
     parser.add_argument("--stream-reference", default="nginx 1.22 (one worker)",
                         help="the arm the per-stream ratios are against (default: nginx)")
-    args = parser.parse_args()
-    for flag, value in (("--rounds", args.rounds), ("--seconds", args.seconds), ("--rate", args.rate),
-                        ("--stream-rate", args.stream_rate)):
-        if value <= 0:
-            parser.error(f"{flag} must be positive, got {value}")
+    args = loads_checked(parser)
     if args.baseline_src is not None and not (args.baseline_src / "rollout_router" / "__init__.py").is_file():
         parser.error(f"--baseline-src {args.baseline_src}: no rollout_router package in that directory")
     build_loadgen()
