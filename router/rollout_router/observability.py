@@ -9,7 +9,6 @@ runtime they are handed (``proxy.context.RouterContext``), and import nothing fr
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -266,9 +265,7 @@ class Metrics:
         if children is None:
             children = self._series(backend, code)
         children[0].value += 1
-        spread = children[1]  # ``HistogramChild.observe`` inlined: once a request
-        spread.counts[bisect_left(spread.bounds, seconds)] += 1
-        spread.sum += seconds
+        children[1].observe(seconds)
 
     def _series(self, backend: str, code: int | str) -> tuple[CounterChild, HistogramChild]:
         """The series a request to ``backend`` answered with ``code`` counts into, remembered when the replica
@@ -383,11 +380,8 @@ class MarginMeter:
 
     def turn(self, turn: Turn) -> None:
         """A turn the replica accepted: its time to first byte and, when measured, its prefill."""
-        first_byte = turn.first_byte
-        if first_byte is not None:
-            spread = self._ttfb[turn.outcome]  # ``HistogramChild.observe`` inlined: once a request
-            spread.counts[bisect_left(spread.bounds, first_byte)] += 1
-            spread.sum += first_byte
+        if turn.first_byte is not None:
+            self._ttfb[turn.outcome].observe(turn.first_byte)
         if turn.measure:
             self._measured(turn)
 

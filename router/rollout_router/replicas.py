@@ -196,11 +196,7 @@ class ReplicaSet:
         replica = self._live[replica_id]
         replica.inflight += 1
         load = replica.inflight + replica.external  # ``_recount`` inlined, a live replica's: once per request
-        http = self._http
-        filed = http.get(replica_id)  # and ``LoadIndex.move``, on the HTTP index
-        if filed is not None:
-            http[replica_id] = load
-            http._moved.setdefault(replica_id, filed)
+        self._http.move(replica_id, load)
         if replica.grpc_target is not None:
             self._grpc.move(replica_id, load)
         return replica
@@ -293,11 +289,7 @@ class ReplicaSet:
         replica_id = replica.id
         if self._live.get(replica_id) is replica:  # ``_recount`` inlined: once per request
             load = replica.inflight + replica.external
-            http = self._http
-            filed = http.get(replica_id)  # and ``LoadIndex.move``, on the HTTP index
-            if filed is not None:
-                http[replica_id] = load
-                http._moved.setdefault(replica_id, filed)
+            self._http.move(replica_id, load)
             if replica.grpc_target is not None:
                 self._grpc.move(replica_id, load)
         elif replica.inflight == 0 and self._draining.get(replica_id) is replica:

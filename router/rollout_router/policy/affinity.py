@@ -72,9 +72,7 @@ class AffinityPolicy(SessionPolicy):
         else:
             pinned = self.table.get(key, now)
             if pinned is not None and pinned in loads and self._keeps(key, loads, pinned, now, prefix):
-                self.table.keep(key, now)  # ``_keep`` inlined: most requests come here
-                self.counters.affinity_kept += 1
-                return self._kept[pinned]
+                return self._keep(key, pinned, now)
         if pinned is None:
             decision = Decision(self._beside(group, loads, self._place(key, loads)), Outcome.NEW)
         elif pinned not in loads:

@@ -3,8 +3,7 @@
 ``LoadIndex`` is the mapping of replica -> load the policies read (``Request.loads``), which the replica set
 keeps up to date as requests start and end. It is a ``dict``, so a policy's ``in``, ``[]`` and ``len``
 (several per routed request) run in C rather than through Python methods; policies are handed it as a
-read-only ``Mapping`` and only the replica set changes it, through ``set``, ``move`` and ``discard``
-(its ``take`` and ``put``, once each per request, do what ``move`` does in place: a call fewer each). It adds
+read-only ``Mapping`` and only the replica set changes it, through ``set``, ``move`` and ``discard``. It adds
 ``min()``, ``least(key)``, ``total()`` and ``ordered()``; ``lowest``, ``least_loaded``, ``total`` and
 ``ordered`` in ``hashing`` use them when given an index and fall back to a scan for a plain dict (the
 simulator and the tests), so a policy reads the same either way.

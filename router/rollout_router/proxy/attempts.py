@@ -87,10 +87,16 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
 
 
 def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str | None = None, grpc: bool = False,
-          group: str | None = None, started: float = 0.0) -> Routed:
-    """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn`` (``started``: when the
-    attempt is dispatched, for a caller that dispatches it at once; else ``Turn.begin``); NoReplicaError."""
-    decision, replica, turn = taken(context, key, prefix, grpc, group, started)
+          group: str | None = None) -> Routed:
+    """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn`` (its clock started by
+    ``Turn.begin``); NoReplicaError."""
+    return leased(context, taken(context, key, prefix, grpc, group))
+
+
+def leased(context: RouterContext, routing: Taken, started: float = 0.0) -> Routed:
+    """``taken``'s routing under a ``Lease``, with a ``Turn`` for the kept turn it left unmeasured: the Python
+    path's attempt stamps a turn on every request (``started``: the attempt's start, if it has one)."""
+    decision, replica, turn = routing
     return decision, Lease(context.replicas, replica), turn or Turn(KEPT, None, False, started)
 
 

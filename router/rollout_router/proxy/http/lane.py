@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
-from ...replicas import Lease
-from ..attempts import Taken, taken
+from ..attempts import Taken, leased, taken
 from ..session_key import header_key
-from ..turns import KEPT, Turn
 from . import server, upstream
 from .delegated import LaneAsked
 from .heads import remembered
@@ -190,8 +187,8 @@ class LaneGlue:
             turn.ended(first_at, tail, replica.id)
         if failure is not None:
             self._outliers.failure(replica, failure)
-        elif status and (status >= 500 or replica.failures or replica.server_errors):  # else ``answered`` changes
-            self._outliers.answered(replica, status)  # nothing: a head below 500, no streak running (most requests)
+        elif status:
+            self._outliers.answered(replica, status)
         if code is not None:
             self._metrics.observe(replica.id, code, now - started)
         self._replicas.put(replica)
@@ -199,10 +196,8 @@ class LaneGlue:
             self.context.balancer.forget(key, decision)
         elif turn is not None:
             self._metrics.turn(turn)
-        elif first_at:  # a kept turn, not measured (``taken``): its first byte alone (``HistogramChild.observe``)
-            spread, seconds = self._kept_first_byte, first_at - started
-            spread.counts[bisect_left(spread.bounds, seconds)] += 1
-            spread.sum += seconds
+        elif first_at:  # a kept turn, not measured (``taken``): its first byte alone
+            self._kept_first_byte.observe(first_at - started)
         self.proxy.answering -= 1
 
     def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
@@ -279,9 +274,8 @@ class LaneGlue:
         if isinstance(token, LaneAsked):
             token.refused(error)
             return _lane.RELAY
-        key, group, (decision, replica, turn), started = token
-        leased = decision, Lease(self.context.replicas, replica), turn or Turn(KEPT, None, False, started)
-        return (key, group, leased, started), error
+        key, group, routing, started = token
+        return (key, group, leased(self.context, routing, started), started), error
 
     def take_back(self, client: ClientConnection) -> None:
         """The Python path is idle on ``client``'s connection: the lane serves it again."""
