@@ -113,6 +113,35 @@ def test_backend_labels_beyond_the_cap_share_one_overflow_label():
     assert metrics.per_backend(lambda r: 1)[OTHER] == 2
 
 
+def test_a_fleet_above_the_label_cap_looks_for_freed_labels_only_after_a_replica_left(monkeypatch):
+    """Every request to a replica counted under ``other`` asks for a label; the labels are looked over again only
+    once a replica has left the set (or finished draining), not on every such request."""
+    replicas = ReplicaSet()
+    urls = [f"http://10.0.0.{i}:8000" for i in range(5)]
+    replicas.replace([(url, None) for url in urls])
+    settings = RouterSettings(metrics={"maxBackendLabels": 3})
+    metrics = Metrics(Balancer(replicas, "affinity", LiveConfig()), replicas, lambda: settings, lambda: None,
+                      clock=lambda: 0.0)
+    looked: list[str] = []
+    known = replicas.known
+    monkeypatch.setattr(replicas, "known", lambda replica_id: looked.append(replica_id) or known(replica_id))
+    for url in urls[:3]:
+        metrics.observe(url, 200, 0.1)
+    looked.clear()
+    for _ in range(10):
+        metrics.observe(urls[3], 200, 0.1)
+    assert metrics.backend_label(urls[3]) == OTHER
+    assert sorted(looked) == sorted(urls[:3])  # one look over the three labels, not one per request
+    looked.clear()
+    lease = replicas.acquire(urls[0])
+    replicas.remove(urls[0])  # draining: still known, and its label stays
+    metrics.observe(urls[3], 200, 0.1)
+    assert looked == [] and metrics.backend_label(urls[3]) == OTHER
+    lease.release()  # drained: its label is free for the next replica that asks
+    metrics.observe(urls[3], 200, 0.1)
+    assert metrics.backend_label(urls[3]) == urls[3]
+
+
 def test_the_labels_of_replicas_that_left_go_to_new_replicas_once_all_are_taken():
     """Pods that come back on new addresses: a drained replica's label (and its series) goes to a new replica when
     the cap is reached; a replica still draining, or still in the set, keeps its own."""

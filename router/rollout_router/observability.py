@@ -210,6 +210,7 @@ class Metrics:
         # (replica, code) -> its series, for replicas with a backend label of their own (``observe``)
         self._children: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
+        self._scanned = -1  # ``replicas.departures`` when ``_reclaim`` last found every label's replica still known
         self.margin = MarginMeter(self.registry)
         self.margin.rate = settings().metrics.kept_prefill_sample_rate
         # A turn the replica accepted (``MarginMeter.turn``), bound once: one call per request rather than two.
@@ -226,11 +227,19 @@ class Metrics:
             if len(self._labels) >= cap and self._reclaim() >= cap:
                 return OTHER  # not remembered either: a churning fleet grows no table here
             label = self._labels[backend] = backend
+            if not self.replicas.known(backend):  # gone already: the next ``_reclaim`` looks again
+                self._scanned = -1
         return label
 
     def _reclaim(self) -> int:
         """Give up the labels of replicas no longer in the set (nor draining) and drop their series: a fleet whose
-        pods come back on new addresses keeps per-replica metrics for the replicas it has. Returns the labels kept."""
+        pods come back on new addresses keeps per-replica metrics for the replicas it has. Returns the labels kept.
+        The labels are scanned only when a replica has left since the last scan (``ReplicaSet.departures``): in a
+        fleet above the cap, a request to a replica labelled ``other`` comes here every time."""
+        departures = self.replicas.departures
+        if departures == self._scanned:  # every label's replica was known then and none has left since
+            return len(self._labels)
+        self._scanned = departures
         gone = {backend for backend in self._labels if not self.replicas.known(backend)}
         if gone:
             for backend in gone:

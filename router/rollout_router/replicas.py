@@ -98,6 +98,7 @@ class ReplicaSet:
         self._down: dict[str, float] = {}  # replicas marked down -> until when
         self._external: dict[str, int] = {}  # replica id -> load outside this router, also for ids not (yet) here
         self.epoch = 0  # moves when a replica joins, leaves or is ejected (the RL fan-out's membership fence)
+        self.departures = 0  # replicas gone for good (removed idle, or drained): when ``known`` may turn False
 
     def __contains__(self, replica_id: str) -> bool:
         return replica_id in self._live
@@ -147,6 +148,8 @@ class ReplicaSet:
         self._down.pop(replica_id, None)
         if replica.inflight > 0:
             self._draining[replica_id] = replica
+        else:
+            self.departures += 1
 
     def replace(self, endpoints: Iterable[tuple[str, str | None]], source: str = STATIC) -> None:
         """Make ``source``'s entries exactly these (replica id, gRPC target) pairs (static lists, reloads)."""
@@ -294,6 +297,7 @@ class ReplicaSet:
                 self._grpc.move(replica_id, load)
         elif replica.inflight == 0 and self._draining.get(replica_id) is replica:
             del self._draining[replica_id]
+            self.departures += 1
 
     def _recount(self, replica: Replica) -> None:
         """Move a replica whose count changed within the indexes that hold it."""
