@@ -99,12 +99,17 @@ def test_a_break_reports_the_gap_the_margin_saw_and_the_pin_age():
     assert seen == [(4, 42)]
 
 
-def test_backend_labels_beyond_the_cap_share_one_overflow_label():
+def three_labels(urls: list[str]) -> tuple[ReplicaSet, Metrics]:
+    """A replica set of ``urls`` and its metrics with ``maxBackendLabels: 3``."""
     replicas = ReplicaSet()
-    replicas.replace([(f"http://10.0.0.{i}:8000", None) for i in range(5)])
+    replicas.replace([(url, None) for url in urls])
     settings = RouterSettings(metrics={"maxBackendLabels": 3})
-    metrics = Metrics(Balancer(replicas, "affinity", LiveConfig()), replicas, lambda: settings, lambda: None,
-                      clock=lambda: 0.0)
+    return replicas, Metrics(Balancer(replicas, "affinity", LiveConfig()), replicas, lambda: settings, lambda: None,
+                             clock=lambda: 0.0)
+
+
+def test_backend_labels_beyond_the_cap_share_one_overflow_label():
+    replicas, metrics = three_labels([f"http://10.0.0.{i}:8000" for i in range(5)])
     for replica in replicas.replicas():
         metrics.observe(replica.id, 200, 0.1)
     labels = {s.labels["backend"] for family in metrics.registry.collect() for s in family.samples
@@ -116,12 +121,8 @@ def test_backend_labels_beyond_the_cap_share_one_overflow_label():
 def test_a_fleet_above_the_label_cap_looks_for_freed_labels_only_after_a_replica_left(monkeypatch):
     """Every request to a replica counted under ``other`` asks for a label; the labels are looked over again only
     once a replica has left the set (or finished draining), not on every such request."""
-    replicas = ReplicaSet()
     urls = [f"http://10.0.0.{i}:8000" for i in range(5)]
-    replicas.replace([(url, None) for url in urls])
-    settings = RouterSettings(metrics={"maxBackendLabels": 3})
-    metrics = Metrics(Balancer(replicas, "affinity", LiveConfig()), replicas, lambda: settings, lambda: None,
-                      clock=lambda: 0.0)
+    replicas, metrics = three_labels(urls)
     looked: list[str] = []
     known = replicas.known
     monkeypatch.setattr(replicas, "known", lambda replica_id: looked.append(replica_id) or known(replica_id))
@@ -145,12 +146,8 @@ def test_a_fleet_above_the_label_cap_looks_for_freed_labels_only_after_a_replica
 def test_the_labels_of_replicas_that_left_go_to_new_replicas_once_all_are_taken():
     """Pods that come back on new addresses: a drained replica's label (and its series) goes to a new replica when
     the cap is reached; a replica still draining, or still in the set, keeps its own."""
-    replicas = ReplicaSet()
     old = [f"http://10.0.0.{i}:8000" for i in range(3)]
-    replicas.replace([(url, None) for url in old])
-    settings = RouterSettings(metrics={"maxBackendLabels": 3})
-    metrics = Metrics(Balancer(replicas, "affinity", LiveConfig()), replicas, lambda: settings, lambda: None,
-                      clock=lambda: 0.0)
+    replicas, metrics = three_labels(old)
     for url in old:
         metrics.observe(url, 200, 0.1)
         metrics.retried(url)
