@@ -2,7 +2,8 @@
 
 The router's own path (``Balancer.acquire`` over the live ``ReplicaSet``), for new sessions (a least-loaded
 placement), sticky hits (affinity kept) and unkeyed requests, under the default policy (affinity, margin 2)
-and every other policy the router ships; and the count each answered request adds to the metrics
+and every other policy the router ships; sticky hits under the default policy while half the fleet is marked
+down (it refused connections: out of rotation for ``downSeconds``); and the count each answered request adds to the metrics
 (``Metrics.observe``, requests spread over every replica: at 1,024 replicas most share the ``other`` label of
 ``maxBackendLabels``, 64). Microseconds per decision or count, median of 5 runs; the ratio column is 1,024 against 16.
 
@@ -24,11 +25,14 @@ SIZES = (16, 1024)
 N = 20_000
 
 
-def per_decision(policy: str, size: int, keys: list[str | None]) -> float:
-    """Microseconds per decision, the median of five timed runs over ``keys``."""
+def per_decision(policy: str, size: int, keys: list[str | None], down: bool = False) -> float:
+    """Microseconds per decision, the median of five timed runs over ``keys`` (``down``: with every other replica
+    marked down for longer than the runs take)."""
     replicas = ReplicaSet()
     for i in range(size):
         replicas.add(f"http://10.0.{i // 256}.{i % 256}:8000")
+        if down and i % 2:
+            replicas.mark_down(f"http://10.0.{i // 256}.{i % 256}:8000", 3600)
     balancer = Balancer(replicas, policy, LiveConfig(margin=2, max_sessions=1_000_000))
     for key in keys:  # warm: sticky hits find their pins
         balancer.acquire(key)[1].release()
@@ -52,6 +56,8 @@ def main() -> None:
             else:
                 costs = [per_decision(policy, size, keys) for size in SIZES]
             print(f"{policy:<18}{name:<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
+    costs = [per_decision("affinity", size, cases["sticky hit"], down=True) for size in SIZES]
+    print(f"{'affinity':<18}{'half down':<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
     costs = [per_count(size) for size in SIZES]
     print(f"{'(metrics)':<18}{'answered':<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
 

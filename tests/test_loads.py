@@ -109,6 +109,30 @@ def test_replica_set_loads_match_a_scan_of_the_live_replicas(ops):
             assert dict(replicas.loads(grpc)) == scan
 
 
+def test_routing_looks_over_the_replicas_marked_down_only_once_a_mark_down_has_ended(monkeypatch):
+    """Replicas that refused connections are out of rotation for a while; routing (``loads``, every request) looks
+    them over to put back those whose time is over only once one is, not on every request (in an outage of half
+    a large fleet that look was most of a decision's cost)."""
+    now = [0.0]
+    replicas = ReplicaSet(clock=lambda: now[0])
+    for i in range(8):
+        replicas.add(f"http://r{i}")
+    for i in range(4):
+        replicas.mark_down(f"http://r{i}", 10.0 + i)
+    looks: list[float] = []
+    revive = replicas._revive
+    monkeypatch.setattr(replicas, "_revive", lambda at: looks.append(at) or revive(at))
+    for _ in range(100):
+        assert len(replicas.loads()) == 4
+    assert looks == []
+    now[0] = 10.5
+    assert "http://r0" in replicas.loads() and "http://r1" not in replicas.loads()
+    assert looks == [10.5]  # the next mark-down ends at 11
+    now[0] = 13.0
+    assert len(replicas.loads()) == 8 and len(replicas.loads(grpc=False)) == 8
+    assert looks == [10.5, 13.0]
+
+
 @pytest.mark.parametrize("policy", SELECTABLE)
 def test_routing_cost_does_not_grow_with_the_fleet(policy):
     """The decision at 1,024 idle replicas touches the same few entries as at 16 (counted, not timed).

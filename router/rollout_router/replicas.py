@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -96,6 +97,7 @@ class ReplicaSet:
         self._draining: dict[str, Replica] = {}
         self._http, self._grpc = LoadIndex(), LoadIndex()  # the replicas routable now, by load
         self._down: dict[str, float] = {}  # replicas marked down -> until when
+        self._revival = math.inf  # no mark-down in ``_down`` ends before this (``loads`` looks no sooner)
         self._external: dict[str, int] = {}  # replica id -> load outside this router, also for ids not (yet) here
         self.epoch = 0  # moves when a replica joins, leaves or is ejected (the RL fan-out's membership fence)
         self.departures = 0  # replicas gone for good (removed idle, or drained): when ``known`` may turn False
@@ -129,6 +131,7 @@ class ReplicaSet:
         self._live[replica_id] = replica
         if replica.down_until > self._clock():  # back from draining while still marked down
             self._down[replica_id] = replica.down_until
+            self._revival = min(self._revival, replica.down_until)
         self._index(replica)
         return replica
 
@@ -166,7 +169,9 @@ class ReplicaSet:
         A live view, kept up to date as requests start and end: read it, do not keep it.
         """
         if self._down:
-            self._revive(self._clock())
+            now = self._clock()
+            if now >= self._revival:  # a mark-down has ended: not a look over every replica down, per request
+                self._revive(now)
         return self._grpc if grpc else self._http
 
     def set_external(self, replica_id: str, load: int) -> None:
@@ -270,6 +275,7 @@ class ReplicaSet:
 
     def _take_out(self, replica: Replica, until: float) -> None:
         replica.down_until = self._down[replica.id] = max(until, self._down.get(replica.id, 0.0))
+        self._revival = min(self._revival, replica.down_until)
         self._unindex(replica.id)
 
     def grpc_targets(self) -> set[str]:
@@ -334,6 +340,7 @@ class ReplicaSet:
                 replica = self._live.get(replica_id)
                 if replica is not None:
                     self._index(replica)
+        self._revival = min(self._down.values(), default=math.inf)
 
 
 def _grpc_target(replica: Replica) -> str | None:
