@@ -108,6 +108,12 @@ def three_labels(urls: list[str]) -> tuple[ReplicaSet, Metrics]:
                              clock=lambda: 0.0)
 
 
+def counted(metrics: Metrics) -> dict[str, float]:
+    """rolloutrouter_requests_total by backend label."""
+    return {s.labels["backend"]: s.value for family in metrics.registry.collect() for s in family.samples
+            if s.name == "rolloutrouter_requests_total"}
+
+
 def test_backend_labels_beyond_the_cap_share_one_overflow_label():
     replicas, metrics = three_labels([f"http://10.0.0.{i}:8000" for i in range(5)])
     for replica in replicas.replicas():
@@ -141,6 +147,30 @@ def test_a_fleet_above_the_label_cap_looks_for_freed_labels_only_after_a_replica
     lease.release()  # drained: its label is free for the next replica that asks
     metrics.observe(urls[3], 200, 0.1)
     assert metrics.backend_label(urls[3]) == urls[3]
+
+
+def test_every_replica_under_other_may_take_a_label_freed_by_replicas_that_left():
+    urls = [f"http://10.0.0.{i}:8000" for i in range(6)]
+    replicas, metrics = three_labels(urls)
+    for url in urls:
+        metrics.observe(url, 200, 0.1)
+    replicas.remove(urls[0])
+    replicas.remove(urls[1])
+    for url in urls[3:]:
+        metrics.observe(url, 200, 0.1)
+    assert counted(metrics) == {urls[2]: 1, urls[3]: 1, urls[4]: 1, OTHER: 4}  # urls[5] is the one still under other
+
+
+def test_replicas_under_other_get_labels_of_their_own_when_the_cap_is_raised():
+    urls = [f"http://10.0.0.{i}:8000" for i in range(5)]
+    replicas, metrics = three_labels(urls)
+    for url in urls:
+        metrics.observe(url, 200, 0.1)
+    raised = RouterSettings(metrics={"maxBackendLabels": 5})
+    metrics.settings = lambda: raised  # a reload, as Runtime.apply makes it: the new settings, then configure
+    metrics.configure(raised.metrics)
+    metrics.observe(urls[4], 200, 0.1)
+    assert counted(metrics) == {urls[0]: 1, urls[1]: 1, urls[2]: 1, OTHER: 2, urls[4]: 1}
 
 
 def test_the_labels_of_replicas_that_left_go_to_new_replicas_once_all_are_taken():

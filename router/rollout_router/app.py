@@ -106,7 +106,7 @@ class Runtime:
         previous = self.settings
         self.settings = settings  # one assignment: every listener reads the new settings from here on
         self.balancer.apply(settings.policy, settings.live_config())
-        self.metrics.margin.rate = settings.metrics.kept_prefill_sample_rate
+        self.metrics.configure(settings.metrics)
         if self.fleet is not None:
             self.fleet.configure(settings.fleet or FleetSettings())
         if settings.discovery is None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .fleet.rlstate import RlState
     from .proxy.turns import Turn
     from .replicas import Replica, ReplicaSet
-    from .settings import RouterSettings
+    from .settings import MetricsSettings, RouterSettings
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 GAP_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)  # in-flight requests (the margin's unit)
@@ -34,6 +34,7 @@ AGE_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 OUTCOMES = ("kept", "broken", "new", "repinned", "unkeyed")
 MOVED = ("broken", "repinned")
 OTHER = "other"  # the backend label of replicas beyond settings.metrics.maxBackendLabels
+SHARED_KEPT = 4096  # (replica, code) pairs under ``other`` whose series are remembered; cleared when full
 
 # Decision counter field -> metric name (without the _total suffix).
 _DECISIONS = {
@@ -210,12 +211,21 @@ class Metrics:
         # (replica, code) -> its series, for replicas with a backend label of their own (``observe``)
         self._children: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
-        self._scanned = -1  # ``replicas.departures`` when ``_reclaim`` last found every label's replica still known
+        self._scanned = -1  # ``replicas.departures`` when ``_reclaim`` last looked the labels over
+        # (replica, code) -> the ``other`` series, for replicas without a label of their own: good until a label
+        # may have freed (``_reclaim`` looks again), then each asks again
+        self._shared: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self.margin = MarginMeter(self.registry)
-        self.margin.rate = settings().metrics.kept_prefill_sample_rate
+        self.configure(settings().metrics)
         # A turn the replica accepted (``MarginMeter.turn``), bound once: one call per request rather than two.
         self.turn: Callable[[Turn], None] = self.margin.turn
         balancer.on_break = self.margin.broke  # the balancer sees each break's loads; the meter counts them
+
+    def configure(self, settings: MetricsSettings) -> None:
+        """Take new metrics settings (on start and on every reload): the kept-turn sample rate, and a new
+        ``maxBackendLabels`` for the replicas under ``other``, which ask for a label again."""
+        self.margin.rate = settings.kept_prefill_sample_rate
+        self._scanned = -1
 
     def backend_label(self, backend: str) -> str:
         """``backend`` as a label value: at most ``maxBackendLabels`` replicas keep their URL, the rest share
@@ -240,6 +250,7 @@ class Metrics:
         if departures == self._scanned:  # every label's replica was known then and none has left since
             return len(self._labels)
         self._scanned = departures
+        self._shared.clear()  # a label may free: replicas under ``other`` ask again
         gone = {backend for backend in self._labels if not self.replicas.known(backend)}
         if gone:
             for backend in gone:
@@ -277,12 +288,19 @@ class Metrics:
         children[1].observe(seconds)
 
     def _series(self, backend: str, code: int | str) -> tuple[CounterChild, HistogramChild]:
-        """The series a request to ``backend`` answered with ``code`` counts into, remembered when the replica
-        has a label of its own (one that shares ``other`` asks again next time: a label may have freed)."""
+        """The series a request to ``backend`` answered with ``code`` counts into, remembered: for good when the
+        replica has a label of its own; while no replica has left, when it shares ``other`` (a label may free)."""
+        shared = self._shared.get((backend, code))
+        if shared is not None and self._scanned == self.replicas.departures:
+            return shared
         label = self.backend_label(backend)
         children = self.requests.child(label, str(code)), self.duration.child(label)
         if label == backend:
             self._children[(backend, code)] = children
+        else:  # ``other``: ``backend_label`` has just looked the labels over, or knows none has freed
+            if len(self._shared) >= SHARED_KEPT:
+                self._shared.clear()
+            self._shared[(backend, code)] = children
         return children
 
 
@@ -367,13 +385,13 @@ class MarginMeter:
         # A kept turn not measured has no ``Turn`` on the native lane (``attempts.taken``): its first byte goes here.
         self.kept_first_byte: HistogramChild = self._ttfb["kept"]
         self._credit = 0.0  # kept-turn sampling: every 1/rate-th kept turn, deterministic
-        self.rate = 0.0  # settings.metrics.keptPrefillSampleRate: Metrics and Runtime.apply set it
+        self.rate = 0.0  # settings.metrics.keptPrefillSampleRate: ``Metrics.configure`` sets it
         self.prefill: dict[str, list[int]] = {"moved": [0, 0], "kept": [0, 0]}  # [turns, tokens]
         self.breaks: list[float] = [0, 0.0]  # [count, gap sum]
 
     def sample(self) -> bool:
         """Whether this kept turn's answer is read, at ``rate`` (settings.metrics.keptPrefillSampleRate, which
-        ``Runtime.apply`` sets here: read per request from the settings, it cost two pydantic lookups)."""
+        ``Metrics.configure`` sets here: read per request from the settings, it cost two pydantic lookups)."""
         self._credit += self.rate
         if self._credit >= 1:
             self._credit -= 1
