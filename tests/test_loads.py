@@ -77,6 +77,7 @@ def test_moves_between_reads_are_filed_when_the_minimum_is_read(ops):
 set_ops = st.lists(st.one_of(
     st.tuples(st.just("acquire"), st.sampled_from(R)), st.tuples(st.just("release"), st.integers(0, 50)),
     st.tuples(st.just("down"), st.sampled_from(R)), st.tuples(st.just("tick"), st.integers(1, 3)),
+    st.tuples(st.just("eject"), st.sampled_from(R)),
     st.tuples(st.just("remove"), st.sampled_from(R)), st.tuples(st.just("add"), st.sampled_from(R)),
 ), max_size=80)
 
@@ -84,6 +85,7 @@ set_ops = st.lists(st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(ops=set_ops)
 @example(ops=[("acquire", "http://r0"), ("down", "http://r0"), ("remove", "http://r0"), ("add", "http://r0")])
+@example(ops=[("acquire", "http://r0"), ("remove", "http://r0"), ("eject", "http://r0"), ("add", "http://r0")])
 def test_replica_set_loads_match_a_scan_of_the_live_replicas(ops):
     now = [0.0]
     replicas = ReplicaSet(clock=lambda: now[0])
@@ -97,6 +99,10 @@ def test_replica_set_loads_match_a_scan_of_the_live_replicas(ops):
             leases.pop(arg % len(leases)).release()
         elif op == "down":
             replicas.mark_down(arg, 2.0)
+        elif op == "eject":  # a live replica, or one draining (a lease holds it), then maybe added back
+            held = next((lease.replica for lease in leases if lease.replica.id == arg), None)
+            if (target := replicas.get(arg) or held) is not None:
+                replicas.eject(target, 3.0)
         elif op == "tick":
             now[0] += arg
         elif op == "remove":
@@ -107,6 +113,7 @@ def test_replica_set_loads_match_a_scan_of_the_live_replicas(ops):
             scan = {r.id: r.inflight for r in replicas.replicas()
                     if r.down_until <= now[0] and (r.grpc_target is not None or not grpc)}
             assert dict(replicas.loads(grpc)) == scan
+        assert replicas.ejected() == sum(1 for r in replicas.replicas() if r.ejected_until > now[0])
 
 
 def test_routing_looks_over_the_replicas_marked_down_only_once_a_mark_down_has_ended(monkeypatch):

@@ -98,6 +98,8 @@ class ReplicaSet:
         self._http, self._grpc = LoadIndex(), LoadIndex()  # the replicas routable now, by load
         self._down: dict[str, float] = {}  # replicas marked down -> until when
         self._revival = math.inf  # no mark-down in ``_down`` ends before this (``loads`` looks no sooner)
+        self._ejected: dict[str, float] = {}  # live replicas ejected -> until when (or sooner: ``ejected`` prunes)
+        self._ejection_ends = math.inf  # no ejection in ``_ejected`` ends before this
         self._external: dict[str, int] = {}  # replica id -> load outside this router, also for ids not (yet) here
         self.epoch = 0  # moves when a replica joins, leaves or is ejected (the RL fan-out's membership fence)
         self.departures = 0  # replicas gone for good (removed idle, or drained): when ``known`` may turn False
@@ -129,6 +131,8 @@ class ReplicaSet:
         replica.sources[source] = grpc_target
         replica.grpc_target = _grpc_target(replica)
         self._live[replica_id] = replica
+        if replica.ejected_until > self._clock():  # back from draining while still ejected
+            self._count_ejected(replica)
         if replica.down_until > self._clock():  # back from draining while still marked down
             self._down[replica_id] = replica.down_until
             self._revival = min(self._revival, replica.down_until)
@@ -149,6 +153,7 @@ class ReplicaSet:
         self.epoch += 1
         self._unindex(replica_id)
         self._down.pop(replica_id, None)
+        self._ejected.pop(replica_id, None)
         if replica.inflight > 0:
             self._draining[replica_id] = replica
         else:
@@ -227,7 +232,12 @@ class ReplicaSet:
         replica.ejected_until = self._clock() + seconds
         if self._live.get(replica.id) is replica:
             self.epoch += 1
+            self._count_ejected(replica)
             self._take_out(replica, replica.ejected_until)
+
+    def _count_ejected(self, replica: Replica) -> None:
+        self._ejected[replica.id] = replica.ejected_until
+        self._ejection_ends = min(self._ejection_ends, replica.ejected_until)
 
     def set_healthy(self, replica_id: str, healthy: bool, grpc: bool = False) -> bool:
         """Active health: one protocol's probe verdict. Returns True when it changed the replica's state."""
@@ -242,9 +252,13 @@ class ReplicaSet:
         return True
 
     def ejected(self) -> int:
-        """Live replicas ejected now."""
+        """Live replicas ejected now: kept as they are ejected, not counted over the fleet (passive health asks
+        on every failure once a streak is long enough, and a failing fleet fails many requests)."""
         now = self._clock()
-        return sum(1 for r in self._live.values() if r.ejected_until > now)
+        if now >= self._ejection_ends:  # an ejection has ended
+            self._ejected = {replica_id: until for replica_id, until in self._ejected.items() if until > now}
+            self._ejection_ends = min(self._ejected.values(), default=math.inf)
+        return len(self._ejected)
 
     def why_unroutable(self, replica_id: str, grpc: bool = False) -> str:
         """Why a replica is not routable now: removed, ejected, unhealthy, down, or no_grpc."""
