@@ -23,10 +23,12 @@ requests that found every connection busy (the arm was not keeping up: lower the
     .venv/bin/python benchmarks/proxy_cost.py [--rounds 5] [--seconds 5] [--rate 2000] [--stream-rate 500]
         [--baseline-src OLD/router]   (also ours (sticky), and ours (2 workers) when it runs, from an older tree,
                                        in the same rounds)
+        [--plot docs/img/proxy-cost.png]   (the table as a bar chart, issue 22's targets drawn in)
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -212,6 +214,34 @@ def report(arms: list[Arm], sets: list[set[str]], reference: str, stream_referen
     return "\n".join(lines)
 
 
+def plot(arms: list[Arm], path: Path, reference: str, stream_reference: str) -> None:
+    """The table as a picture: each relay's median CPU per request and per stream, the rounds' range as a whisker,
+    beside issue 22's targets (1.3x the request reference, 1.2x the stream reference) as dashed lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    relays = arms[1:]  # direct's CPU is the replica's own work, not a relay's
+    fig, panels = plt.subplots(1, 2, figsize=(12, 0.45 * len(relays) + 1.6), sharey=True)
+    for panel, load, unit, ref, factor in ((panels[0], "chat", "CPU µs per request", reference, 1.3),
+                                           (panels[1], "sse", "CPU µs per SSE stream", stream_reference, 1.2)):
+        values = [[s["cpu_us"] for s in arm.samples[load]] for arm in relays]
+        medians = [statistics.median(v) for v in values]
+        whiskers = [[m - min(v) for m, v in zip(medians, values)], [max(v) - m for m, v in zip(medians, values)]]
+        colours = ["tab:blue" if arm.name.startswith("ours") else "tab:gray" for arm in relays]
+        panel.barh(range(len(relays)), medians, xerr=whiskers, color=colours, capsize=3)
+        target = median_cpu(arms, ref, load)
+        if target is not None:
+            panel.axvline(target * factor, color="tab:red", ls="--", lw=1,
+                          label=f"issue 22's target: {factor}x {ref.split(' (')[0]}")
+            panel.legend(fontsize=8, loc="lower right")
+        panel.set_xlabel(unit + " (median, whisker: min-max over rounds)")
+    panels[0].set_yticks(range(len(relays)), [arm.name for arm in relays], fontsize=8)
+    panels[0].invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def load_options(parser: argparse.ArgumentParser, rounds: int, seconds: float) -> None:
     """The two fixed-rate loads' options (also lane_timed.py's); ``loads_checked`` refuses what is not positive."""
     parser.add_argument("--rounds", type=int, default=rounds, help=f"rounds, arms alternating (default {rounds})")
@@ -241,7 +271,12 @@ def main() -> int:
                         help="the arm the per-request ratios are against (default: HAProxy)")
     parser.add_argument("--stream-reference", default="nginx 1.22 (one worker)",
                         help="the arm the per-stream ratios are against (default: nginx)")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also draw the table as a bar chart into PNG")
     args = loads_checked(parser)
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        parser.error(f"--plot {args.plot}: matplotlib is not installed (pip install matplotlib)")
+    if args.plot is not None and not args.plot.parent.is_dir():
+        parser.error(f"--plot {args.plot}: no directory {args.plot.parent}")
     if args.baseline_src is not None and not (args.baseline_src / "rollout_router" / "__init__.py").is_file():
         parser.error(f"--baseline-src {args.baseline_src}: no rollout_router package in that directory")
     build_loadgen()
@@ -255,6 +290,9 @@ def main() -> int:
               f"{args.seconds:g} s each, {args.rounds} rounds, 32 connections, 256 sessions per arm; "
               f"median [min-max] over rounds; load average {before:.1f} before, {os.getloadavg()[0]:.1f} after")
         print(report(arms, seen(backends), args.reference, args.stream_reference))
+        if args.plot is not None:
+            plot(arms, args.plot, args.reference, args.stream_reference)
+            print(f"the chart: {args.plot}")
         for note in notes:
             print(note)
     finally:
