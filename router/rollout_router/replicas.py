@@ -90,16 +90,39 @@ OUT_OF_ROTATION = {"ejected": "ejected after failures", "unhealthy": "failing th
                    "grpc_only": "serving gRPC only (grpc://)"}
 
 
+class Deadlines(dict[str, float]):
+    """Replica ids out of rotation until a time, with the earliest of those times, so finding the ones whose time
+    is over costs a comparison until one is (routing asks on every request; a failing fleet has many out)."""
+
+    __slots__ = ("earliest",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.earliest = math.inf  # no time here ends before this (one removed by ``pop`` may leave it early)
+
+    def hold(self, replica_id: str, until: float) -> None:
+        self[replica_id] = until
+        self.earliest = min(self.earliest, until)
+
+    def ended(self, now: float) -> list[str]:
+        """Drop and return the ids whose time is over at ``now``."""
+        if now < self.earliest:
+            return []
+        over = [replica_id for replica_id, until in self.items() if until <= now]
+        for replica_id in over:
+            del self[replica_id]
+        self.earliest = min(self.values(), default=math.inf)
+        return over
+
+
 class ReplicaSet:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._live: dict[str, Replica] = {}
         self._draining: dict[str, Replica] = {}
         self._http, self._grpc = LoadIndex(), LoadIndex()  # the replicas routable now, by load
-        self._down: dict[str, float] = {}  # replicas marked down -> until when
-        self._revival = math.inf  # no mark-down in ``_down`` ends before this (``loads`` looks no sooner)
-        self._ejected: dict[str, float] = {}  # live replicas ejected -> until when (or sooner: ``ejected`` prunes)
-        self._ejection_ends = math.inf  # no ejection in ``_ejected`` ends before this
+        self._down = Deadlines()  # replicas marked down (or ejected) -> until when
+        self._ejected = Deadlines()  # live replicas ejected -> until when (``ejected`` drops those over)
         self._external: dict[str, int] = {}  # replica id -> load outside this router, also for ids not (yet) here
         self.epoch = 0  # moves when a replica joins, leaves or is ejected (the RL fan-out's membership fence)
         self.departures = 0  # replicas gone for good (removed idle, or drained): when ``known`` may turn False
@@ -132,10 +155,9 @@ class ReplicaSet:
         replica.grpc_target = _grpc_target(replica)
         self._live[replica_id] = replica
         if replica.ejected_until > self._clock():  # back from draining while still ejected
-            self._count_ejected(replica)
+            self._ejected.hold(replica_id, replica.ejected_until)
         if replica.down_until > self._clock():  # back from draining while still marked down
-            self._down[replica_id] = replica.down_until
-            self._revival = min(self._revival, replica.down_until)
+            self._down.hold(replica_id, replica.down_until)
         self._index(replica)
         return replica
 
@@ -175,7 +197,7 @@ class ReplicaSet:
         """
         if self._down:
             now = self._clock()
-            if now >= self._revival:  # a mark-down has ended: not a look over every replica down, per request
+            if now >= self._down.earliest:  # a mark-down has ended: not a look over every replica down, per request
                 self._revive(now)
         return self._grpc if grpc else self._http
 
@@ -232,12 +254,8 @@ class ReplicaSet:
         replica.ejected_until = self._clock() + seconds
         if self._live.get(replica.id) is replica:
             self.epoch += 1
-            self._count_ejected(replica)
+            self._ejected.hold(replica.id, replica.ejected_until)
             self._take_out(replica, replica.ejected_until)
-
-    def _count_ejected(self, replica: Replica) -> None:
-        self._ejected[replica.id] = replica.ejected_until
-        self._ejection_ends = min(self._ejection_ends, replica.ejected_until)
 
     def set_healthy(self, replica_id: str, healthy: bool, grpc: bool = False) -> bool:
         """Active health: one protocol's probe verdict. Returns True when it changed the replica's state."""
@@ -254,10 +272,7 @@ class ReplicaSet:
     def ejected(self) -> int:
         """Live replicas ejected now: kept as they are ejected, not counted over the fleet (passive health asks
         on every failure once a streak is long enough, and a failing fleet fails many requests)."""
-        now = self._clock()
-        if now >= self._ejection_ends:  # an ejection has ended
-            self._ejected = {replica_id: until for replica_id, until in self._ejected.items() if until > now}
-            self._ejection_ends = min(self._ejected.values(), default=math.inf)
+        self._ejected.ended(self._clock())
         return len(self._ejected)
 
     def why_unroutable(self, replica_id: str, grpc: bool = False) -> str:
@@ -288,8 +303,8 @@ class ReplicaSet:
         return f"no replica is available: the {len(self._live)} configured are out of rotation ({out})"
 
     def _take_out(self, replica: Replica, until: float) -> None:
-        replica.down_until = self._down[replica.id] = max(until, self._down.get(replica.id, 0.0))
-        self._revival = min(self._revival, replica.down_until)
+        replica.down_until = max(until, self._down.get(replica.id, 0.0))
+        self._down.hold(replica.id, replica.down_until)
         self._unindex(replica.id)
 
     def grpc_targets(self) -> set[str]:
@@ -348,13 +363,10 @@ class ReplicaSet:
 
     def _revive(self, now: float) -> None:
         """Put back replicas whose time marked down is over."""
-        for replica_id, until in list(self._down.items()):
-            if until <= now:
-                del self._down[replica_id]
-                replica = self._live.get(replica_id)
-                if replica is not None:
-                    self._index(replica)
-        self._revival = min(self._down.values(), default=math.inf)
+        for replica_id in self._down.ended(now):
+            replica = self._live.get(replica_id)
+            if replica is not None:
+                self._index(replica)
 
 
 def _grpc_target(replica: Replica) -> str | None:
