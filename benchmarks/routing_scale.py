@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 from rollout_router.balancer import Balancer
 from rollout_router.health.outliers import OutlierDetector
@@ -27,51 +28,57 @@ SIZES = (16, 1024)
 N = 20_000
 
 
-def per_decision(policy: str, size: int, keys: list[str | None], down: bool = False) -> float:
-    """Microseconds per decision, the median of five timed runs over ``keys`` (``down``: with every other replica
-    marked down for longer than the runs take)."""
+def fleet(size: int, down: bool = False) -> ReplicaSet:
+    """``size`` replicas (``down``: every other one marked down for longer than the runs take)."""
     replicas = ReplicaSet()
     for i in range(size):
         replicas.add(f"http://10.0.{i // 256}.{i % 256}:8000")
         if down and i % 2:
             replicas.mark_down(f"http://10.0.{i // 256}.{i % 256}:8000", 3600)
-    balancer = Balancer(replicas, policy, LiveConfig(margin=2, max_sessions=1_000_000))
-    for key in keys:  # warm: sticky hits find their pins
-        balancer.acquire(key)[1].release()
+    return replicas
+
+
+def median_us(work: Callable[[int], None], warm: int = 0) -> float:
+    """Microseconds per operation: ``work(run)`` does N of them; the median of five timed runs after ``warm``
+    untimed ones."""
     runs = []
-    for _ in range(5):
+    for run in range(warm + 5):
         started = time.perf_counter()
+        work(run)
+        runs.append((time.perf_counter() - started) / N * 1e6)
+    return statistics.median(runs[warm:])
+
+
+def row(policy: str, request: str, costs: list[float]) -> None:
+    print(f"{policy:<18}{request:<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
+
+
+def per_decision(policy: str, size: int, keys: list[str | None], down: bool = False) -> float:
+    """Microseconds per decision over ``keys`` (the first, untimed run pins them: sticky hits find their pins)."""
+    balancer = Balancer(fleet(size, down), policy, LiveConfig(margin=2, max_sessions=1_000_000))
+
+    def decide(_: int) -> None:
         for key in keys:
             balancer.acquire(key)[1].release()
-        runs.append((time.perf_counter() - started) / len(keys) * 1e6)
-    return statistics.median(runs)
+    return median_us(decide, warm=1)
 
 
 def main() -> None:
     cases: dict[str, list[str | None]] = {"sticky hit": [f"s{i % 256}" for i in range(N)], "unkeyed": [None] * N}
     print(f"{'policy':<18}{'request':<14}" + "".join(f"{f'{n} us':>10}" for n in SIZES) + f"{'ratio':>8}")
     for policy in SELECTABLE:  # every policy the router ships
-        rows: dict[str, list[str | None]] = {**cases, "new session": [f"n{i}" for i in range(N)]}
-        for name, keys in rows.items():
-            if name == "new session":  # every key new in every run
-                costs = [per_decision_new(policy, size) for size in SIZES]
-            else:
-                costs = [per_decision(policy, size, keys) for size in SIZES]
-            print(f"{policy:<18}{name:<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
-    costs = [per_decision("affinity", size, cases["sticky hit"], down=True) for size in SIZES]
-    print(f"{'affinity':<18}{'half down':<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
-    costs = [per_server_error(size) for size in SIZES]
-    print(f"{'(health)':<18}{'5xx, cap full':<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
-    costs = [per_count(size) for size in SIZES]
-    print(f"{'(metrics)':<18}{'answered':<14}" + "".join(f"{c:>10.2f}" for c in costs) + f"{costs[-1] / costs[0]:>7.2f}x")
+        for name, keys in cases.items():
+            row(policy, name, [per_decision(policy, size, keys) for size in SIZES])
+        row(policy, "new session", [per_decision_new(policy, size) for size in SIZES])  # every key new in every run
+    row("affinity", "half down", [per_decision("affinity", size, cases["sticky hit"], down=True) for size in SIZES])
+    row("(health)", "5xx, cap full", [per_server_error(size) for size in SIZES])
+    row("(metrics)", "answered", [per_count(size) for size in SIZES])
 
 
 def per_server_error(size: int) -> float:
     """Microseconds per ``OutlierDetector.answered`` of a 503 from a replica past its 5xx streak that cannot be
     ejected: half the fleet is (``maxEjectionPercent``), so each such answer asks whether there is room."""
-    replicas = ReplicaSet()
-    for i in range(size):
-        replicas.add(f"http://10.0.{i // 256}.{i % 256}:8000")
+    replicas = fleet(size)
     settings = HealthSettings()
     outliers = OutlierDetector(replicas, lambda: settings, lambda replica, reason: None)
     failing = replicas.replicas()
@@ -81,47 +88,37 @@ def per_server_error(size: int) -> float:
     for replica in failing:  # streaks at the limit already (the warning that a replica stays is logged there)
         replica.server_errors = settings.consecutive_5xx
     answers = [failing[i % len(failing)] for i in range(N)]
-    runs = []
-    for _ in range(5):
-        started = time.perf_counter()
+
+    def answer(_: int) -> None:
         for replica in answers:
             outliers.answered(replica, 503)
-        runs.append((time.perf_counter() - started) / N * 1e6)
-    return statistics.median(runs)
+    return median_us(answer)
 
 
 def per_count(size: int) -> float:
-    """Microseconds per ``Metrics.observe`` of a 200, the requests going to every replica in turn."""
-    replicas = ReplicaSet()
-    ids = [f"http://10.0.{i // 256}.{i % 256}:8000" for i in range(size)]
-    for replica_id in ids:
-        replicas.add(replica_id)
+    """Microseconds per ``Metrics.observe`` of a 200, the requests going to every replica in turn (the first,
+    untimed run: every replica asks for its label once)."""
+    replicas = fleet(size)
     settings = RouterSettings()
     metrics = Metrics(Balancer(replicas, "affinity", LiveConfig()), replicas, lambda: settings, lambda: None,
                       time.monotonic)
+    ids = [replica.id for replica in replicas.replicas()]
     answered = [ids[i % size] for i in range(N)]
-    runs = []
-    for _ in range(6):  # the first run warms: every replica asks for its label once
-        started = time.perf_counter()
+
+    def count(_: int) -> None:
         for replica_id in answered:
             metrics.observe(replica_id, 200, 0.01)
-        runs.append((time.perf_counter() - started) / N * 1e6)
-    return statistics.median(runs[1:])
+    return median_us(count, warm=1)
 
 
 def per_decision_new(policy: str, size: int) -> float:
-    replicas = ReplicaSet()
-    for i in range(size):
-        replicas.add(f"http://10.0.{i // 256}.{i % 256}:8000")
-    balancer = Balancer(replicas, policy, LiveConfig(margin=2, max_sessions=1_000_000))
-    runs = []
-    for run in range(5):
-        keys = [f"n{run}-{i}" for i in range(N)]
-        started = time.perf_counter()
-        for key in keys:
+    balancer = Balancer(fleet(size), policy, LiveConfig(margin=2, max_sessions=1_000_000))
+    keys = [[f"n{run}-{i}" for i in range(N)] for run in range(5)]
+
+    def decide(run: int) -> None:
+        for key in keys[run]:
             balancer.acquire(key)[1].release()
-        runs.append((time.perf_counter() - started) / N * 1e6)
-    return statistics.median(runs)
+    return median_us(decide)
 
 
 if __name__ == "__main__":
