@@ -16,6 +16,9 @@ _USED_BITS = 42  # last use in ms: 139 years of a monotonic clock
 _USED_MASK = (1 << _USED_BITS) - 1
 _START_SHIFT = _SLOT_BITS + _USED_BITS  # the second the pin began on its replica sits above both
 _UNUSED = ~(_USED_MASK << _SLOT_BITS)  # a pin's int without its last use: what a sticky hit keeps
+# A pin's layout, for the native lane's sticky hit (proxy/http/_lane_sticky.pxi), which reads and moves pins too:
+# the bits of the replica's slot, their mask, the mask of the last use above them, and what a hit keeps of a pin.
+PIN_LAYOUT = (_SLOT_BITS, _SLOT_MASK, _USED_MASK, _UNUSED)
 KEPT_REMEMBERED = 4096  # replicas whose KEPT decision is kept for reuse (SessionPolicy._keep)
 
 

@@ -18,10 +18,25 @@ class Lane:
     max_body: int
     max_buffered: int
     forwarded: int
+    sticky: Sticky | None
 
     def __init__(self, glue: Any, listener: Any, active: set[Any], versions: dict[str, str]) -> None: ...
     def set_names(self, session: tuple[bytes, ...], group: tuple[bytes, ...]) -> bool: ...
+    def route(self, client: Any, path: bytes, size: int, key_at: int, key: bytes | None, group_at: int,
+              group: bytes | None, now: float) -> Any: ...
+    def finish(self, token: Any, code: int | None, status: int, failure: str | None, first_at: float,
+               tail: bytes | None, now: float) -> None: ...
     def handover_counts(self) -> dict[str, int]: ...
+
+
+class Sticky:
+    settings: Any
+    max_key: int
+    group_fields: bool
+    hits: int
+    answers: int
+
+    def __init__(self, glue: Any, parts: tuple[Any, ...]) -> None: ...
 
 
 class Pool:

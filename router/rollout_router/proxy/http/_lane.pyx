@@ -6,7 +6,8 @@ left in it is dominant. This lane takes the request most traffic is (a keep-aliv
 with its body whole, a forwarded path, a key in a header, an idle pooled connection to its replica) and
 does in C what ``server.py``, ``relay.py`` and ``upstream.py`` do for it, calling the router's Python
 twice: ``route`` when the request is whole (the policy, the lease, the checks ``HttpProxy._fast`` makes)
-and ``finish`` when its answer has ended (the metrics, passive health, the lease's release). Everything
+and ``finish`` when its answer has ended (the metrics, passive health, the lease's release), unless the request
+is a sticky hit the lane routes and records itself (``_lane_sticky.pxi``). Everything
 else goes to the Python path, which stays the reference: the lane hands the connection over
 (``Lane.hand_over``: the bytes it holds from the current request on, and when it had routed the request,
 its routing) and the Python path parses those bytes from the start, so every error answer, limit and
@@ -20,9 +21,10 @@ The readers of a request head (``_lane_requests.pxi``) and of a response head an
 ``error_bytes``), the same bounds.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_Size
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
+from libc.math cimport ceil
 from libc.string cimport memcmp, memcpy, memmove
 
 
@@ -44,6 +46,7 @@ cdef inline double monotonic() noexcept:
 
 include "_lane_requests.pxi"
 include "_lane_responses.pxi"
+include "_lane_sticky.pxi"
 
 SOURCE_HASH = LANE_SOURCE_HASH  # of the sources it was built from (hatch_build.py): lane.py runs no stale lane
 # The bounds the lane's parsers stop at, handing over: server.py's and relay.py's (tests/test_lane.py compares them).
@@ -122,6 +125,7 @@ cdef class Lane:
     cdef public long long forwarded          # requests answered here
     cdef object glue, listener, budget, versions
     cdef object _route, _finish, _failed, _hand_over, _connect, _opened, _closed, _head, _exception
+    cdef public Sticky sticky                # the sticky hit in C, or None (``LaneGlue``)
     cdef set active                          # answers in progress: ``HttpProxy.active``, shared with the Python path
     cdef tuple names_ref                     # the key header names, lower-cased (keeps ``names`` alive)
     cdef const char* names[MAX_NAMES]
@@ -152,6 +156,25 @@ cdef class Lane:
             self.sizes[i] = PyBytes_GET_SIZE(names[i])
         self.count, self.session_count = len(names), len(session)
         return True
+
+    cpdef object route(self, object client, bytes path, long long size, int key_at, object key, int group_at,
+                       object group, double now):
+        """A whole request's routing (``LaneGlue.route``'s answer): the sticky hit here, or ``LaneGlue.route``."""
+        cdef object routed = None
+        if self.sticky is not None:
+            try:
+                routed = self.sticky.route(path, key, group, now)
+            except BaseException as error:  # a bug: logged, and LaneGlue routes the request
+                self.report(error)
+        if routed is None:
+            routed = self._route(client, path, size, key_at, key, group_at, group, now)
+        return routed
+
+    cpdef object finish(self, object token, object code, int status, object failure, double first_at, object tail,
+                        double now):
+        """An answer's end recorded: by ``Sticky.finish``, or ``LaneGlue.finish``."""
+        if self.sticky is None or not self.sticky.finish(token, code, status, failure, first_at, now):
+            self._finish(token, code, status, failure, first_at, tail, now)
 
     def handover_counts(self):
         """Requests handed to the Python path, by reason (``HANDOVER_REASONS``)."""

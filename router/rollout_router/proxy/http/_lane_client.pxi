@@ -157,7 +157,7 @@ cdef class Client:
         path = PyBytes_FromStringAndSize(self.buf.data + h.target, h.path_end - h.target)
         if group_at >= 0:
             group_at -= lane.session_count
-        routed = lane._route(self, path, h.body, key_at, key, group_at, group, monotonic())
+        routed = lane.route(self, path, h.body, key_at, key, group_at, group, monotonic())
         if routed is None:
             self.hand_over(W_ROUTE, None)
             return
@@ -242,7 +242,7 @@ cdef class Client:
         self.upstream, self.pool = None, None
         self.lane.forwarded += 1
         try:
-            self.lane._finish(token, code, status, failure, first_at, tail, monotonic())
+            self.lane.finish(token, code, status, failure, first_at, tail, monotonic())
         except BaseException as error:
             self.lane.report(error)
         self.answered()

@@ -12,10 +12,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+from ...policy.affinity import AffinityPolicy
+from ...policy.sessions import PIN_LAYOUT
 from ..attempts import Taken, leased, taken
 from ..session_key import header_key
+from ..turns import KEPT, Turn
 from . import server, upstream
 from .delegated import LaneAsked
 from .heads import remembered
@@ -56,6 +60,11 @@ def unavailable() -> str | None:
     return None
 
 
+def sampled(started: float) -> Turn:
+    """A kept turn the margin meter samples (``attempts.taken``), for the lane's sticky hit."""
+    return Turn(KEPT, None, True, started)
+
+
 class LaneGlue:
     """One traffic listener's lane: the ``_lane.Lane``, its replica pools, what it calls."""
 
@@ -71,6 +80,9 @@ class LaneGlue:
         self._settings: object = None  # the settings the lane's limits and key names were read from (``_sync``)
         self._kept: frozenset[bytes] = frozenset()  # the key names the lane looks for (``proxy.key_names``)
         self._limits: object = None
+        # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``)
+        self.sticky = _lane.Sticky(self, (AffinityPolicy, time.monotonic, sampled, *PIN_LAYOUT))
+        self.native.sticky = self.sticky
         self._sync()
         self.tick(proxy.now, proxy.now)
 
@@ -88,6 +100,7 @@ class LaneGlue:
         self.native.set_names(session, proxy.names.groups)
         settings = proxy.context.settings
         self._max_key, self._group_fields = settings.session.max_key_bytes, bool(settings.group.body_fields)
+        self.sticky.settings, self.sticky.max_key, self.sticky.group_fields = settings, self._max_key, self._group_fields
 
     def _changed(self, size: int) -> bool:
         """New settings: whether they change what the lane read this request with (its body's ``size`` against

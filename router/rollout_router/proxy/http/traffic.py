@@ -59,7 +59,9 @@ class HttpProxy(HttpListener):
         """/status's ``data_path``: which one this port runs, and with the lane, what it answered and handed over."""
         if self.lane is None:
             return {"http": "python"}
-        return {"http": "native", "lane_requests": self.lane.native.forwarded, "lane_handovers": self.lane.handovers()}
+        sticky = self.lane.sticky
+        return {"http": "native", "lane_requests": self.lane.native.forwarded, "lane_handovers": self.lane.handovers(),
+                "lane_sticky": {"routed": sticky.hits, "recorded": sticky.answers}}
 
     def limits(self) -> Limits:
         return traffic_limits(self.context.settings)

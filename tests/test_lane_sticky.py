@@ -1,0 +1,197 @@
+"""The native lane's sticky hit (``_lane_sticky.pxi``): a request whose pin is kept is routed, and its answer
+recorded, in C on the router's own objects, leaving exactly what ``LaneGlue.route`` and ``finish`` leave.
+
+Two routers are built alike; one runs the lane with its sticky hit, the other with it taken out (every request
+through ``LaneGlue``). The same requests, answers, reloads and replica troubles go through both, in the lane's
+own entry points (``Lane.route``, ``Lane.finish``), and after each step every object the sticky hit touches
+must be the same: the decisions, the pins and their order, the counters, the in-flight counts and load index,
+passive health, the metrics series, the kept-turn sampling.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_router.app import Runtime
+from rollout_router.policy.base import LiveConfig
+from rollout_router.policy.sessions import PIN_LAYOUT
+from rollout_router.proxy.http import lane
+from rollout_router.settings import MetricsSettings, RouterSettings
+from tests.support import NO_PROBES
+
+pytestmark = pytest.mark.skipif(lane.unavailable() is not None, reason="the native lane is not built here "
+                                "(tests/test_lane.py::test_the_lane_is_built_... says why)")
+
+URLS = ["http://127.0.0.1:9", "http://127.0.0.2:9", "http://127.0.0.3:9"]
+CHAT = b"/v1/chat/completions"
+ANSWERS = {"ok": (200, 200, None), "5xx": (503, 503, None), "failed": (502, 0, "closed"),
+           "client gone": (499, 0, None)}  # code, status, failure: what the lane's relay reports
+
+
+def router(sticky: bool) -> Runtime:
+    runtime = Runtime(RouterSettings(backends=URLS, health=NO_PROBES), data_path="native")
+    for url in URLS:
+        runtime.replicas.add(url)
+    if not sticky:
+        runtime.http_proxy.lane.native.sticky = None
+    return runtime
+
+
+@contextlib.contextmanager
+def no_lane_failures() -> Iterator[None]:
+    """A call from the lane into the router that raised is logged and routed by ``LaneGlue``: none may happen."""
+    failures: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = failures.append  # type: ignore[method-assign]
+    logger = logging.getLogger(lane.__name__)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    assert not failures, [record.getMessage() for record in failures]
+
+
+def route(runtime: Runtime, session: str | None, now: float):
+    key = None if session is None else session.encode()
+    return runtime.http_proxy.lane.native.route(None, CHAT, 2, 0 if key else -1, key, -1, None, now)
+
+
+def finish(runtime: Runtime, token, answer: str, now: float) -> None:
+    code, status, failure = ANSWERS[answer]
+    runtime.http_proxy.lane.native.finish(token, code, status, failure, now - 0.001 if status else 0.0, None, now)
+
+
+def state(runtime: Runtime) -> dict:
+    """Everything a routed request and its answer change, but the pins' last use (each router's own clock)."""
+    policy, replicas, metrics = runtime.balancer.policy, runtime.replicas, runtime.metrics
+    slot_mask = PIN_LAYOUT[1]
+    return {
+        "pins": [(key, policy.table._replicas[packed & slot_mask]) for key, packed in policy.table._pins.items()],
+        "counters": policy.counters.as_dict(),
+        "replicas": {r.id: (r.inflight, r.failures, r.server_errors) for r in replicas._live.values()},
+        "loads": (dict(replicas._http), dict(replicas._http._moved), dict(replicas._grpc)),
+        "requests": {k: c.value for k, c in metrics.requests.children.items()},
+        "durations": {k: sum(c.counts) for k, c in metrics.duration.children.items()},
+        "first bytes": {k: sum(c.counts) for k, c in metrics.margin.ttfb.children.items()},
+        "answering": runtime.http_proxy.answering, "sampling": metrics.margin._credit,
+    }
+
+
+def decision(routed) -> tuple | None:
+    """What a routing returned, but a moved pin's age (each router's own clock)."""
+    if routed is None:
+        return None
+    pool, measure, (session, group, (made, replica, turn), _) = routed
+    return pool.replica, measure, session, group, made.replica, made.outcome, made.previous, replica.id, turn is None
+
+
+STEP = st.one_of(
+    st.tuples(st.just("route"), st.sampled_from(["a", "b", "c", "d", "e", None])),
+    st.tuples(st.just("finish"), st.integers(0, 7), st.sampled_from(sorted(ANSWERS))),
+    st.tuples(st.just("down"), st.integers(0, 2)),
+    st.tuples(st.just("eject"), st.integers(0, 2)),
+    st.tuples(st.just("margin"), st.sampled_from([None, 0, 2])),
+    st.tuples(st.just("sample"), st.sampled_from([0.0, 0.1, 0.5, 1.0])),
+    st.tuples(st.just("release"), st.sampled_from(["a", "b"])),
+)
+
+
+def step(runtime: Runtime, held: list, move: tuple, now: float):
+    """One step on one router; what it routed, if it routed."""
+    kind, *args = move
+    if kind == "route":
+        routed = route(runtime, args[0], now)
+        if routed is not None:
+            held.append(routed[2])
+        return decision(routed)
+    if kind == "finish" and held:
+        finish(runtime, held.pop(args[0] % len(held)), args[1], now)
+    elif kind == "down":
+        runtime.replicas.mark_down(URLS[args[0]], 30)
+    elif kind == "eject":
+        runtime.replicas.eject(runtime.replicas.get(URLS[args[0]]), 30)
+    elif kind == "margin":
+        runtime.balancer.policy.configure(LiveConfig(margin=args[0]))
+    elif kind == "sample":
+        runtime.metrics.configure(MetricsSettings(kept_prefill_sample_rate=args[0]))
+    elif kind == "release":
+        runtime.balancer.release_session(args[0])
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, max_size=40))
+def test_the_sticky_hit_leaves_what_the_routers_python_leaves(moves):
+    with no_lane_failures():
+        both(moves)
+
+
+def both(moves: list[tuple]) -> None:
+    here, there = router(sticky=True), router(sticky=False)
+    held_here: list = []
+    held_there: list = []
+    for move in [("route", "a")] * 3 + moves:  # a pin, its first hit (its replica's kept decision made), a hit
+        now = time.monotonic()
+        assert step(here, held_here, move, now) == step(there, held_there, move, now), move
+        assert state(here) == state(there), move
+    assert here.http_proxy.lane.sticky.hits >= 1
+    for token_here, token_there in zip(held_here, held_there, strict=True):
+        now = time.monotonic()
+        finish(here, token_here, "ok", now)
+        finish(there, token_there, "ok", now)
+    assert state(here) == state(there)
+    assert here.replicas.total_inflight() == 0 and here.http_proxy.answering == 0
+
+
+@no_lane_failures()
+def test_a_kept_turn_is_routed_and_recorded_by_the_sticky_hit_with_its_pins_last_use():
+    runtime = router(sticky=True)
+    sticky = runtime.http_proxy.lane.sticky
+    started = time.monotonic()
+    first = route(runtime, "s", started)  # a new session: the policy places it (LaneGlue)
+    finish(runtime, first[2], "ok", started + 0.01)
+    route(runtime, "s", started + 1)  # its first hit: LaneGlue (the replica's kept decision is made)
+    assert (sticky.hits, sticky.answers) == (0, 0)  # a new session's turn is measured: LaneGlue records it
+    then = started + 5.5
+    kept = route(runtime, "s", then)
+    assert sticky.hits == 1 and decision(kept)[5].value == "kept" and decision(kept)[4] == decision(first)[4]
+    assert runtime.balancer.policy.table.used("s", then) == math.ceil(then * 1000) / 1000
+    assert runtime.replicas.get(decision(kept)[4]).inflight == 2 and runtime.http_proxy.answering == 2
+    finish(runtime, kept[2], "ok", then + 0.02)
+    assert sticky.answers == 1 and runtime.replicas.total_inflight() == 1 and runtime.http_proxy.answering == 1
+    assert runtime.balancer.policy.counters.affinity_kept == 2
+
+
+@no_lane_failures()
+def test_the_sticky_hit_declines_what_it_does_not_decide():
+    runtime = router(sticky=True)
+    sticky = runtime.http_proxy.lane.sticky
+    now = time.monotonic()
+    for token in [route(runtime, "s", now)[2], route(runtime, "s", now)[2]]:  # a new pin, then its first hit
+        finish(runtime, token, "ok", now)
+    hits = sticky.hits
+    runtime.balancer.policy.configure(LiveConfig(margin=0))  # a margin to weigh: the policy decides
+    finish(runtime, route(runtime, "s", now)[2], "ok", now)
+    runtime.balancer.policy.configure(LiveConfig(margin=None))
+    runtime.rl.paused = True  # paused: LaneGlue declines too, and the Python path waits its turn
+    assert route(runtime, "s", now) is None
+    runtime.rl.paused = False
+    finish(runtime, route(runtime, "s", now + 3601)[2], "ok", now)  # idle past the TTL by the lane's clock
+    for policy in ("cost_affinity", "consistent_hash"):  # another policy (one keeping every pin too): its own rule
+        runtime.balancer.apply(policy, LiveConfig())
+        for _ in range(3):
+            finish(runtime, route(runtime, "s", now)[2], "ok", now)
+    runtime.balancer.apply("affinity", LiveConfig())
+    finish(runtime, route(runtime, "s", now)[2], "ok", now)  # a new pin (the policy changed)
+    runtime.replicas.mark_down(URLS[0], 30)  # a replica down: the Python path looks at when it comes back
+    finish(runtime, route(runtime, "s", now)[2], "ok", now)
+    assert sticky.hits == hits
+    assert runtime.replicas.total_inflight() == 0
