@@ -33,6 +33,7 @@ URLS = ["http://127.0.0.1:9", "http://127.0.0.2:9", "http://127.0.0.3:9"]
 CHAT = b"/v1/chat/completions"
 ANSWERS = {"ok": (200, 200, None), "5xx": (503, 503, None), "failed": (502, 0, "closed"),
            "client gone": (499, 0, None)}  # code, status, failure: what the lane's relay reports
+USAGE = b'{"usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 32}}}'  # a measured answer's
 
 
 def router(sticky: bool) -> Runtime:
@@ -66,7 +67,9 @@ def route(runtime: Runtime, session: str | None, now: float):
 
 def finish(runtime: Runtime, token, answer: str, now: float) -> None:
     code, status, failure = ANSWERS[answer]
-    runtime.http_proxy.lane.native.finish(token, code, status, failure, now - 0.001 if status else 0.0, None, now)
+    measured = token[2][2] is not None and token[2][2].measure
+    runtime.http_proxy.lane.native.finish(token, code, status, failure, now - 0.001 if status else 0.0,
+                                          USAGE if measured and status else None, now)
 
 
 def state(runtime: Runtime) -> dict:
@@ -81,6 +84,7 @@ def state(runtime: Runtime) -> dict:
         "requests": {k: c.value for k, c in metrics.requests.children.items()},
         "durations": {k: sum(c.counts) for k, c in metrics.duration.children.items()},
         "first bytes": {k: sum(c.counts) for k, c in metrics.margin.ttfb.children.items()},
+        "turns": (metrics.margin.prefill, {k: c.value for k, c in metrics.margin.unmeasured.children.items()}),
         "answering": runtime.http_proxy.answering, "sampling": metrics.margin._credit,
     }
 

@@ -173,7 +173,7 @@ cdef class Lane:
     cpdef object finish(self, object token, object code, int status, object failure, double first_at, object tail,
                         double now):
         """An answer's end recorded: by ``Sticky.finish``, or ``LaneGlue.finish``."""
-        if self.sticky is None or not self.sticky.finish(token, code, status, failure, first_at, now):
+        if self.sticky is None or not self.sticky.finish(token, code, status, failure, first_at, tail, now):
             self._finish(token, code, status, failure, first_at, tail, now)
 
     def handover_counts(self):

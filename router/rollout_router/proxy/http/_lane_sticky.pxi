@@ -6,9 +6,10 @@
 # full determinism), needs no choice: its pin's last use moves and its replica counts one more in flight.
 # ``Sticky`` does that, and records the answer of such a request, on the router's own objects (the policy's
 # ``SessionTable``, the ``ReplicaSet``'s replicas and ``LoadIndex``, the decision counters, the metrics
-# series) as the Python does, with no frame, holding the objects that live as long as the router. Anything
-# else declines before changing anything, and ``LaneGlue`` does it: a new session, a pin to move, a replica
-# marked down, a measured turn, an error answer, a pause, a fleet, new settings. tests/test_lane_sticky.py
+# series) as the Python does, with no frame, holding the objects that live as long as the router; a measured
+# turn's answer is read by the turn's own methods. Anything else declines before changing anything, and
+# ``LaneGlue`` does it: a new session, a pin to move, a replica marked down, an error answer, a pause, a
+# fleet, new settings. tests/test_lane_sticky.py
 # routes the same requests both ways and compares what they leave.
 
 cdef extern from "Python.h":
@@ -23,7 +24,7 @@ cdef class Sticky:
     cdef dict live, paths, pools, http_moved, grpc_moved
     cdef object down                     # ``ReplicaSet``'s replicas marked down (a dict: empty, or it declines)
     cdef object policy_type, clock, slot_bits, slot_mask, used_mask, unused
-    cdef object policy, pins, move_to_end, counters  # the policy last seen, and its table's parts
+    cdef object policy, table, pins, move_to_end, counters  # the policy last seen, and its table's parts
     cdef list slots
     cdef object kept                     # ``KeptDecisions`` (a dict)
     cdef public object settings          # the settings ``LaneGlue`` synced to: other ones, and it declines
@@ -49,7 +50,7 @@ cdef class Sticky:
         if type(policy) is not self.policy_type or self.balancer._clock is not self.clock:
             self.pins = None
             return False
-        table = policy.table
+        table = self.table = policy.table
         self.pins, self.move_to_end, self.slots = table._pins, table._pins.move_to_end, table._replicas
         self.kept, self.counters = policy._kept, policy.counters
         return True
@@ -78,7 +79,7 @@ cdef class Sticky:
         if found == NULL:
             return None
         packed = <object>found
-        table_ttl = policy.table.idle_ttl
+        table_ttl = self.table.idle_ttl
         if table_ttl is not None and now - ((packed >> self.slot_bits) & self.used_mask) / 1000 > table_ttl:
             return None
         replica_id = self.slots[packed & self.slot_mask]
@@ -113,17 +114,16 @@ cdef class Sticky:
         self.hits += 1
         return pool, turn is not None, (session, None, (decision, replica, turn), now)
 
-    cdef bint finish(self, object token, object code, int status, object failure, double first_at,
+    cdef bint finish(self, object token, object code, int status, object failure, double first_at, object tail,
                      double now) except -1:
-        """``LaneGlue.finish`` for a request routed here or by ``LaneGlue`` and answered below 400, with no turn to
-        record; False: ``LaneGlue.finish`` records it."""
+        """``LaneGlue.finish`` for a request routed here or by ``LaneGlue`` and answered below 400 (its turn, when
+        it has one, recorded by the turn's own methods); False: ``LaneGlue.finish`` records it."""
         cdef PyObject* found
         cdef double started
         if type(token) is not tuple or failure is not None or not 0 < status < 400 or code is None:
             return False
         routing = (<tuple>token)[2]
-        if (<tuple>routing)[2] is not None:
-            return False
+        turn = (<tuple>routing)[2]
         replica = (<tuple>routing)[1]
         replica_id = replica.id
         found = PyDict_GetItem(self.live, replica_id)
@@ -134,6 +134,8 @@ cdef class Sticky:
             return False
         children = <tuple>(<object>found)
         started = (<tuple>token)[3]
+        if turn is not None:
+            turn.ended(first_at, tail, replica_id)
         replica.failures = 0  # OutlierDetector.answered, below 500
         replica.server_errors = 0
         children[0].value += 1
@@ -142,7 +144,9 @@ cdef class Sticky:
         found = PyDict_GetItem(self.http, replica_id)
         if found != NULL:
             _move(replica, replica_id, self.http, self.http_moved, <object>found, self.grpc, self.grpc_moved)
-        if first_at:
+        if turn is not None:
+            self.metrics.turn(turn)
+        elif first_at:
             _observe(self.kept_first_byte, first_at - started)
         self.proxy.answering -= 1
         self.answers += 1
