@@ -21,7 +21,11 @@ from rollout_router.settings import RouterSettings
 
 
 class Stubbed(lane.LaneGlue):
-    """The lane's glue, but for its two calls per request: one replica, nothing recorded."""
+    """The lane's glue, but for its two calls per request: one replica, nothing recorded (and no sticky hit in C)."""
+
+    def __init__(self, proxy: Any) -> None:
+        super().__init__(proxy)
+        self.native.sticky = None
 
     def route(self, *_: Any) -> tuple[Any, bool, None]:  # type: ignore[override]
         return self.pool(self.context.settings.backends[0].url), False, None
