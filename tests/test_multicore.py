@@ -118,6 +118,8 @@ def test_every_turn_of_a_session_stays_on_one_replica_whichever_worker_it_enters
     if path["http"] == "native":  # each worker's lane sent every turn, its own and those its sibling decided
         assert path["lane_requests"] - earlier["lane_requests"] == SESSIONS * TURNS, (earlier, path)
         assert path["lane_handovers"] == earlier["lane_handovers"], (earlier, path)
+        # a kept turn entering its owner worker is a sticky hit its lane routes in C (the fleet's decided_here)
+        assert path["lane_sticky"]["routed"] > earlier["lane_sticky"]["routed"], (earlier, path)
 
 
 def open_decision_channels(router: Service, urls: list[str]) -> int:

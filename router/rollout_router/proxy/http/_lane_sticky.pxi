@@ -8,8 +8,8 @@
 # ``SessionTable``, the ``ReplicaSet``'s replicas and ``LoadIndex``, the decision counters, the metrics
 # series) as the Python does, with no frame, holding the objects that live as long as the router; a measured
 # turn's answer is read by the turn's own methods. Anything else declines before changing anything, and
-# ``LaneGlue`` does it: a new session, a pin to move, a replica marked down, an error answer, a pause, a
-# fleet, new settings. tests/test_lane_sticky.py
+# ``LaneGlue`` does it: a new session, a pin to move, a replica marked down, an error answer, a pause, a key
+# another router or worker decides, new settings. tests/test_lane_sticky.py
 # routes the same requests both ways and compares what they leave.
 
 cdef extern from "Python.h":
@@ -61,7 +61,7 @@ cdef class Sticky:
         cdef object context = self.context
         if key is None or group is not None or self.group_fields or PyBytes_GET_SIZE(key) > self.max_key:
             return None
-        if context.settings is not self.settings or self.rl.paused or context.fleet is not None or PyDict_Size(self.down):
+        if context.settings is not self.settings or self.rl.paused or PyDict_Size(self.down):
             return None
         found = PyDict_GetItem(self.paths, path)
         if found == NULL or <object>found != 1:  # not a forwarded path read for its session key (``lane.KEYED``)
@@ -74,6 +74,9 @@ cdef class Sticky:
         try:
             session = (<bytes>key).decode()
         except UnicodeDecodeError:
+            return None
+        fleet = context.fleet
+        if fleet is not None and (fleet.leaving or not fleet.decided_here(session, False)):  # (no side effect)
             return None
         found = PyDict_GetItem(self.pins, session)
         if found == NULL:
