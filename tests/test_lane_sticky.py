@@ -29,16 +29,16 @@ from tests.support import NO_PROBES
 pytestmark = pytest.mark.skipif(lane.unavailable() is not None, reason="the native lane is not built here "
                                 "(tests/test_lane.py::test_the_lane_is_built_... says why)")
 
-URLS = ["http://127.0.0.1:9", "http://127.0.0.2:9", "http://127.0.0.3:9"]
+URLS = [f"http://127.0.0.{host}:9" for host in range(1, 41)]  # 3 of them, or more than LoadIndex.SCANNED
 CHAT = b"/v1/chat/completions"
 ANSWERS = {"ok": (200, 200, None), "5xx": (503, 503, None), "failed": (502, 0, "closed"),
            "client gone": (499, 0, None)}  # code, status, failure: what the lane's relay reports
 USAGE = b'{"usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 32}}}'  # a measured answer's
 
 
-def router(sticky: bool) -> Runtime:
-    runtime = Runtime(RouterSettings(backends=URLS, health=NO_PROBES), data_path="native")
-    for url in URLS:
+def router(sticky: bool, replicas: int = 3) -> Runtime:
+    runtime = Runtime(RouterSettings(backends=URLS[:replicas], health=NO_PROBES), data_path="native")
+    for url in URLS[:replicas]:
         runtime.replicas.add(url)
     if not sticky:
         runtime.http_proxy.lane.native.sticky = None
@@ -132,14 +132,14 @@ def step(runtime: Runtime, held: list, move: tuple, now: float):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(STEP, max_size=40))
-def test_the_sticky_hit_leaves_what_the_routers_python_leaves(moves):
+@given(st.lists(STEP, max_size=40), st.sampled_from([3, 40]))
+def test_the_sticky_hit_leaves_what_the_routers_python_leaves(moves, replicas):
     with no_lane_failures():
-        both(moves)
+        both(moves, replicas)
 
 
-def both(moves: list[tuple]) -> None:
-    here, there = router(sticky=True), router(sticky=False)
+def both(moves: list[tuple], replicas: int) -> None:
+    here, there = router(sticky=True, replicas=replicas), router(sticky=False, replicas=replicas)
     held_here: list = []
     held_there: list = []
     for move in [("route", "a")] * 3 + moves:  # a pin, its first hit (its replica's kept decision made), a hit
@@ -181,10 +181,20 @@ def test_the_sticky_hit_declines_what_it_does_not_decide():
     now = time.monotonic()
     for token in [route(runtime, "s", now)[2], route(runtime, "s", now)[2]]:  # a new pin, then its first hit
         finish(runtime, token, "ok", now)
+    runtime.balancer.policy.configure(LiveConfig(margin=0))
+    held = route(runtime, "s", now)  # within the margin (every replica idle): kept here, and held
+    assert sticky.hits == 1
+    moved = route(runtime, "s", now)  # its replica one ahead of the least loaded: the policy breaks the pin
+    assert decision(moved)[5].value == "broken" and sticky.hits == 1
+    for token in (held[2], moved[2]):
+        finish(runtime, token, "ok", now)
     hits = sticky.hits
-    runtime.balancer.policy.configure(LiveConfig(margin=0))  # a margin to weigh: the policy decides
-    finish(runtime, route(runtime, "s", now)[2], "ok", now)
+    runtime.balancer.policy.configure(LiveConfig(margin=None, full_determinism=True))  # every pin kept: here,
+    for _ in range(2):  # once the policy has made its new replica's kept decision
+        finish(runtime, route(runtime, "s", now)[2], "ok", now)
+    assert sticky.hits == hits + 1
     runtime.balancer.policy.configure(LiveConfig(margin=None))
+    hits = sticky.hits
     runtime.rl.paused = True  # paused: LaneGlue declines too, and the Python path waits its turn
     assert route(runtime, "s", now) is None
     runtime.rl.paused = False

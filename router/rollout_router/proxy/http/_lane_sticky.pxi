@@ -2,8 +2,9 @@
 #
 # Issue 22: with the lane, what the router costs above HAProxy is its two Python calls per request, a dozen
 # frames and some forty objects (benchmarks/lane_timed.py). A request whose session is pinned to a routable
-# replica, under the default policy keeping every routable pin (``AffinityPolicy`` with no margin, or under
-# full determinism), needs no choice: its pin's last use moves and its replica counts one more in flight.
+# replica, under the default policy (``AffinityPolicy``) keeping it (no margin, full determinism, or its
+# replica within the margin of the least loaded), needs no choice: its pin's last use moves and its replica
+# counts one more in flight.
 # ``Sticky`` does that, and records the answer of such a request, on the router's own objects (the policy's
 # ``SessionTable``, the ``ReplicaSet``'s replicas and ``LoadIndex``, the decision counters, the metrics
 # series) as the Python does, with no frame, holding the objects that live as long as the router; a measured
@@ -24,6 +25,7 @@ cdef class Sticky:
     cdef dict live, paths, pools, http_moved, grpc_moved
     cdef object down                     # ``ReplicaSet``'s replicas marked down (a dict: empty, or it declines)
     cdef object policy_type, clock, slot_bits, slot_mask, used_mask, unused
+    cdef Py_ssize_t scanned
     cdef object policy, table, pins, move_to_end, counters  # the policy last seen, and its table's parts
     cdef list slots
     cdef object kept                     # ``KeptDecisions`` (a dict)
@@ -42,7 +44,8 @@ cdef class Sticky:
         self.http, self.grpc = replicas._http, replicas._grpc
         self.http_moved, self.grpc_moved = self.http._moved, self.grpc._moved
         self.paths, self.pools, self.pool_of = glue._paths, glue.pools, glue.pool
-        self.policy_type, self.clock, self.sampled, self.slot_bits, self.slot_mask, self.used_mask, self.unused = parts
+        (self.policy_type, self.clock, self.sampled, self.scanned, self.slot_bits, self.slot_mask, self.used_mask,
+         self.unused) = parts
 
     cdef bint _adopt(self, object policy) except -1:
         """A policy not seen before (a reload built one): its table's parts, when it is one ``route`` knows."""
@@ -54,6 +57,24 @@ cdef class Sticky:
         self.pins, self.move_to_end, self.slots = table._pins, table._pins.move_to_end, table._replicas
         self.kept, self.counters = policy._kept, policy.counters
         return True
+
+    cdef bint _within(self, object margin, long load) except -1:
+        """``AffinityPolicy._keeps`` with a margin: the pinned replica's ``load`` within ``margin`` of the lowest (up
+        to ``LoadIndex.SCANNED`` replicas a scan, as ``LoadIndex.min``, which is called above that)."""
+        cdef Py_ssize_t at = 0
+        cdef PyObject* replica
+        cdef PyObject* value
+        cdef long low
+        if margin is None:
+            return False
+        if PyDict_Size(self.http) > self.scanned:
+            low = self.http.min()
+        else:
+            low = load
+            while PyDict_Next(self.http, &at, &replica, &value):
+                if <long><object>value < low:
+                    low = <long><object>value
+        return load - low <= <double>margin
 
     cdef object route(self, bytes path, object key, object group, double now):
         """``LaneGlue.route`` for a keyed request whose pin is kept; None: ``LaneGlue.route`` decides."""
@@ -69,7 +90,7 @@ cdef class Sticky:
         policy = self.balancer.policy
         if policy is not self.policy:
             self._adopt(policy)
-        if self.pins is None or not policy._every_pin_kept:
+        if self.pins is None:
             return None
         try:
             session = (<bytes>key).decode()
@@ -90,6 +111,8 @@ cdef class Sticky:
         if found == NULL:  # not routable now: the policy re-pins it
             return None
         old = <object>found
+        if not policy._every_pin_kept and not self._within(policy.margin, <long>old):
+            return None  # the margin breaks it, or another rule of the policy decides (full determinism, none)
         found = PyDict_GetItem(self.kept, replica_id)
         if found == NULL:
             return None

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...policy.affinity import AffinityPolicy
+from ...policy.loads import SCANNED
 from ...policy.sessions import PIN_LAYOUT
 from ..attempts import Taken, leased, taken
 from ..session_key import header_key
@@ -81,7 +82,7 @@ class LaneGlue:
         self._kept: frozenset[bytes] = frozenset()  # the key names the lane looks for (``proxy.key_names``)
         self._limits: object = None
         # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``)
-        self.sticky = _lane.Sticky(self, (AffinityPolicy, time.monotonic, sampled, *PIN_LAYOUT))
+        self.sticky = _lane.Sticky(self, (AffinityPolicy, time.monotonic, sampled, SCANNED, *PIN_LAYOUT))
         self.native.sticky = self.sticky
         self._sync()
         self.tick(proxy.now, proxy.now)
