@@ -73,7 +73,7 @@ def fused(glue: LaneGlue) -> Calls:
         loads._moved.setdefault(replica_id, before)
         turn = Turn(KEPT, None, False)
         turn.started = now
-        proxy.answering += 1
+        proxy.answering_here += 1
         return pools[replica_id], False, (replica, turn, now)
 
     def finish(token: tuple[Any, ...], code: int, _status: int, _failure: Any, first_at: float, _tail: Any,
@@ -91,7 +91,7 @@ def fused(glue: LaneGlue) -> Calls:
         loads._moved.setdefault(replica.id, before)
         ttfb.counts[bisect_left(ttfb.bounds, turn.first_byte)] += 1
         ttfb.sum += turn.first_byte
-        proxy.answering -= 1
+        proxy.answering_here -= 1
     return route, finish
 
 

@@ -277,10 +277,11 @@ class Entry:
 
     def __init__(self) -> None:
         self.context = type("Context", (), {"fleet": type("Fleet", (), {"delegated": 0, "leaving": False})()})()
-        self.answering, self.relayed, self.told = 1, 0, []  # the fast path counted it in ``answering``
+        self.answering_here, self.relayed, self.told = 1, 0, []  # the fast path counted it in ``answering``
         self.gone, self.loop = False, asyncio.get_running_loop()
 
     pools = property(lambda self: type("Pools", (), {"get": staticmethod(ReplicaPool)})())
+    answering = property(lambda self: self.answering_here)  # ``HttpProxy.answering``, with no lane
 
     async def handle(self, client, request) -> None:
         self.relayed += 1

@@ -35,6 +35,7 @@ class Sticky:
     group_fields: bool
     hits: int
     answers: int
+    answering: int
 
     def __init__(self, glue: Any, parts: tuple[Any, ...]) -> None: ...
 

@@ -20,7 +20,7 @@ cdef extern from "Python.h":
 cdef class Sticky:
     """The sticky hit's state: the router's long-lived objects, read once (``LaneGlue`` builds it)."""
 
-    cdef object context, rl, proxy, balancer, metrics, margin, kept_first_byte, http, grpc
+    cdef object context, rl, balancer, metrics, margin, kept_first_byte, http, grpc
     cdef object pool_of, sampled
     cdef dict live, paths, pools, http_moved, grpc_moved
     cdef object down                     # ``ReplicaSet``'s replicas marked down (a dict: empty, or it declines)
@@ -33,11 +33,12 @@ cdef class Sticky:
     cdef public long long max_key
     cdef public bint group_fields
     cdef public long long hits, answers  # requests routed and finished here (the others: ``LaneGlue``)
+    cdef public long long answering      # begun here less ended here: ``HttpProxy.answering`` adds it
 
     def __init__(self, glue, tuple parts):
         context = glue.context
         replicas = context.replicas
-        self.context, self.rl, self.proxy, self.balancer = context, context.rl, glue.proxy, context.balancer
+        self.context, self.rl, self.balancer = context, context.rl, context.balancer
         self.metrics, self.margin = context.metrics, context.metrics.margin
         self.kept_first_byte = self.margin.kept_first_byte
         self.live, self.down = replicas._live, replicas._down
@@ -136,7 +137,7 @@ cdef class Sticky:
             if margin._credit >= 1:
                 margin._credit -= 1
                 turn = self.sampled(now)
-        self.proxy.answering += 1
+        self.answering += 1
         self.hits += 1
         return pool, turn is not None, (session, None, (decision, replica, turn), now)
 
@@ -174,7 +175,7 @@ cdef class Sticky:
             self.metrics.turn(turn)
         elif first_at:
             _observe(self.kept_first_byte, first_at - started)
-        self.proxy.answering -= 1
+        self.answering -= 1
         self.answers += 1
         return True
 

@@ -90,7 +90,7 @@ class Asked:
         fleet = self.proxy.context.fleet
         if fleet is not None:
             fleet.delegated += 1
-        self.proxy.answering -= 1
+        self.proxy.answering_here -= 1
 
 
 class Delegated(Asked):
@@ -170,7 +170,7 @@ class Delegated(Asked):
 
     def _relay(self) -> None:
         """Answer as if the fast path had not taken it: ``handle`` relays it through its owner."""
-        self.proxy.answering -= 1
+        self.proxy.answering_here -= 1
         self.client.answer_later(self.request, self.proxy.handle(self.client, self.request))
 
 
@@ -192,7 +192,7 @@ class LaneAsked(Asked):
 
     def _relay(self) -> None:
         """The Python path relays it through its owner (``handle`` counts it again)."""
-        self.proxy.answering -= 1
+        self.proxy.answering_here -= 1
         self.client.relay()
 
     def _gone(self) -> None:
@@ -214,4 +214,4 @@ class LaneAsked(Asked):
         the request then relays through the owner, to be routed elsewhere (the caller hands it over)."""
         self._finished(False, 0, TIMEOUT if isinstance(error, TimeoutError) else None,
                        not descriptors.local_shortage(error))
-        self.proxy.answering -= 1
+        self.proxy.answering_here -= 1

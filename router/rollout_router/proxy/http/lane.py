@@ -140,7 +140,7 @@ class LaneGlue:
             routed = taken(context, session_key, None, False, group_key, now)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
             return None
-        self.proxy.answering += 1
+        self.proxy.answering_here += 1
         pool = self.pools.get(routed[1].id)
         if pool is None:
             pool = self.pool(routed[1].id)
@@ -157,7 +157,7 @@ class LaneGlue:
             return None
         if not LaneAsked(proxy, client, self.pool).ask(decisions, owner.id, key, group):
             return None
-        proxy.answering += 1
+        proxy.answering_here += 1
         return ()
 
     def _kind(self, path: bytes) -> int:
@@ -212,7 +212,7 @@ class LaneGlue:
             self._metrics.turn(turn)
         elif first_at:  # a kept turn, not measured (``taken``): its first byte alone
             self._kept_first_byte.observe(first_at - started)
-        self.proxy.answering -= 1
+        self.proxy.answering_here -= 1
 
     def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
                ) -> tuple[bytes | None, int]:
@@ -248,7 +248,7 @@ class LaneGlue:
         context.metrics.retried(replica.id)
         context.balancer.forget(key, decision)
         context.replicas.put(replica)
-        self.proxy.answering -= 1
+        self.proxy.answering_here -= 1
 
     def opened(self, client: Any) -> bool:
         if not self.proxy.admit():

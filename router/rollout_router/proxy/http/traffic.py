@@ -46,11 +46,17 @@ class HttpProxy(HttpListener):
         super().__init__(context)
         self.pools = Pools()
         self.active: set[Exchange | Upstream] = set()  # answers in progress, on either data path
-        self.answering = 0  # requests being answered now (decided, forwarded or relayed)
+        self.answering_here = 0  # requests being answered now on the Python side (``answering``: with the lane's)
         self.names = KeyNames()
         self.decisions: DecisionClient | None = None  # a --workers N worker's channels to its siblings
         # the native lane (lane.py) unless the Python data path is asked for or the lane cannot run here
         self.lane = LaneGlue(self) if data_path != "python" and lane_unavailable() is None else None
+
+    @property
+    def answering(self) -> int:
+        """Requests being answered now (decided, forwarded or relayed): the Python side's count and the lane's
+        sticky hits' (counted in C; either side may end a request the other began, so only the sum means)."""
+        return self.answering_here + (self.lane.sticky.answering if self.lane is not None else 0)
 
     def connection(self) -> asyncio.Protocol:
         return self.lane.client() if self.lane is not None else ClientConnection(self)
@@ -119,7 +125,7 @@ class HttpProxy(HttpListener):
             routed = route(context, key, group=group)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
             return False
-        self.answering += 1
+        self.answering_here += 1
         lease = routed[1]
         forwarding = Forwarding(self, client, request, key, group, routed)
         pool = self.pools.get(lease.replica.id)
@@ -141,7 +147,7 @@ class HttpProxy(HttpListener):
             return False
         if not Delegated(self, client, request).ask(decisions, owner.id, key, group):
             return False
-        self.answering += 1
+        self.answering_here += 1
         return True
 
     async def handle(self, client: ClientConnection, request: HttpRequest, handed: Forwarding | None = None
@@ -150,7 +156,7 @@ class HttpProxy(HttpListener):
 
         ``handed``: what the fast path routed and could not finish (counted in ``answering`` already)."""
         if handed is None:
-            self.answering += 1
+            self.answering_here += 1
             fleet = self.context.fleet
             if fleet is not None and fleet.leaving:
                 request.close_after = True  # the client's next request opens a connection to a router that stays
@@ -170,7 +176,7 @@ class HttpProxy(HttpListener):
             log.exception("unexpected error on %s %s", request.method.decode(), request.path)
             self._refuse(client, request, RouterError(500, "internal router error; see the router's log"))
         finally:
-            self.answering -= 1
+            self.answering_here -= 1
 
     async def _forward(self, client: ClientConnection, request: HttpRequest) -> None:
         try:
@@ -350,5 +356,5 @@ class Forwarding:
         proxy.observe(lease, code, self.started)
         lease.release()
         settle(proxy.context, self.key, decision, turn, accepted)
-        proxy.answering -= 1
+        proxy.answering_here -= 1
         client.answered(request)
