@@ -80,6 +80,8 @@ cdef class Sticky:
     cdef object route(self, bytes path, object key, object group, double now):
         """``LaneGlue.route`` for a keyed request whose pin is kept; None: ``LaneGlue.route`` decides."""
         cdef PyObject* found
+        cdef long inflight
+        cdef double rate, credit
         cdef object context = self.context
         if key is None or group is not None or self.group_fields or PyBytes_GET_SIZE(key) > self.max_key:
             return None
@@ -128,15 +130,18 @@ cdef class Sticky:
         self.pins[session] = packed & self.unused | (<long long>ceil(now * 1000)) << self.slot_bits
         self.move_to_end(session)
         self.counters.affinity_kept += 1
-        replica.inflight += 1
-        _move(replica, replica_id, self.http, self.http_moved, old, self.grpc, self.grpc_moved)
+        inflight = replica.inflight + 1
+        replica.inflight = inflight
+        _move(replica, replica_id, inflight, self.http, self.http_moved, old, self.grpc, self.grpc_moved)
         margin = self.margin
         turn = None
-        if margin.rate:
-            margin._credit += margin.rate
-            if margin._credit >= 1:
-                margin._credit -= 1
+        rate = margin.rate
+        if rate:  # ``MarginMeter.sample``
+            credit = margin._credit + rate
+            if credit >= 1:
+                credit -= 1
                 turn = self.sampled(now)
+            margin._credit = credit
         self.answering += 1
         self.hits += 1
         return pool, turn is not None, (session, None, (decision, replica, turn), now)
@@ -146,6 +151,7 @@ cdef class Sticky:
         """``LaneGlue.finish`` for a request routed here or by ``LaneGlue`` and answered below 400 (its turn, when
         it has one, recorded by the turn's own methods); False: ``LaneGlue.finish`` records it."""
         cdef PyObject* found
+        cdef long inflight
         cdef double started
         if type(token) is not tuple or failure is not None or not 0 < status < 400 or code is None:
             return False
@@ -154,7 +160,8 @@ cdef class Sticky:
         replica = (<tuple>routing)[1]
         replica_id = replica.id
         found = PyDict_GetItem(self.live, replica_id)
-        if found == NULL or <object>found is not replica or replica.inflight <= 0:  # ``ReplicaSet.put``'s other cases
+        inflight = replica.inflight
+        if found == NULL or <object>found is not replica or inflight <= 0:  # ``ReplicaSet.put``'s other cases
             return False
         found = PyDict_GetItem(self.metrics._children, (replica_id, code))
         if found == NULL:  # the series not looked up yet (``Metrics.observe``)
@@ -167,10 +174,12 @@ cdef class Sticky:
         replica.server_errors = 0
         children[0].value += 1
         _observe(children[1], now - started)
-        replica.inflight -= 1
+        inflight -= 1
+        replica.inflight = inflight
         found = PyDict_GetItem(self.http, replica_id)
         if found != NULL:
-            _move(replica, replica_id, self.http, self.http_moved, <object>found, self.grpc, self.grpc_moved)
+            _move(replica, replica_id, inflight, self.http, self.http_moved, <object>found, self.grpc,
+                  self.grpc_moved)
         if turn is not None:
             self.metrics.turn(turn)
         elif first_at:
@@ -180,11 +189,11 @@ cdef class Sticky:
         return True
 
 
-cdef void _move(object replica, object replica_id, object http, dict http_moved, object old, object grpc,
-                dict grpc_moved) except *:
+cdef void _move(object replica, object replica_id, long inflight, object http, dict http_moved, object old,
+                object grpc, dict grpc_moved) except *:
     """``LoadIndex.move`` in both indexes for a live replica whose count changed (``ReplicaSet.take``/``put``)."""
     cdef PyObject* found
-    load = replica.inflight + replica.external
+    load = inflight + replica.external
     PyDict_SetItem(http, replica_id, load)
     PyDict_SetDefault(http_moved, replica_id, old)
     if replica.grpc_target is not None:
