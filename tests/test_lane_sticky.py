@@ -38,8 +38,8 @@ USAGE = b'{"usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_toke
 
 def router(sticky: bool, replicas: int = 3) -> Runtime:
     runtime = Runtime(RouterSettings(backends=URLS[:replicas], health=NO_PROBES), data_path="native")
-    for url in URLS[:replicas]:
-        runtime.replicas.add(url)
+    for index, url in enumerate(URLS[:replicas]):
+        runtime.replicas.add(url, grpc_target=None if index % 3 == 1 else f"127.0.1.{index + 1}:9")  # most in both
     if not sticky:
         runtime.http_proxy.lane.native.sticky = None
     return runtime
@@ -80,10 +80,11 @@ def state(runtime: Runtime) -> dict:
         "pins": [(key, policy.table._replicas[packed & slot_mask]) for key, packed in policy.table._pins.items()],
         "counters": policy.counters.as_dict(),
         "replicas": {r.id: (r.inflight, r.failures, r.server_errors) for r in replicas._live.values()},
-        "loads": (dict(replicas._http), dict(replicas._http._moved), dict(replicas._grpc)),
+        "loads": [(dict(index), dict(index._moved), index._total, index._min, index._at)
+                  for index in (replicas._http, replicas._grpc)],
         "requests": {k: c.value for k, c in metrics.requests.children.items()},
-        "durations": {k: sum(c.counts) for k, c in metrics.duration.children.items()},
-        "first bytes": {k: sum(c.counts) for k, c in metrics.margin.ttfb.children.items()},
+        "durations": {k: c.counts for k, c in metrics.duration.children.items()},
+        "first bytes": {k: c.counts for k, c in metrics.margin.ttfb.children.items()},
         "turns": (metrics.margin.prefill, {k: c.value for k, c in metrics.margin.unmeasured.children.items()}),
         "answering": runtime.http_proxy.answering, "sampling": metrics.margin._credit,
     }
@@ -105,6 +106,9 @@ STEP = st.one_of(
     st.tuples(st.just("margin"), st.sampled_from([None, 0, 2])),
     st.tuples(st.just("sample"), st.sampled_from([0.0, 0.1, 0.5, 1.0])),
     st.tuples(st.just("release"), st.sampled_from(["a", "b"])),
+    st.tuples(st.just("healthy"), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("external"), st.integers(0, 2), st.sampled_from([0, 1, 300])),  # loads past the small ints
+    st.tuples(st.just("settle")),  # a policy reads the loads' total: what moved is filed, ``_moved`` emptied
 )
 
 
@@ -128,6 +132,13 @@ def step(runtime: Runtime, held: list, move: tuple, now: float):
         runtime.metrics.configure(MetricsSettings(kept_prefill_sample_rate=args[0]))
     elif kind == "release":
         runtime.balancer.release_session(args[0])
+    elif kind == "healthy":  # a probe's verdict: out of the HTTP index, a gRPC one's still in its own
+        runtime.replicas.set_healthy(URLS[args[0]], args[1])
+    elif kind == "external":
+        runtime.replicas.set_external(URLS[args[0]], args[1])
+    elif kind == "settle":
+        runtime.replicas._http.total()
+        runtime.replicas._grpc.total()
     return None
 
 
@@ -209,3 +220,39 @@ def test_the_sticky_hit_declines_what_it_does_not_decide():
     finish(runtime, route(runtime, "s", now)[2], "ok", now)
     assert sticky.hits == hits
     assert runtime.replicas.total_inflight() == 0
+
+
+@no_lane_failures()
+@pytest.mark.parametrize("sticky", [True, False])
+def test_an_answer_recorded_after_its_replica_failed_its_http_probe_leaves_its_grpc_load_right(sticky):
+    """Out of the HTTP index (its HTTP probe failed) but in the gRPC one: the answer's end moves its gRPC load."""
+    runtime = router(sticky, replicas=1)  # one replica, with a gRPC target
+    now = time.monotonic()
+    tokens = [route(runtime, "s", now)[2] for _ in range(3)]  # a pin, its first hit, a sticky hit
+    for token in tokens[:2]:
+        finish(runtime, token, "ok", now)
+    replica = tokens[2][2][1]
+    assert replica.grpc_target is not None and runtime.replicas._grpc[replica.id] == 1
+    runtime.replicas.set_healthy(replica.id, False)
+    finish(runtime, tokens[2], "ok", now)
+    assert replica.inflight == 0 and runtime.replicas._grpc[replica.id] == 0 and replica.id not in runtime.replicas._http
+    assert runtime.http_proxy.lane.sticky.answers == (2 if sticky else 0)
+
+
+@no_lane_failures()
+def test_a_load_past_the_small_ints_moved_after_a_settle_is_kept_as_filed():
+    """The load a replica was filed at, an int the index alone held, stays alive in ``_moved`` when the answer's
+    end replaces it (the lane keeps its own reference: it once passed a borrowed one, freed by the replacement)."""
+    runtime = router(sticky=True, replicas=1)
+    url = URLS[0]
+    runtime.replicas.set_external(url, 300)
+    now = time.monotonic()
+    tokens = [route(runtime, "s", now)[2] for _ in range(4)]  # a pin, its first hit, two sticky hits
+    for token in tokens[:2]:
+        finish(runtime, token, "ok", now)
+    runtime.replicas._http.total()  # filed at 302: ``_moved`` empty
+    finish(runtime, tokens[2], "ok", now)
+    moved = runtime.replicas._http._moved
+    assert moved == {url: 302} and runtime.replicas._http[url] == 301
+    finish(runtime, tokens[3], "ok", now)
+    assert moved == {url: 302} and runtime.replicas._http[url] == 300 and runtime.replicas._http.total() == 300

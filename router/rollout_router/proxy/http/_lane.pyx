@@ -164,7 +164,7 @@ cdef class Lane:
         if self.sticky is not None:
             try:
                 routed = self.sticky.route(path, key, group, now)
-            except BaseException as error:  # a bug: logged, and LaneGlue routes the request
+            except Exception as error:  # a bug (before it changed anything): logged, and LaneGlue routes it
                 self.report(error)
         if routed is None:
             routed = self._route(client, path, size, key_at, key, group_at, group, now)

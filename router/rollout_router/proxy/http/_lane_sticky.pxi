@@ -81,11 +81,13 @@ cdef class Sticky:
         """``LaneGlue.route`` for a keyed request whose pin is kept; None: ``LaneGlue.route`` decides."""
         cdef PyObject* found
         cdef long inflight
-        cdef double rate, credit
+        cdef double rate, credit = 0
         cdef object context = self.context
         if key is None or group is not None or self.group_fields or PyBytes_GET_SIZE(key) > self.max_key:
             return None
-        if context.settings is not self.settings or self.rl.paused or PyDict_Size(self.down):
+        if context.settings is not self.settings or self.rl.paused:
+            return None
+        if PyDict_Size(self.down) and now >= self.down.earliest:  # a mark-down has ended: ``ReplicaSet.loads``
             return None
         found = PyDict_GetItem(self.paths, path)
         if found == NULL or <object>found != 1:  # not a forwarded path read for its session key (``lane.KEYED``)
@@ -100,7 +102,7 @@ cdef class Sticky:
         except UnicodeDecodeError:
             return None
         fleet = context.fleet
-        if fleet is not None and (fleet.leaving or not fleet.decided_here(session, False)):  # (no side effect)
+        if fleet is not None and (fleet.leaving or not fleet.decided_here(session, False)):  # (as LaneGlue asks)
             return None
         found = PyDict_GetItem(self.pins, session)
         if found == NULL:
@@ -113,8 +115,7 @@ cdef class Sticky:
         found = PyDict_GetItem(self.http, replica_id)
         if found == NULL:  # not routable now: the policy re-pins it
             return None
-        old = <object>found
-        if not policy._every_pin_kept and not self._within(policy.margin, <long>old):
+        if not policy._every_pin_kept and not self._within(policy.margin, <long><object>found):
             return None  # the margin breaks it, or another rule of the policy decides (full determinism, none)
         found = PyDict_GetItem(self.kept, replica_id)
         if found == NULL:
@@ -126,21 +127,22 @@ cdef class Sticky:
         replica = <object>found
         found = PyDict_GetItem(self.pools, replica_id)
         pool = <object>found if found != NULL else self.pool_of(replica_id)
+        margin = self.margin
+        turn = None
+        rate = margin.rate
+        if rate:  # ``MarginMeter.sample``, its credit written below with the rest
+            credit = margin._credit + rate
+            if credit >= 1:
+                credit -= 1
+                turn = self.sampled(now)
         # kept: what AffinityPolicy.decide (SessionTable.hit), ReplicaSet.take and attempts.taken do
         self.pins[session] = packed & self.unused | (<long long>ceil(now * 1000)) << self.slot_bits
         self.move_to_end(session)
         self.counters.affinity_kept += 1
         inflight = replica.inflight + 1
         replica.inflight = inflight
-        _move(replica, replica_id, inflight, self.http, self.http_moved, old, self.grpc, self.grpc_moved)
-        margin = self.margin
-        turn = None
-        rate = margin.rate
-        if rate:  # ``MarginMeter.sample``
-            credit = margin._credit + rate
-            if credit >= 1:
-                credit -= 1
-                turn = self.sampled(now)
+        _move(replica, replica_id, inflight, self.http, self.http_moved, self.grpc, self.grpc_moved)
+        if rate:
             margin._credit = credit
         self.answering += 1
         self.hits += 1
@@ -156,6 +158,8 @@ cdef class Sticky:
         if type(token) is not tuple or failure is not None or not 0 < status < 400 or code is None:
             return False
         routing = (<tuple>token)[2]
+        if type(routing) is not tuple:
+            return False
         turn = (<tuple>routing)[2]
         replica = (<tuple>routing)[1]
         replica_id = replica.id
@@ -176,10 +180,7 @@ cdef class Sticky:
         _observe(children[1], now - started)
         inflight -= 1
         replica.inflight = inflight
-        found = PyDict_GetItem(self.http, replica_id)
-        if found != NULL:
-            _move(replica, replica_id, inflight, self.http, self.http_moved, <object>found, self.grpc,
-                  self.grpc_moved)
+        _move(replica, replica_id, inflight, self.http, self.http_moved, self.grpc, self.grpc_moved)
         if turn is not None:
             self.metrics.turn(turn)
         elif first_at:
@@ -189,18 +190,23 @@ cdef class Sticky:
         return True
 
 
-cdef void _move(object replica, object replica_id, long inflight, object http, dict http_moved, object old,
-                object grpc, dict grpc_moved) except *:
-    """``LoadIndex.move`` in both indexes for a live replica whose count changed (``ReplicaSet.take``/``put``)."""
-    cdef PyObject* found
+cdef void _move(object replica, object replica_id, long inflight, object http, dict http_moved, object grpc,
+                dict grpc_moved) except *:
+    """``LoadIndex.move`` in each index holding a live replica whose count changed (``ReplicaSet.take``/``put``):
+    the load it was filed at kept in ``_moved`` before the index lets go of it."""
     load = inflight + replica.external
-    PyDict_SetItem(http, replica_id, load)
-    PyDict_SetDefault(http_moved, replica_id, old)
+    _moved(http, http_moved, replica_id, load)
     if replica.grpc_target is not None:
-        found = PyDict_GetItem(grpc, replica_id)
-        if found != NULL:
-            PyDict_SetDefault(grpc_moved, replica_id, <object>found)
-            PyDict_SetItem(grpc, replica_id, load)
+        _moved(grpc, grpc_moved, replica_id, load)
+
+
+cdef inline void _moved(object index, dict moved, object replica_id, object load) except *:
+    cdef PyObject* found = PyDict_GetItem(index, replica_id)
+    if found == NULL:
+        return
+    old = <object>found  # a reference of our own: setting the new load may free the old one
+    PyDict_SetDefault(moved, replica_id, old)
+    PyDict_SetItem(index, replica_id, load)
 
 
 cdef void _observe(object child, double value) except *:

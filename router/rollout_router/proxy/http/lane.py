@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +82,10 @@ class LaneGlue:
         self._settings: object = None  # the settings the lane's limits and key names were read from (``_sync``)
         self._kept: frozenset[bytes] = frozenset()  # the key names the lane looks for (``proxy.key_names``)
         self._limits: object = None
-        # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``)
-        self.sticky = _lane.Sticky(self, (AffinityPolicy, time.monotonic, sampled, SCANNED, *PIN_LAYOUT))
+        # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``):
+        # CLOCK_MONOTONIC is ``time.monotonic`` on Linux only (elsewhere no clock matches, and it declines all)
+        clock = time.monotonic if sys.platform.startswith("linux") else None
+        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, SCANNED, *PIN_LAYOUT))
         self.native.sticky = self.sticky
         self._sync()
         self.tick(proxy.now, proxy.now)
