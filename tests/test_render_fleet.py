@@ -57,11 +57,17 @@ def test_session_ownership_is_on_by_default_and_names_the_router_pods_as_peers(m
     assert set(re.findall(r"\$\((\w+)\)", " ".join(command))) <= set(env)
 
 
-def test_a_stopped_router_pod_leaves_its_fleet_within_its_grace_period():
-    manifests = render(resource({"router": {"replicas": 3}}))
+@pytest.mark.parametrize("router", [{"replicas": 3}, {"replicas": 1, "sessionOwnership": False}])
+def test_a_stopped_router_pod_drains_within_its_grace_period(router):
+    """Every router pod drains on SIGTERM (alone or in a fleet): it accepts a few seconds more while the Service's
+    endpoints catch up, within a drain the pod's grace period covers."""
+    manifests = render(resource({"router": router}))
     pod = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]
-    drain = float(flag(container_of(manifests)["command"], "--drain-timeout") or "nan")
-    # the leave, then closing the listeners (gRPC's grace), then a margin for the interpreter to exit
+    command = container_of(manifests)["command"]
+    drain = float(flag(command, "--drain-timeout") or "nan")
+    accepting = float(flag(command, "--drain-accept-seconds") or "nan")
+    assert 0 < accepting < drain
+    # the drain, then closing the listeners (gRPC's grace), then a margin for the interpreter to exit
     assert 0 < drain and drain + STOP_GRACE_SECONDS + 5 <= pod["terminationGracePeriodSeconds"]
 
 

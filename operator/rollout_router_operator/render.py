@@ -30,9 +30,12 @@ CONFIG_DIR, CONFIG_FILE = "/etc/rollout-router", "config.yaml"
 ROUTER_PORT = 8080
 ROUTER_ADMIN_PORT = 8081  # the router's admin listener: /metrics, /status, sessions, probes
 ROUTER_GRPC_PORT = 50051  # the router's gRPC listener, opened when the replicas serve gRPC (spec.grpcPort)
-# A router pod that is stopped leaves its fleet first (hands its pins over, finishes its requests) for at most
-# ROUTER_DRAIN_SECONDS, then closes its listeners (gRPC's grace: 2 s): all well within the pod's grace period.
+# A router pod that is stopped drains for at most ROUTER_DRAIN_SECONDS: /readyz fails at once, new connections are
+# still accepted for ROUTER_ACCEPT_SECONDS (while the Service's endpoints catch up: kube-proxy and the Gateways
+# follow them within a few seconds), then refused; what it accepted finishes (with session ownership, its pins go
+# to the other pods), then it closes its listeners (gRPC's grace: 2 s): all well within the pod's grace period.
 ROUTER_DRAIN_SECONDS = 20
+ROUTER_ACCEPT_SECONDS = 5
 ROUTER_TERMINATION_GRACE_SECONDS = 30
 TOKEN_DIR, TOKEN_FILE = "/var/run/secrets/rollout-router", "token"  # the admin token Secret, mounted
 RUN_AS = 65532  # the "nonroot" user of distroless images
@@ -316,14 +319,13 @@ def _fleet_args(name: str, spec: RolloutRouterSpec) -> list[str]:
     """Session ownership: the members are the Ready pods with this resource's router labels, each
     addressed by its pod IP and admin port (a pod names itself so from ``$POD_IP``, in brackets when it is
     IPv6: no ``--advertise``, which could not bracket it); a pod stopped leaves the
-    fleet within ``ROUTER_DRAIN_SECONDS`` (docs/fleet.md, "Leaving the fleet"). ``sessionOwner: Entry``: the
+    fleet as it drains (docs/fleet.md, "Leaving the fleet"). ``sessionOwner: Entry``: the
     pod a turn enters by owns its session (docs/fleet.md, "Entry ownership"); a flag, so changing it rolls
     the pods rather than switching a running fleet's routers one by one as the kubelet updates each config."""
     if not spec.router.session_ownership:
         return []
     entry = ["--ownership", "entry"] if spec.router.session_owner == "Entry" else []
-    return ["--peer-selector", labels_query(router_labels(name)), "--peer-namespace", "$(POD_NAMESPACE)",
-            "--drain-timeout", str(ROUTER_DRAIN_SECONDS), *entry]
+    return ["--peer-selector", labels_query(router_labels(name)), "--peer-namespace", "$(POD_NAMESPACE)", *entry]
 
 
 def workers(spec: RolloutRouterSpec) -> int:
@@ -391,6 +393,7 @@ def _deployment_spec(name: str, spec: RolloutRouterSpec, labels: dict, default_i
         "command": ["rollout-router", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
                     "--host", "::", "--port", str(ROUTER_PORT),  # every address: IPv4, IPv6 and dual-stack pods
                     "--admin-host", "::", "--admin-port", str(ROUTER_ADMIN_PORT), *grpc_args, *token_args,
+                    "--drain-timeout", str(ROUTER_DRAIN_SECONDS), "--drain-accept-seconds", str(ROUTER_ACCEPT_SECONDS),
                     *_fleet_args(name, spec), *_workers_args(spec)],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"}, *grpc_ports,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from . import descriptors
+from . import descriptors, pinfile, stopping
 from .balancer import Balancer
 from .fleet.rlstate import RlCollector, RlState
 from .health import OutlierDetector, Prober
@@ -65,7 +65,8 @@ class Runtime:
     def __init__(self, settings: RouterSettings, config_path: Path | None = None,
                  overrides: Callable[[RouterSettings], RouterSettings] = lambda s: s,
                  grpc_address: str | None = None, admin_address: tuple[str, int] | None = None,
-                 admin_token: TokenFile | None = None, peering: Peering | None = None, data_path: str = "auto"):
+                 admin_token: TokenFile | None = None, peering: Peering | None = None, data_path: str = "auto",
+                 state_file: Path | None = None):
         self.settings, self.clock = settings, time.monotonic
         self.replicas = ReplicaSet(self.clock)
         self.balancer = Balancer(self.replicas, settings.policy, settings.live_config(), self.clock)
@@ -82,6 +83,9 @@ class Runtime:
         self.metrics.registry.register(RlCollector(self.rl))
         self.metrics.rl = self.rl
         self.peering = peering or Peering()
+        self.draining = False  # stopping: /readyz fails (``drain``)
+        self.state_file = state_file  # ``--state-file``: the pins are read back at start, written at stop
+        self._started = False
         self.config_path, self._overrides = config_path, overrides
         self.grpc_address = grpc_address
         self.grpc_port: int | None = None
@@ -129,7 +133,9 @@ class Runtime:
             return False
         self._config_mtime = _mtime(self.config_path)
         try:
-            settings = self._overrides(load_settings(self.config_path))
+            loaded = load_settings(self.config_path)
+            settings = self._overrides(loaded)
+            _keeps_replicas(settings, "backends" in loaded.model_fields_set)
         except (OSError, SettingsError) as error:
             log.error("config %s not applied, keeping the running settings: %s", self.config_path, error)
             self.metrics.config_reloads["rejected"] += 1
@@ -184,6 +190,9 @@ class Runtime:
     async def start(self, host: str, port: int) -> int:
         """Start everything the router owns; listen for HTTP on ``host:port`` (0: any free port). Returns the port."""
         self.apply(self.settings)
+        self._started = True
+        if self.state_file is not None:  # before any request can make a pin of its own
+            pinfile.restore(self.state_file, self.balancer, self.replicas, self.settings.session)
         limit = descriptors.raise_limit()
         cap = descriptors.connection_cap(self.settings.max_connections, limit, 1 + (self.grpc_proxy is not None))
         limit_connections(cap)
@@ -251,22 +260,38 @@ class Runtime:
         """Whether another router shares the sessions now (then SIGTERM hands them over: ``leave``)."""
         return self.fleet is not None and len(self.fleet.members()) > 1
 
-    async def leave(self, timeout: float) -> bool:
-        """Leave the fleet: hand the pins to their new owners, finish the requests in flight (``fleet/leaving.py``)."""
-        from .fleet.leaving import leave
-        assert self.fleet is not None
+    def in_flight(self) -> int:
+        """HTTP requests being answered, gRPC calls in progress (those forwarded to another router too)."""
+        calls = len(self.grpc_proxy.calls) if self.grpc_proxy is not None else 0
+        return self.http_proxy.answering + calls
+
+    async def drain(self, timeout: float, accept_seconds: float, why: str = "") -> bool:
+        """Stop taking new work and finish what was accepted, within ``timeout`` seconds (``stopping.py``; ``why``
+        starts its log line); a router sharing its sessions hands them over meanwhile (``fleet/leaving.py``)."""
+        from .fleet import leaving
+        fleet = self.fleet if self.has_peers() or self.peering.worker else None  # a worker: even once alone
         listeners = [self.http_proxy, *([self.grpc_proxy] if self.grpc_proxy is not None else [])]
 
-        def busy() -> int:  # HTTP requests being answered, gRPC calls in progress (forwarded ones too), leases
-            calls = len(self.grpc_proxy.calls) if self.grpc_proxy is not None else 0
-            return self.http_proxy.answering + calls + self.replicas.total_inflight()
+        async def begin() -> None:
+            self.draining = True
+            if fleet is not None:
+                await leaving.begin(fleet)
 
         def stop_accepting() -> None:
             for listener in listeners:
                 listener.stop_accepting()
-        return await leave(self.fleet, busy, stop_accepting, timeout)
+
+        async def end() -> bool:
+            return await leaving.end(fleet) if fleet is not None else True
+
+        def busy() -> int:
+            return self.in_flight() + self.replicas.total_inflight()
+        steps = stopping.Drain(busy, self.in_flight, self.metrics.answered, begin, stop_accepting, end)
+        return await stopping.drain(steps, timeout, accept_seconds, why)
 
     async def stop(self) -> None:
+        if self.state_file is not None and self._started:
+            pinfile.save_logged(self.state_file, self.balancer, self.clock())
         if self.decisions is not None:
             self.decisions.close()
         if self.http_proxy.decisions is not None:
@@ -301,6 +326,14 @@ class Peering:
     def wanted(self, settings: RouterSettings) -> bool:
         """Session ownership is on when any peer source is given (the config's ``fleet`` section is one)."""
         return bool(self.peers or self.selector) or settings.fleet is not None
+
+
+def _keeps_replicas(settings: RouterSettings, said: bool) -> None:
+    """Raise unless ``settings`` name a replica source, or the file says ``backends: []`` itself: a file that is
+    empty, a comment, or half written (an editor's save, ``cat >``) must not empty a running fleet."""
+    if settings.discovery is None and not settings.backends and not said:
+        raise SettingsError("it names no replica (no backends, no discovery): applying it would leave none, so "
+                            "every request would get 503; write 'backends: []' to mean that")
 
 
 def _mtime(path: Path | None) -> float | None:

@@ -69,9 +69,10 @@ class Balancer:
     def pinned(self, key: str) -> str | None:
         return self.policy.pinned(key, self._clock())
 
-    def adopt(self, key: str, replica: str) -> None:
-        """A pin handed over by the session's previous owner (another router)."""
-        self.policy.adopt(key, replica, self._clock())
+    def adopt(self, key: str, replica: str, idle: float = 0.0) -> None:
+        """A pin handed over by the session's previous owner (another router, or this one before a restart), last
+        used ``idle`` seconds ago."""
+        self.policy.adopt(key, replica, max(0.0, self._clock() - idle))
 
     def last_used(self, key: str) -> float | None:
         """When ``key``'s pin was last used (this router's clock), if it has one."""

@@ -29,6 +29,9 @@ from .listening import address, read_port_file
 ADMIN_HOST = "127.0.0.1"  # where spawned routers' admin listeners are reached (the default --admin-host)
 
 
+DRAIN_WAIT = 2.0  # how long ``stop`` lets a router finish what it is serving before it cuts
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now, for third-party servers that cannot report a port-0 bind (real vLLM, vllm-router).
 
@@ -57,14 +60,19 @@ class Service:
 
 
 def stop(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 10 s."""
-    if process.poll() is None:
-        process.terminate()
+    """SIGTERM (a router drains: it finishes what is in flight), SIGTERM again after ``DRAIN_WAIT`` seconds (a
+    router stops at once), then SIGKILL after 10 s."""
+    for signum, wait in ((signal.SIGTERM, DRAIN_WAIT), (signal.SIGTERM, 10.0)):
+        if process.poll() is not None:
+            return
+        process.send_signal(signum)
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=wait)
+            return
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            pass
+    process.kill()
+    process.wait()
 
 
 def command(*args: str) -> list[str]:

@@ -15,8 +15,8 @@ One Python process uses one core, so a pod with N cores runs N routers (docs/fle
   over the workers, so the operator and Prometheus see one router per pod.
 
 A worker that exits unexpectedly takes the pod down (the others drain, the parent exits 1, the kubelet restarts
-the container): a pod silently running on fewer cores would be worse. SIGTERM drains every worker (their fleet's
-leave path); SIGINT or a second SIGTERM stops them at once; SIGHUP reloads them all.
+the container): a pod silently running on fewer cores would be worse. SIGTERM or Ctrl-C drains every worker
+(``stopping.py``, with their fleet's leave path); a second stops them at once; SIGHUP reloads them all.
 
 With ``--peer-selector`` (router pods sharing sessions) every worker is a member of the pods' fleet: worker i's
 admin listener is on the ``--admin-host`` at ``--admin-port`` + 1 + i, the port the other pods find as the pod's
@@ -173,15 +173,19 @@ def _die_with_parent() -> None:
 
 
 async def _supervise(workers: list[subprocess.Popen], drain_timeout: float) -> int:
-    """Until SIGTERM/SIGINT (0 once every worker has stopped) or a worker's exit (1, the others drained)."""
+    """Until SIGTERM/SIGINT (0 once every worker has stopped) or a worker's exit (1, the others drained).
+
+    The first stop signal drains the workers (SIGTERM to each), the second cuts (SIGQUIT: a worker ignores
+    SIGINT, which a terminal's Ctrl-C sends the whole process group, so that the parent decides)."""
     loop = asyncio.get_running_loop()
     stopping: asyncio.Future[signal.Signals] = loop.create_future()
 
     def ask(signum: signal.Signals) -> None:
         if not stopping.done():
             stopping.set_result(signum)
-        else:  # a second SIGTERM, or SIGINT while draining: at once
-            _signal_all(workers, signal.SIGINT)
+        else:
+            log.warning("%s again: the workers stop at once, cutting what is in flight", signum.name)
+            _signal_all(workers, signal.SIGQUIT)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, ask, signum)
     loop.add_signal_handler(signal.SIGHUP, _signal_all, workers, signal.SIGHUP)
@@ -192,7 +196,10 @@ async def _supervise(workers: list[subprocess.Popen], drain_timeout: float) -> i
     if died is not None:
         log.error("worker pid %d exited with %s: stopping the pod (the others drain first) rather than serve on "
                   "fewer cores", died.pid, died.returncode)
-    _signal_all(workers, signal.SIGINT if stopping.done() and stopping.result() == signal.SIGINT else signal.SIGTERM)
+    else:
+        log.info("%s: the workers stop gracefully (at most %gs); %s again stops them at once",
+                 stopping.result().name, drain_timeout, stopping.result().name)
+    _signal_all(workers, signal.SIGTERM)
     try:
         await asyncio.wait_for(asyncio.gather(*exits), drain_timeout + 5)
     except TimeoutError:

@@ -49,6 +49,7 @@ _DECISIONS = {
     "group_colocated": "New sessions (or unkeyed requests) with a group key placed on their group's replica.",
     "group_spilled": "New sessions (or unkeyed requests) with a group key placed elsewhere: the group's replica was "
                      "beyond the margin or gone.",
+    "restored": "Pins read back at start from the --state-file a stopping router wrote.",
 }
 
 
@@ -278,6 +279,10 @@ class Metrics:
 
     def retried(self, backend: str) -> None:
         self.retries.child(self.backend_label(backend)).inc()
+
+    def answered(self) -> int:
+        """Proxied requests answered so far, over every replica and code (what a drain reports it finished)."""
+        return sum(child.value for child in self.requests.children.values())
 
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
         """Count one finished request; a replica's series are looked up once per (replica, code)."""

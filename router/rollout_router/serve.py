@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -144,10 +145,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "Service) or entry (the router the turn enters by; it pulls the pin from its peers: for a "
                         "front end hashing the session key, docs/fleet.md).")
     parser.add_argument("--drain-timeout", type=_seconds, default=DRAIN_TIMEOUT, metavar="SECONDS",
-                        help=f"With peers, SIGTERM makes the router leave its fleet: /readyz answers 503, its pins go "
-                        f"to their new owners, its requests in flight finish; it exits after at most this long "
+                        help=f"SIGTERM, or a first Ctrl-C, stops the router gracefully: /readyz answers 503, new "
+                        f"connections are refused after --drain-accept-seconds, the requests and streams it accepted "
+                        f"finish (with peers, its pins go to their new owners); it exits after at most this long "
                         f"(default {DRAIN_TIMEOUT:g}; keep it below the pod's terminationGracePeriodSeconds). "
-                        f"A second SIGTERM, or SIGINT, stops it at once.")
+                        f"A second SIGTERM or Ctrl-C stops it at once, cutting what is in flight.")
+    parser.add_argument("--drain-accept-seconds", type=_seconds, default=0.0, metavar="SECONDS",
+                        help="While stopping, keep accepting new connections this long after /readyz fails, so that "
+                        "a Service's endpoints catch up (default 0; the operator's pods use a few seconds). "
+                        "Below --drain-timeout.")
+    parser.add_argument("--state-file", type=Path, metavar="PATH",
+                        help="Keep the pins across restarts: written here (atomically) as the router stops, read "
+                        "back as it starts (pins to unknown replicas or idle past --idle-timeout are dropped). "
+                        "Default: none, a restart places every session anew.")
     parser.add_argument("--workers", type=usage.at_least(1, MAX_WORKERS), default=1, metavar="N",
                         help="Router processes (default 1): N > 1 uses N cores; they share the traffic ports "
                         "(SO_REUSEPORT) and the sessions (each key owned by one worker, docs/fleet.md 'Several cores'); "
@@ -236,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollout-router serve: --admin-token-file {args.admin_token_file}: "
               f"{getattr(error, 'strerror', None) or error}", file=sys.stderr)
         return 2
+    if refusal := _stopping_refusal(args):
+        print(f"rollout-router serve: {refusal}", file=sys.stderr)
+        return 2
     missing = lane_unavailable()
     if args.data_path == "native" and missing:
         print(f"rollout-router serve: --data-path native: {missing}", file=sys.stderr)
@@ -249,37 +262,87 @@ def run(args: argparse.Namespace) -> int:
     peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise, args.ownership,
                       args.worker, args.worker_sockets if args.worker else None)
     runtime = Runtime(settings, args.config, overrides, grpc_address, (args.admin_host, args.admin_port), token,
-                      peering, args.data_path)
-    asyncio.run(_serve(runtime, args.host, args.port, args.port_file, args.drain_timeout,
+                      peering, args.data_path, args.state_file)
+    stop = Stopping(args.drain_timeout, args.drain_accept_seconds, args.worker)
+    asyncio.run(_serve(runtime, args.host, args.port, args.port_file, stop,
                        missing if args.data_path == "auto" else None))
     return 0
 
 
-async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None, drain_timeout: float,
+def _stopping_refusal(args: argparse.Namespace) -> str | None:
+    """What is wrong with the stopping flags together, if anything (one line, naming the flags)."""
+    if args.drain_accept_seconds and args.drain_accept_seconds >= args.drain_timeout:
+        return (f"--drain-accept-seconds {args.drain_accept_seconds:g} must be below --drain-timeout "
+                f"{args.drain_timeout:g} (the accepting window is part of the drain)")
+    if args.state_file is not None and args.workers > 1:
+        return "--state-file is for one process: not with --workers N (each worker holds its own pins)"
+    if args.state_file is not None and not args.state_file.parent.is_dir():
+        return f"--state-file {args.state_file}: no such directory {str(args.state_file.parent)!r}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopping:
+    """How the router stops: ``--drain-timeout``, ``--drain-accept-seconds``; and whether it is one of
+    ``--workers N``'s processes (its parent relays the signals: see ``_signals``)."""
+
+    timeout: float
+    accept_seconds: float
+    worker: bool
+
+
+async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None, stop: Stopping,
                  no_lane: str | None = None) -> None:
     """Bind, announce the bound ports (and ``no_lane``: why the native lane cannot run, when it was not asked for
-    by name), serve until SIGINT/SIGTERM; SIGHUP reloads the settings.
-
-    SIGTERM to a router with peers first leaves the fleet (``Runtime.leave``, at most ``drain_timeout``
-    seconds); SIGINT, or SIGTERM again, stops it at once.
-    """
-    loop = asyncio.get_running_loop()
-    stopping, terminated = asyncio.Event(), asyncio.Event()
-    loop.add_signal_handler(signal.SIGINT, stopping.set)
-    loop.add_signal_handler(signal.SIGTERM, lambda: (stopping if terminated.is_set() else terminated).set())
-    loop.add_signal_handler(signal.SIGHUP, runtime.reload)
+    by name), serve until a stop signal, then drain (``Runtime.drain``) unless told to stop at once; SIGHUP
+    reloads the settings."""
+    signals = StopSignals(runtime, stop.worker)
     try:
         port = await runtime.start(host, port)
         admin = (runtime.admin_address[0], runtime.admin_port) if runtime.admin_address and runtime.admin_port else None
         listening.announce("rollout-router", host, port, runtime.grpc_port, port_file, admin)
         if no_lane is not None:
             logging.getLogger(__name__).warning("%s: the traffic port runs its Python data path", no_lane)
-        await _first(stopping.wait(), terminated.wait(), _warn_without_replicas(runtime))
-        drains = runtime.has_peers() or runtime.peering.worker  # a worker drains even once the others have left
-        if not stopping.is_set() and drains:
-            await _first(stopping.wait(), runtime.leave(drain_timeout))
+        await _first(signals.draining.wait(), _warn_without_replicas(runtime))
+        await _first(signals.cut.wait(), runtime.drain(stop.timeout, stop.accept_seconds, signals.why))
     finally:
         await runtime.stop()
+
+
+class StopSignals:
+    """SIGTERM or Ctrl-C (SIGINT) drains, the second cuts; one log line each (the drain's, then the cut's).
+
+    A ``--workers`` worker drains on SIGTERM (more change nothing: a whole process group may be sent one too) and
+    cuts on SIGQUIT, both from its parent, which relays Ctrl-C: the terminal's SIGINT reaches the worker too, and
+    is ignored."""
+
+    def __init__(self, runtime: Runtime, worker: bool):
+        self.runtime, self.worker = runtime, worker
+        self.draining, self.cut = asyncio.Event(), asyncio.Event()
+        self.why = ""  # what started the drain, for its log line
+        loop = asyncio.get_running_loop()
+        if worker:
+            loop.add_signal_handler(signal.SIGINT, lambda: None)
+            loop.add_signal_handler(signal.SIGTERM, self.signalled, "SIGTERM", "its parent cuts on a second")
+            loop.add_signal_handler(signal.SIGQUIT, self.cutting, "SIGQUIT from the parent")
+        else:
+            loop.add_signal_handler(signal.SIGINT, self.signalled, "Ctrl-C (SIGINT)", "Ctrl-C again stops at once")
+            loop.add_signal_handler(signal.SIGTERM, self.signalled, "SIGTERM", "SIGTERM again stops at once")
+        loop.add_signal_handler(signal.SIGHUP, runtime.reload)
+
+    def signalled(self, name: str, again: str) -> None:
+        if not self.draining.is_set():
+            self.why = f"{name} ({again})"
+            self.draining.set()
+        elif not self.worker:
+            self.cutting(f"{name} again")
+
+    def cutting(self, name: str) -> None:
+        if not self.cut.is_set():
+            logging.getLogger(__name__).warning("%s: stopping at once, %d requests in flight cut", name,
+                                                self.runtime.in_flight())
+            self.draining.set()
+            self.cut.set()
 
 
 async def _warn_without_replicas(runtime: Runtime) -> None:

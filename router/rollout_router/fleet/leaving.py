@@ -2,19 +2,21 @@
 
 A router that exits at once takes its pins with it: every session it owned is
 placed anew on its next turn (a rolling update of the router pods re-places
-them all). Leaving instead, within ``timeout`` seconds (``--drain-timeout``):
+them all). Leaving instead, as the two fleet steps of a router's drain
+(``stopping.py``, within ``--drain-timeout``):
 
-1. it owns no key any more (``Fleet.leaving``): ``/readyz`` answers 503, so
-   Services stop sending it traffic; a keyed request that still arrives goes
-   to the key's owner among the others;
-2. it tells its peers (``POST /fleet/v1/leave``; its loads answer says
-   ``"leaving": true`` too), which stop counting it as an owner but keep
-   following its loads: it still answers pull handoffs (``/fleet/v1/handoff``);
-3. it pushes every pin it holds to the key's new owner, ``BATCH`` at a time
-   (``POST /fleet/v1/adopt``), dropping each pin the owner took;
-4. it finishes the requests in flight, stops accepting connections, pushes
-   the pins made meanwhile, and tells its peers it has handed everything
-   over (``"done": true``): they no longer ask it, nor count it as lost.
+1. ``begin``: it owns no key any more (``Fleet.leaving``): ``/readyz`` answers
+   503, so Services stop sending it traffic; a keyed request that still arrives
+   goes to the key's owner among the others. It tells its peers (``POST
+   /fleet/v1/leave``; its loads answer says ``"leaving": true`` too), which
+   stop counting it as an owner but keep following its loads: it still answers
+   pull handoffs (``/fleet/v1/handoff``). It pushes every pin it holds to the
+   key's new owner, ``BATCH`` at a time (``POST /fleet/v1/adopt``), dropping
+   each pin the owner took;
+2. (the drain stops accepting and finishes the requests in flight)
+3. ``end``: it pushes the pins made meanwhile, and tells its peers it has
+   handed everything over (``"done": true``): they no longer ask it, nor count
+   it as lost.
 
 If the deadline passes first it exits anyway: the pins it still holds are
 lost, and the peers, never told ``done``, re-place those sessions and count
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .client import PeerError, Unreachable
@@ -38,34 +39,21 @@ log = logging.getLogger(__name__)
 
 BATCH = 1000  # pins per adopt call
 REDIRECTS = 2  # rounds in which a peer may answer that a pin pushed to it is another member's
-BUSY_POLL_SECONDS = 0.05  # how often the requests still in flight are counted while draining
 
 
-async def leave(fleet: Fleet, busy: Callable[[], int], stop_accepting: Callable[[], None], timeout: float) -> bool:
-    """Hand this router's sessions over and finish its requests; True when all was done within ``timeout``.
-
-    ``busy`` counts the requests in flight here (being decided, relayed or
-    forwarded); ``stop_accepting`` closes the listening sockets.
-    """
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+async def begin(fleet: Fleet) -> None:
+    """Own no key any more, tell the peers, push every pin to its new owner."""
     fleet.stop_owning()
-    try:
-        async with asyncio.timeout(timeout):
-            await announce(fleet, done=False)
-            await push(fleet)
-            await until_idle(busy)
-            stop_accepting()
-            await until_idle(busy)
-            left = await push(fleet)
-            if left == 0:
-                await announce(fleet, done=True)
-    except TimeoutError:
-        log.warning("leaving the fleet took longer than --drain-timeout %.1fs: exiting with %d requests in flight "
-                    "and %d pins not handed over (their sessions are placed anew)",
-                    timeout, busy(), len(fleet.balancer.pins()))
-        return False
-    log.info("left the fleet in %.2fs: %d pins handed over%s", loop.time() - started, fleet.pushed,
+    await announce(fleet, done=False)
+    await push(fleet)
+
+
+async def end(fleet: Fleet) -> bool:
+    """After the last request: push the pins made meanwhile; True (and the peers told ``done``) when none is left."""
+    left = await push(fleet)
+    if left == 0:
+        await announce(fleet, done=True)
+    log.info("left the fleet: %d pins handed over%s", fleet.pushed,
              "" if left == 0 else f", {left} not (no owner answered): their sessions are placed anew")
     return left == 0
 
@@ -156,8 +144,3 @@ def held(balancer: Balancer, pins: list[tuple[str, str, float]]) -> list[tuple[s
         if used is not None and balancer.pinned(key) == replica:
             still.append((key, replica, used))
     return still
-
-
-async def until_idle(busy: Callable[[], int]) -> None:
-    while busy():
-        await asyncio.sleep(BUSY_POLL_SECONDS)

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..replicas import ReplicaSet, grpc_only
 from .client import PeerClient, PeerError, Unreachable
-from .leaving import until_idle
 
 if TYPE_CHECKING:
     from .node import Fleet
     from .rlstate import RlState
 
 ABORT_ROUND_SECONDS = 1.0  # how long one abort round waits for the drain before aborting again
+INFLIGHT_POLL_SECONDS = 0.05  # how often the requests in flight are counted while waiting for them to end
 Step = Callable[[PeerClient, str], Awaitable[dict[str, Any]]]  # (client, replica URL) -> what to report
 
 
@@ -155,7 +155,8 @@ async def drained(replicas: ReplicaSet, timeout: float) -> bool:
     """Whether every request in flight through this router finished within ``timeout`` seconds."""
     try:
         async with asyncio.timeout(timeout):
-            await until_idle(replicas.total_inflight)
+            while replicas.total_inflight():
+                await asyncio.sleep(INFLIGHT_POLL_SECONDS)
     except TimeoutError:
         return False
     return True

@@ -94,6 +94,12 @@ class AffinityPolicy(SessionPolicy):
         it): with no margin, or under full determinism, for the margin's rule and its variants."""
         return self.margin is None or self.full_determinism
 
+    def placements(self) -> list[tuple[str, str]]:
+        return self.groups.held()
+
+    def place_group(self, group: str, replica: str) -> None:
+        self.groups.restore(group, replica)
+
     def release_all(self) -> int:
         """Drop every pin and every group (a phase switch: the next step's prompts are new)."""
         self.groups.clear()

@@ -73,6 +73,7 @@ class Counters:
     released: int = 0
     group_colocated: int = 0  # new sessions placed on their group's replica (policy/groups.py)
     group_spilled: int = 0  # new sessions of a group placed elsewhere: its replica beyond the margin or gone
+    restored: int = 0  # pins read back at start from the file a stopping router wrote (``--state-file``)
 
     def count(self, outcome: Outcome) -> None:
         field = _OUTCOME_FIELD[outcome]
@@ -204,6 +205,13 @@ class Policy(abc.ABC):
     def surrender(self, key: str, now: float) -> str | None:
         """Give up ``key``'s pin to the router that owns it now; the replica it was pinned to, if any."""
         return None
+
+    def placements(self) -> list[tuple[str, str]]:
+        """Every GRPO group's replica (policy/groups.py), least recently placed first: what a stopping router saves."""
+        return []
+
+    def place_group(self, group: str, replica: str) -> None:
+        """Take back ``group``'s replica, as saved by a router that stopped (placed most recently)."""
 
     def expire(self, now: float, limit: int | None = None) -> int:
         """Drop pins idle past their TTL, at most ``limit`` (None: all); returns how many."""

@@ -81,6 +81,17 @@ class GroupTable:
             self._replicas.popitem(last=False)
         return target
 
+    def held(self) -> list[tuple[str, str]]:
+        """Every group's replica, least recently placed first."""
+        return list(self._replicas.items())
+
+    def restore(self, group: str, replica: str) -> None:
+        """Point ``group`` at ``replica`` again (a saved placement), nothing counted; the bound holds."""
+        self._replicas[group] = replica
+        self._replicas.move_to_end(group)
+        if len(self._replicas) > self.max_groups:
+            self._replicas.popitem(last=False)
+
     def clear(self) -> int:
         """Forget every group (a phase switch: the next step's prompts are new); returns how many."""
         dropped = len(self._replicas)

@@ -116,11 +116,13 @@ def healthz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
 
 
 def readyz(context: RouterContext, request: AdminRequest) -> AdminAnswer:
-    """Ready once some replica can take a request, so Services skip an empty router; not while it leaves
-    its fleet (SIGTERM), so Services stop sending it new traffic; not before it has heard from its fleet
+    """Ready once some replica can take a request, so Services skip an empty router; not once it is stopping
+    (SIGTERM: it leaves its fleet, if any), so Services stop sending it new traffic; not before it has heard from its fleet
     (``Fleet.settled``), and a ``--workers`` worker not before it sees its siblings (``Fleet.quorate``)."""
     if context.fleet is not None and context.fleet.leaving:
         return error(503, "this router is leaving its fleet: its sessions are handed to the other routers")
+    if context.draining:
+        return error(503, "this router is stopping: it finishes the requests it accepted and takes no new ones")
     if context.fleet is not None and not context.fleet.quorate():
         return error(503, f"this worker sees {1 + context.fleet.siblings_seen()} of the "
                           f"{1 + len(context.fleet.siblings)} workers "

@@ -51,6 +51,10 @@ class RouterContext(Protocol):
     def clock(self) -> Callable[[], float]: ...
 
     @property
+    def draining(self) -> bool:
+        """Stopping (SIGTERM): /readyz fails, so that balancers move on (``stopping.py``)."""
+
+    @property
     def rl(self) -> RlState:
         """The RL step's dispatch state: asked whether dispatch is paused, and the replicas' weight versions."""
 

@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import time
 
 from ..listening import EVERY_ADDRESS, bound_socket, dual_stack_socket
@@ -83,6 +85,7 @@ class Listener:
         self._private: asyncio.AbstractServer | None = None  # a worker's own port, where its fleet peers reach it
         self._sweeper: asyncio.Task | None = None
         self._at_limit = False
+        self.closing = False  # stopping: no new connections (``stop_accepting``); each protocol closes those open
         metrics = context.metrics
         self._rejected = metrics.connections_rejected.labels(self.name)
         self.write_stalls = metrics.write_stalls.labels(self.name)
@@ -117,10 +120,25 @@ class Listener:
         raise NotImplementedError
 
     def stop_accepting(self) -> None:
-        """Refuse new connections; those open are served until ``close``."""
+        """Refuse new connections; those open are served until ``close``. The connections the kernel had already
+        queued for a listening socket are taken first: closing it would reset them, requests sent and all."""
+        loop = asyncio.get_running_loop()
+        self.closing = True
         for server in (self._server, self._private):
-            if server is not None:
-                server.close()
+            if server is None or not server.is_serving():
+                continue
+            queued = [socket.socket(fileno=os.dup(sock.fileno())) for sock in server.sockets]  # type: ignore[attr-defined]
+            server.close()
+            for sock in queued:
+                with sock:
+                    for accepted in _queued(sock):
+                        loop.create_task(self._take(accepted))
+
+    async def _take(self, sock: socket.socket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(self.connection, sock)
+        except OSError:  # gone meanwhile
+            sock.close()
 
     async def close(self) -> None:
         self.stop_accepting()
@@ -186,3 +204,20 @@ class Listener:
 
     def tick(self, elapsed: float) -> None:
         """What a listener does once a sweep besides its clients' deadlines."""
+
+
+def _queued(listening: socket.socket) -> list[socket.socket]:
+    """The connections waiting in ``listening``'s accept queue (a duplicate of a listener's socket, which still
+    listens until this one closes too)."""
+    listening.setblocking(False)
+    taken: list[socket.socket] = []
+    while True:
+        try:
+            sock, _ = listening.accept()
+        except (BlockingIOError, InterruptedError):
+            return taken
+        except OSError:  # the descriptor limit, say: what is left is reset as the socket closes
+            log.warning("stopping: %d queued connections taken, the rest reset", len(taken))
+            return taken
+        sock.setblocking(False)
+        taken.append(sock)

@@ -46,6 +46,8 @@ class ClientConnection(H2Connection):
         transport.write(h2.settings_frame({h2.MAX_CONCURRENT_STREAMS: self.max_streams, h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                                            h2.MAX_HEADER_LIST_SIZE: MAX_HEAD})
                         + h2.window_update(0, CONNECTION_WINDOW - h2.DEFAULT_WINDOW))
+        if proxy.closing:  # taken from the accept queue as the listener closed: it serves the calls open, no more
+            self.go_away()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
@@ -131,7 +133,7 @@ class ClientConnection(H2Connection):
         self.finish(stream, reset=not request_ended)
 
     def go_away(self) -> None:
-        """Take no more streams; the sweep closes the connection after ``LINGER_SECONDS``."""
+        """Take no more streams; the sweep closes the connection ``LINGER_SECONDS`` after, once its calls ended."""
         if self._closing_at is None:
             self._closing_at = self.proxy.now
             self.emit(h2.goaway(self.last_peer_stream, h2.NO_ERROR))
@@ -152,7 +154,7 @@ class ClientConnection(H2Connection):
             self.proxy.refused("header_timeout")
             self.fail(h2.ENHANCE_YOUR_CALM, f"no complete request head within headerTimeoutSeconds={timeout:g}")
         elif self._closing_at is not None:
-            if now - self._closing_at > LINGER_SECONDS:
+            if now - self._closing_at > LINGER_SECONDS and not self.streams:  # its calls finish first (a drain)
                 self.transport.close()
         elif self.streams:
             self._idle_at = None

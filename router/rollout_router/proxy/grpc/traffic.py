@@ -72,6 +72,14 @@ class GrpcProxy(Listener):
     def refused(self, reason: str) -> None:
         self.context.metrics.errors.labels(reason).inc()
 
+    def stop_accepting(self) -> None:
+        """Also: every connection is told to go away (GOAWAY), so that its client opens new calls elsewhere; the calls
+        in progress go on until they end."""
+        super().stop_accepting()
+        for client in list(self.clients):
+            client.go_away()
+        flush_dirty()
+
     async def close(self, grace: float = 2.0) -> None:
         """Stop taking calls, let those in progress finish for up to ``grace`` seconds, then close everything."""
         if self._server is not None:

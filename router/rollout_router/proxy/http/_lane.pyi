@@ -18,6 +18,7 @@ class Lane:
     max_body: int
     max_buffered: int
     forwarded: int
+    closing: bool
     sticky: Sticky | None
 
     def __init__(self, glue: Any, listener: Any, active: set[Any], versions: dict[str, str]) -> None: ...

@@ -123,6 +123,7 @@ cdef class Lane:
     cdef public long long max_body           # ``maxBodyBytes`` and ``maxBufferedBytes``, kept live by the glue
     cdef public long long max_buffered
     cdef public long long forwarded          # requests answered here
+    cdef public bint closing                 # stopping: every request goes to the Python path, which closes after it
     cdef object glue, listener, budget, versions
     cdef object _route, _finish, _failed, _hand_over, _connect, _opened, _closed, _head, _exception
     cdef public Sticky sticky                # the sticky hit in C, or None (``LaneGlue``)
@@ -161,6 +162,8 @@ cdef class Lane:
                        object group, double now):
         """A whole request's routing (``LaneGlue.route``'s answer): the sticky hit here, or ``LaneGlue.route``."""
         cdef object routed = None
+        if self.closing:
+            return None
         if self.sticky is not None:
             try:
                 routed = self.sticky.route(path, key, group, now)

@@ -72,6 +72,13 @@ class HttpProxy(HttpListener):
     def limits(self) -> Limits:
         return traffic_limits(self.context.settings)
 
+    def stop_accepting(self) -> None:
+        """Also: each request from now on is answered with ``Connection: close`` and its connection closed (the
+        lane hands every next request to the Python path, which does so: ``dispatch``)."""
+        super().stop_accepting()
+        if self.lane is not None:
+            self.lane.native.closing = True
+
     async def close(self) -> None:
         await super().close()
         self.pools.close_idle(float("inf"))
@@ -88,6 +95,8 @@ class HttpProxy(HttpListener):
         """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``;
         a request the native lane routed and handed over, with its routing (``lane.py``)."""
         handed, client.handed = client.handed, None
+        if self.closing:
+            request.close_after = True
         if handed is not None:  # the lane's, with its routing or to relay through the key's owner
             client.answer_later(request, self.handle(client, request, self._handed(client, request, handed)))
         elif not self._fast(client, request):
