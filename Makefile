@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study install install-sim install-test system-deps clean
+.PHONY: demo test native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study seed-study install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -102,6 +102,14 @@ study: install-sim
 verl-study: install-sim
 	nice -n 10 $(BIN)/rollout-router simulate --verl-grid study --jobs 1 --cache out/verl-cache.jsonl \
 	  --json-out out/verl-study.json --markdown out/verl-study.md --plots docs/img --docs docs/simulator.md --readme README.md
+
+# The study at the seed's scale (docs/simulator.md, "The study at the seed's scale"): the verl grid `seed`, JOBS
+# processes. Finished steps are kept in benchmarks/results/seed-cache.jsonl, which is committed: a run resumes
+# where the last stopped, on any machine, while the model's source is unchanged (sim/cache.py). Its cost per step:
+# benchmarks/sim_cost.py.
+seed-study: install-sim
+	nice -n 10 $(BIN)/rollout-router simulate --verl-grid seed --jobs $(JOBS) \
+	  --cache benchmarks/results/seed-cache.jsonl --json-out out/seed-study.json
 
 # The quick tier: the type check (mypy, both packages), the linter and the layering contract
 # (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.

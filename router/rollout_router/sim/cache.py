@@ -20,7 +20,7 @@ from ..usage import UsageError
 # (grid.py and sources.py decide what a task is: the task's own description carries their effect)
 _PRESENTATION = {"__init__.py", "__main__.py", "cache.py", "cli.py", "criterion.py", "grid.py", "gridreport.py",
                  "parallel.py", "plots.py", "report.py", "runner.py", "sources.py", "stats.py", "verlplots.py",
-                 "verlreport.py", "groupreport.py"}
+                 "verlreport.py", "groupreport.py", "seedreport.py"}
 
 
 def model_fingerprint() -> str:

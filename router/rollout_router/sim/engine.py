@@ -4,14 +4,18 @@ Events are (time, seq, kind, ...) on one heap; nothing sleeps. Every turn of
 every trajectory is routed by calling ``policy.route(Request(...))`` on a
 policy built by ``rollout_router.policy.registry.create`` -- the router's own
 code, never a copy. The policy sees the router-local load (in-flight requests
-per replica, or in-flight context tokens for the token-load arm); a request
-counts from routing until its last token, not while the trajectory waits on a
-tool, exactly like verl's acquire/release.
+per replica, or in-flight context tokens for the token-load arm, or the
+context of every unfinished session last sent there for the footprint arm); a
+request counts from routing until its last token, not while the trajectory
+waits on a tool, exactly like verl's acquire/release. Tool calls run in a
+fleet-wide sandbox of ``Preset.tool_slots`` concurrent calls (None: unbounded);
+a call beyond them waits its turn, first come first served.
 """
 from __future__ import annotations
 
 import dataclasses
 import heapq
+from collections import deque
 from typing import Any
 
 from rollout_router.policy import registry
@@ -21,7 +25,8 @@ from .cost import CostModel
 from .replica import Replica, Req
 from .workload import BlockChainPrefix, Preset, Trajectory
 
-STEP_END, ARRIVAL = 0, 1
+STEP_END, ARRIVAL, TOOL_END = 0, 1, 2
+LOADS = ("requests", "tokens", "footprint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +36,8 @@ class Arm:
     label: str
     policy: str  # a registry name
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    load: str = "requests"  # or "tokens": in-flight context tokens per replica
+    load: str = "requests"  # or "tokens": in-flight context tokens per replica; or "footprint": the context of
+    # every session last sent to the replica and not finished, idle ones (in a tool call) included
     group: bool = False  # send each trajectory's prompt group as the request's group key (GRPO siblings)
 
     def build(self):
@@ -78,9 +84,15 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
             for nm in names]
     index = {nm: i for i, nm in enumerate(names)}
     policy = policy if policy is not None else arm.build()
-    by_tokens = arm.load == "tokens"
+    if arm.load not in LOADS:
+        raise ValueError(f"load must be one of {LOADS}, got {arm.load!r}")
     inflight = [0] * len(reps)
-    tokload = [0] * len(reps)
+    tokload = [0] * len(reps)  # in-flight context tokens
+    footprint = [0] * len(reps)  # context of unfinished sessions, by the replica each was last sent to
+    signal = {"requests": inflight, "tokens": tokload, "footprint": footprint}[arm.load]
+    slots = preset.tool_slots
+    tools_running = 0
+    tools_waiting: deque[Trajectory] = deque()
     heap: list[tuple] = []
     seq = 0
     for tr in trajs:  # the whole batch is submitted at t=0, as verl's agent loop does
@@ -102,8 +114,29 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
             heapq.heappush(heap, (t, seq, STEP_END, i, reps[i].ver))
             seq += 1
 
+    def call_tool(tr: Trajectory, t: float) -> None:
+        """``tr``'s tool call (its latency: ``tr.lats[tr.turn - 1]``) starts now if the sandbox has a slot."""
+        nonlocal seq, tools_running
+        latency = tr.lats[tr.turn - 1]
+        if slots is None or latency <= 0:
+            heapq.heappush(heap, (t + latency, seq, ARRIVAL, tr, 0))
+        elif tools_running < slots:
+            tools_running += 1
+            heapq.heappush(heap, (t + latency, seq, TOOL_END, tr, 0))
+        else:
+            tools_waiting.append(tr)
+            return
+        seq += 1
+
     while heap:
         t, _, kind, obj, ver = heapq.heappop(heap)
+        if kind == TOOL_END:  # its next turn arrives now; a waiting call takes the slot
+            tools_running -= 1
+            heapq.heappush(heap, (t, seq, ARRIVAL, obj, 0))
+            seq += 1
+            if tools_waiting:
+                call_tool(tools_waiting.popleft(), t)
+            continue
         if kind == STEP_END:
             rep = reps[obj]
             if ver != rep.ver or rep.cur is None:
@@ -120,10 +153,10 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
                     tr = req.traj
                     if tr.turn + 1 < len(tr.outs):
                         tr.ctx += tr.outs[tr.turn] + tr.tools[tr.turn]
-                        heapq.heappush(heap, (t + tr.lats[tr.turn], seq, ARRIVAL, tr, 0))
-                        seq += 1
                         tr.turn += 1
+                        call_tool(tr, t)
                     else:
+                        footprint[obj] -= tr.ctx  # the session ends (verl's adapter releases it)
                         tr.t_done = t
                         t_end = max(t_end, t)
                         unfinished -= 1
@@ -136,12 +169,14 @@ def run_step(preset: Preset, trajs: list[Trajectory], arm: Arm, cost: CostModel,
             continue
         # a turn arrives at the router
         tr = obj
-        loads = dict(zip(names, tokload if by_tokens else inflight))
+        loads = dict(zip(names, signal))
         decision = route(Request(tr.key, loads, t, BlockChainPrefix(tr.gid, tr.tid, tr.P, tr.ctx // block_size, tr.S),
                                  f"g{tr.gid}" if arm.group else None))
         i = index[decision.replica]
-        if tr.last is not None and tr.last != i:
-            moved += 1
+        if tr.last is not None:
+            footprint[tr.last] -= tr.ctx - tr.outs[tr.turn - 1] - tr.tools[tr.turn - 1]  # as counted last turn
+            moved += tr.last != i
+        footprint[i] += tr.ctx
         tr.last = i
         skew_area += cur_skew * (t - t_last)
         t_last = t

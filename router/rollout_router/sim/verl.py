@@ -66,6 +66,7 @@ class VerlPreset:
     tool_call_p: float = 0.75  # unknown: a grid axis
     tool_latency: float = 0.0  # unknown: a grid axis (the PR's runs had none)
     tool_tokens: int = TOOL_RESULT_TOKENS
+    tool_slots: int | None = None  # the sandbox's concurrent tool calls, fleet-wide (None: no bound)
     max_num_seqs: int = MAX_NUM_SEQS
     sticky_entries: int = STICKY_ENTRIES
     source: str = ""
@@ -83,7 +84,7 @@ class VerlPreset:
         return Preset(self.name, self.turn_out_median, self.kv_tokens, prompts=self.prompts, n=self.n,
                       max_prompt=self.prompt_length, max_response=self.response_length, replicas=self.replicas,
                       max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
-                      router_lru=self.sticky_entries)
+                      router_lru=self.sticky_entries, tool_slots=self.tool_slots)
 
     def scaled(self, replicas: int) -> VerlPreset:
         """The same per-replica load on ``replicas`` replicas; the fleet-wide sticky map shrinks with it."""

@@ -7,6 +7,9 @@ fewest in-flight requests, ``random.choice`` among the tied. At the base of verl
 the first registered server (``min(inflight, key=count)``), and the PR adds ``affinity_break_margin``: a
 pinned request stays while ``inflight[pinned] <= min(inflight) + margin``, else it is re-pinned to a
 least-loaded server (``margin=None``: always stay). ``tie`` picks ``"first"`` or ``"random"`` (seeded).
+With ``relative`` the margin is a share of the fleet's mean load instead (a candidate rule of the seed study,
+``verlgrid``: keep while ``load[pinned] <= min(load) + margin * mean(load)``), whatever the load counts
+(requests, or tokens: ``engine.Arm.load``).
 
 Ours (``policy.affinity``) differs only in its tie-break (a hash of the key) and its table (per router, a
 TTL); this class is a reference for the simulator, not a router policy.
@@ -26,11 +29,12 @@ class VerlBalancer(Policy):
 
     name = "verl"
 
-    def __init__(self, margin: float | None = None, tie: str = "first", max_sessions: int = 10_000, seed: int = 0):
+    def __init__(self, margin: float | None = None, tie: str = "first", max_sessions: int = 10_000, seed: int = 0,
+                 relative: bool = False):
         super().__init__()
         if tie not in TIES:
             raise ValueError(f"tie must be one of {TIES}, got {tie!r}")
-        self.margin, self.tie, self.max_sessions = margin, tie, max_sessions
+        self.margin, self.tie, self.max_sessions, self.relative = margin, tie, max_sessions, relative
         self.rng = random.Random(seed)
         self.table: OrderedDict[str, str] = OrderedDict()
         self.counters = Counters()
@@ -40,6 +44,10 @@ class VerlBalancer(Policy):
         tied = [r for r, v in loads.items() if v == low]  # registration order
         return tied[0] if self.tie == "first" else self.rng.choice(tied)
 
+    def _threshold(self, loads) -> float:
+        assert self.margin is not None
+        return self.margin * sum(loads.values()) / len(loads) if self.relative else self.margin
+
     def route(self, request: Request) -> Decision:
         key, loads = request.key, request.loads
         if key is None:
@@ -47,7 +55,7 @@ class VerlBalancer(Policy):
         pinned = self.table.get(key)
         if pinned is None:
             decision = Decision(self._least(loads), Outcome.NEW)
-        elif self.margin is None or loads[pinned] <= min(loads.values()) + self.margin:
+        elif self.margin is None or loads[pinned] <= min(loads.values()) + self._threshold(loads):
             decision = Decision(pinned, Outcome.KEPT)
         else:
             decision = Decision(self._least(loads), Outcome.BROKEN, previous=pinned)

@@ -26,13 +26,14 @@ from .grid import PEERS, grid_arms, shipped_cost_affinity
 from .stats import summarize
 from .verl import VERL_PRESETS, VerlPreset, generate_verl
 from .verlbalancer import VerlBalancer
-from .verlsources import DEFAULT_GPU_UTIL, DEFAULT_TP, QWEN7B, QWEN32B, pool
+from .verlsources import DEFAULT_GPU_UTIL, DEFAULT_TP, QWEN7B, QWEN32B, TOOL_SLOTS, pool
 
 BASELINE = "verl_sticky"
 
 # (model, TP, gpu_memory_utilization): the recipes' and verl's defaults (verlsources)
 FLEETS = {"7b-tp4-0.8": ("qwen2.5-7b", 4, 0.8), "7b-tp2-0.5": ("qwen2.5-7b", DEFAULT_TP, DEFAULT_GPU_UTIL),
-          "32b-tp4-0.8": ("qwen2.5-32b", 4, 0.8), "32b-tp4-0.9": ("qwen2.5-32b", 4, 0.9)}
+          "32b-tp4-0.8": ("qwen2.5-32b", 4, 0.8), "32b-tp4-0.9": ("qwen2.5-32b", 4, 0.9),
+          "32b-tp4-0.5": ("qwen2.5-32b", 4, 0.5)}
 
 
 MARGINS = (0, 1, 2, 3, 4, 6, 8)  # verl's margin, the study's curve
@@ -58,6 +59,21 @@ def verl_arms(entries: int) -> dict[str, Arm]:
     return {a.label: a for a in arms}
 
 
+# The seed study's candidate rules beside the absolute margin (committed before its run; docs/simulator.md, "The
+# study at the seed's scale"): each keeps a pin while its replica's load is within a share of the fleet's mean load
+# of the least loaded (``VerlBalancer(relative=True)``), verl's tie-break, over three load signals: requests in
+# flight (the margin's own), context tokens in flight (``Arm.load="tokens"``), and the context of the sessions last
+# sent to each replica, idle ones in a tool call included (``"footprint"``: a session leaves it when its trajectory
+# ends, which verl's adapter tells the router by releasing the session).
+CANDIDATES = {"rel0.05": (0.05, "requests"), "rel0.25": (0.25, "requests"), "tokens_rel0.1": (0.1, "tokens"),
+              "footprint_rel0.1": (0.1, "footprint")}
+
+
+def candidate_arms(entries: int) -> dict[str, Arm]:
+    return {label: Arm(label, "verl", {"margin": share, "tie": "first", "max_sessions": entries, "relative": True},
+                       load=load) for label, (share, load) in CANDIDATES.items()}
+
+
 def group_arms(entries: int) -> dict[str, Arm]:
     """For grid ``group``: ours sticky and at margins 0, 2 and 4 with the GRPO group key (the prompt's index), and
     the margins 0 and 4 without it (sticky and margin 2 without it are ``ours_sticky``, ``ours_margin2``)."""
@@ -70,7 +86,7 @@ def group_arms(entries: int) -> dict[str, Arm]:
 
 def every_arm(entries: int) -> dict[str, Arm]:
     """Every arm a verl grid may name."""
-    return {**verl_arms(entries), **group_arms(entries)}
+    return {**verl_arms(entries), **group_arms(entries), **candidate_arms(entries)}
 
 
 ARMS = tuple(verl_arms(1))  # every arm, in the tables' order
@@ -78,12 +94,16 @@ ARMS = tuple(verl_arms(1))  # every arm, in the tables' order
 ALL = (BASELINE, "verl_margin0", "verl_margin1", "verl_margin2", "verl_margin4", "verl_sticky_random",
        "verl_margin2_random", "ours_sticky", "ours_margin2", "least_loaded", "cost_affinity")
 GROUP_ARMS = tuple(group_arms(1))
-ORDER = tuple(every_arm(1))  # a block's arms run in this order: the verl arms (ARMS), then the group arms
+ORDER = tuple(every_arm(1))  # a block's arms run in this order: the verl arms (ARMS), the group arms, the candidates
 FEW = (BASELINE, "verl_margin0", "verl_margin2", "ours_margin2", "least_loaded")
 GROUP = (BASELINE, "ours_sticky", "ours_margin2", "least_loaded", *GROUP_ARMS)
 FEW_MARGINS = (BASELINE, "verl_margin0", "verl_margin2", "verl_margin4", "least_loaded")
 # the study grid's arms at every point: sticky, every margin, no affinity, cost_affinity as shipped, the peers
 STUDY = (BASELINE, *(f"verl_margin{m}" for m in MARGINS), "least_loaded", "cost_affinity", *PEERS)
+# the seed study's arms: verl's sticky balancer (the baseline) and its random tie-break (verl #7613), the margins
+# the advice names, no affinity, and the candidate rules
+SEED = (BASELINE, "verl_sticky_random", "verl_margin0", "verl_margin2", "verl_margin8", "least_loaded",
+        *CANDIDATES)
 
 
 def build(arm: Arm):
@@ -100,12 +120,18 @@ class VPoint:
     latency: float = 0.0  # tool seconds
     replicas: int = 4
     batch: int | None = None  # prompts per step on the recipe's fleet (the PR's is not published); None: the recipe's
+    sigma: float = 1.0  # the spread of a turn's output (log-normal sigma)
+    tool_tokens: int | None = None  # tokens a tool result appends; None: verl's cap (``TOOL_RESULT_TOKENS``)
+    max_turns: int | None = None  # max_assistant_turns; None: the preset's
+    tool_slots: int | None = None  # the sandbox's concurrent calls, fleet-wide; None: no bound
 
     @property
     def label(self) -> str:
-        batch = "" if self.batch is None else f" B={self.batch}"
+        extra = "".join(f" {name}={value:g}" for name, value, default in (
+            ("B", self.batch, None), ("sigma", self.sigma, 1.0), ("tool", self.tool_tokens, None),
+            ("turns", self.max_turns, None), ("slots", self.tool_slots, None)) if value != default)
         return (f"{self.preset} {self.fleet} out={self.out:g} p={self.tool_p:g} lat={self.latency:g} "
-                f"R={self.replicas}{batch}")
+                f"R={self.replicas}{extra}")
 
     def verl_preset(self) -> VerlPreset:
         model, tp, util = FLEETS[self.fleet]
@@ -114,7 +140,12 @@ class VPoint:
             base = dataclasses.replace(base, prompts=self.batch)
         cost = QWEN7B if model == "qwen2.5-7b" else QWEN32B
         p = dataclasses.replace(base, model=model, kv_tokens=pool(cost, tp, util), turn_out_median=self.out,
-                                tool_call_p=self.tool_p, tool_latency=self.latency)
+                                tool_call_p=self.tool_p, tool_latency=self.latency, turn_out_sigma=self.sigma,
+                                tool_slots=self.tool_slots)
+        if self.tool_tokens is not None:
+            p = dataclasses.replace(p, tool_tokens=self.tool_tokens)
+        if self.max_turns is not None:
+            p = dataclasses.replace(p, max_assistant_turns=self.max_turns)
         return p.scaled(self.replicas) if self.replicas != base.replicas else p
 
 
@@ -129,14 +160,59 @@ class VBlock:
     replicas: int = 4
     arms: tuple[str, ...] = ALL
     batches: tuple[int | None, ...] = (None,)
+    listed: tuple[VPoint, ...] = ()  # points named one by one (a fractional design), instead of the product
 
     def points(self) -> Iterable[VPoint]:
+        if self.listed:
+            yield from self.listed
+            return
         for pr, fl, o, p, lat, b in itertools.product(self.presets, self.fleets, self.outs, self.tool_ps,
                                                        self.latencies, self.batches):
             yield VPoint(pr, fl, o, p, lat, self.replicas, b)
 
 
 TOOL = "one-step-off-dapo-7b-tool"
+SEED_POINT = VPoint(TOOL, "32b-tp4-0.8", 1024, 0.9, 0.0, 16, 512)  # the seed's fleet; 512 trajectories per replica
+SEED_UTILS = {"32b-tp4-0.5": 0, "32b-tp4-0.8": 1, "32b-tp4-0.9": 2}  # gpu_memory_utilization 0.5 / 0.8 / 0.9
+SEED_LOADS = {256: 0, 512: 1, 1536: 2}  # trajectories per replica
+SEED_LATENCIES = {0.0: 0, 1.0: 1, 5.0: 2}  # tool seconds, in the recipe's sandbox (TOOL_SLOTS at once)
+
+
+def _seed(point: VPoint = SEED_POINT, **change: Any) -> VPoint:
+    moved = dataclasses.replace(point, **change)
+    return dataclasses.replace(moved, tool_slots=TOOL_SLOTS if moved.latency else None)
+
+
+def _seed_blocks() -> tuple[VBlock, ...]:
+    """The seed study's points, in the order they run (the cheapest and the headline's caveats first):
+
+    - ``seed``: the seed's point and the points that test the advice's caveats: 256 trajectories per replica,
+      5 s tools (in the recipe's sandbox), the smaller-model fleet (Qwen2.5-7B, TP 4 / 0.8: not the PR's) with and
+      without 5 s tools;
+    - ``one-at-a-time``: from the seed's point, one unknown changed: tool-result tokens 32 and 128 (the cap, 288,
+      is the default), the turn-length spread sigma 0.5 (1.0 the default), max_assistant_turns 8 and 16 (none
+      the default);
+    - ``scale``: the seed's point at 4 and 32 replicas (the same load per replica);
+    - ``fleet``: a fractional design of the three fleet axes, gpu_memory_utilization (0.5 / 0.8 / 0.9) x
+      trajectories per replica (256 / 512 / 1,536) x tool latency (0 / 1 / 5 s): the 9 of 27 combinations whose
+      level indices sum to a multiple of 3 (a Latin square: every pair of levels of two axes once), the
+      1,536-per-replica points last (the dearest: ``benchmarks/sim_cost.py``).
+    """
+    caveats = (SEED_POINT, _seed(batch=256), _seed(latency=5.0), _seed(fleet="7b-tp4-0.8"),
+               _seed(fleet="7b-tp4-0.8", latency=5.0))
+    one_at_a_time = (_seed(tool_tokens=32), _seed(tool_tokens=128), _seed(sigma=0.5), _seed(max_turns=8),
+                     _seed(max_turns=16))
+    scale = (_seed(replicas=4), _seed(replicas=32))
+    square = [_seed(fleet=f, batch=b, latency=lat) for f, b, lat in itertools.product(SEED_UTILS, SEED_LOADS,
+                                                                                       SEED_LATENCIES)
+              if (SEED_UTILS[f] + SEED_LOADS[b] + SEED_LATENCIES[lat]) % 3 == 0]
+    square.sort(key=lambda p: p.batch or 0)
+    return (VBlock("seed", (), (), (), listed=caveats, arms=SEED),
+            VBlock("one-at-a-time", (), (), (), listed=one_at_a_time, arms=SEED),
+            VBlock("scale", (), (), (), listed=scale, arms=SEED),
+            VBlock("fleet", (), (), (), listed=tuple(square), arms=SEED))
+
+
 VERL_GRIDS: dict[str, dict[str, Any]] = {
     # the comparison with the seed's four published rows (docs/simulator.md): the PR's 16-replica trainer
     # under tool_agent, 4 replicas simulated at its per-replica load
@@ -176,10 +252,33 @@ VERL_GRIDS: dict[str, dict[str, Any]] = {
         VBlock("group-tool", (TOOL,), ("7b-tp4-0.8",), (256, 1024), (0.75,), arms=GROUP),
         VBlock("group-r16", ("one-step-off-dapo-7b",), ("7b-tp4-0.8",), (4096,), replicas=16, arms=GROUP),
     )},
+    # The study at the seed's scale (committed before its run; docs/simulator.md, "The study at the seed's scale"):
+    # the seed's fleet (Qwen2.5-32B, TP 4, 16 replicas, out 1,024, p 0.9), ten paired steps, the SEED arms.
+    "seed": {"seeds": 10, "blocks": _seed_blocks()},
     "quick": {"seeds": 3, "blocks": (
         VBlock("pr", (TOOL,), ("7b-tp4-0.8",), (256,), (0.75,), replicas=2, arms=FEW),
     )},
 }
+
+
+# How a candidate rule is chosen (committed with the seed grid, before its run): on the points at even positions
+# of the grid's order (``seed_halves``), the candidate with the lowest mean of its per-point median changes against
+# verl's sticky balancer among those whose median change is at most +1% at every one of them; it is confirmed, or
+# not, on the points at odd positions, against the mark the study aims at: at least 10% faster where the seed
+# measured its gains (the seed's point and its long-context variants), never more than 1% slower anywhere.
+WORST_ALLOWED = 0.01
+
+
+def seed_halves(points: Iterable[VPoint]) -> tuple[list[VPoint], list[VPoint]]:
+    """(the points that choose, the points held out), alternating in the grid's order."""
+    ordered = list(points)
+    return ordered[0::2], ordered[1::2]
+
+
+def choose(changes: dict[str, list[float]]) -> str | None:
+    """The candidate chosen from its per-point median changes on the choosing half (``seed_halves``), or None."""
+    allowed = {arm: v for arm, v in changes.items() if v and max(v) <= WORST_ALLOWED}
+    return min(allowed, key=lambda arm: sum(allowed[arm]) / len(allowed[arm])) if allowed else None
 
 
 def plan(blocks: Iterable[VBlock]) -> dict[VPoint, tuple[str, ...]]:

@@ -44,6 +44,15 @@ TOOL_RESULT_TOKENS = TOOL_TEMPLATE_TOKENS + math.ceil(
 # response_length - len(prompt_ids)), clamped to [1, max_model_len - len(prompt_ids)]. (At b178a3cd the
 # min(response_length, ...) was not there yet.) max_model_len is taken as >= prompt_length + response_length.
 
+# The sandbox's concurrent tool calls, fleet-wide: the ReTool recipe's tool config (verl-recipe
+# retool/sandbox_fusion_tool_config.yaml@48ea0a79: rate_limit 128, enable_global_rate_limit true, default_timeout 30)
+# for the verl it pins (retool/REQUIRED_VERL.txt@48ea0a79: v0.6.1, d62da495): verl/tools/sandbox_fusion_tools.py@v0.6.1
+# takes a slot of one named Ray actor per job ("rate-limiter", a threading.Semaphore(rate_limit)) around every
+# execution, so at most 128 calls run at once over the whole rollout; the rest wait (in about arrival order: Ray's
+# queue and the semaphore's wake-ups, not a guaranteed FIFO; modelled as FIFO). num_workers 128 bounds each agent-loop
+# worker's own pool, not the fleet.
+TOOL_SLOTS = 128
+
 # --- one step's traffic ------------------------------------------------------------------------------------------
 AGENT_WORKERS = 8  # rollout.yaml agent.num_workers@b178a3cd and @0.9.1; agent_loop.py: prompts.chunk(len(workers)),
 # contiguous equal chunks (protocol.py DataProto.chunk@0.9.1)

@@ -56,6 +56,7 @@ class Preset:
     max_batched_tokens: int = RECIPE_MAX_BATCHED_TOKENS
     replicas: int = RECIPE_REPLICAS
     router_lru: int = VERL_STICKY_ENTRIES  # verl's sticky map
+    tool_slots: int | None = None  # tool calls the sandbox runs at once, fleet-wide (None: no bound)
     # the published row this preset stands for
     published_ctx: str = ""
     published_hit: float = 0.0
