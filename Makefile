@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study seed-study install install-sim install-test system-deps clean
+.PHONY: demo test native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study seed-study seed-report install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -110,6 +110,8 @@ verl-study: install-sim
 seed-study: install-sim
 	nice -n 10 $(BIN)/rollout-router simulate --verl-grid seed --jobs $(JOBS) \
 	  --cache benchmarks/results/seed-cache.jsonl --json-out out/seed-study.json
+seed-report: install-sim
+	$(BIN)/python -m rollout_router.sim.seedreport --docs docs/simulator.md
 
 # The quick tier: the type check (mypy, both packages), the linter and the layering contract
 # (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.

@@ -107,3 +107,25 @@ def test_a_candidate_is_chosen_on_one_half_within_the_worst_allowed():
     assert not set(choosing) & set(held_out) and len(choosing) + len(held_out) == len(points)
     assert choose({"a": [-0.05, 0.02], "b": [-0.01, 0.0], "c": [-0.2, WORST_ALLOWED]}) == "c"
     assert choose({"a": [-0.05, 0.02]}) is None
+
+
+def test_the_report_reads_a_partial_run_and_advises_only_what_won_surely(tmp_path):
+    """From a cache holding one point's steps: that point's row, the margin faster in every step bolded and advised,
+    one faster in only some steps not; the candidates wait for every point."""
+    from rollout_router.sim.cache import ResultCache
+    from rollout_router.sim.seedreport import advice, candidates_text, points_table, results
+    from rollout_router.sim.verlgrid import describe
+
+    cache = ResultCache(tmp_path / "cache.jsonl")
+    times = {"verl_margin2": [90.0] * 10, "verl_margin0": [95.0, 105.0] * 5}
+    for arm in SEED:
+        for step in range(10):
+            seconds = times.get(arm, [100.0] * 10)[step]
+            cache.put(describe((SEED_POINT, arm, step, 0)), {"step_seconds": seconds, "hit_rate": 0.09})
+    found, done = results(ResultCache(tmp_path / "cache.jsonl"))
+    assert done == 10 * len(SEED) and list(found) == [SEED_POINT]
+    table = points_table(found)
+    assert "**-10.0% (10/10, p=0.002)**" in table and "(5/10, p=1)" in table
+    rows = advice(found).splitlines()
+    assert len(rows) == 3 and "| `2` |" in rows[2]
+    assert candidates_text(found).startswith("Not yet: 20 of 21 points")
