@@ -39,13 +39,14 @@ def results(cache: ResultCache, grid: str = "seed") -> tuple[dict[VPoint, dict[s
     for point, arms in plan(spec["blocks"]).items():
         rows = {arm: [cache.get(describe((point, arm, s, 0))) for s in range(steps)] for arm in arms}
         done += sum(r is not None for runs in rows.values() for r in runs)
-        base = rows[BASELINE]
-        if any(r is None for r in base):
+        complete = {arm: [r for r in runs if r is not None] for arm, runs in rows.items()}
+        base = complete[BASELINE]
+        if len(base) < steps:
             continue
         times = [r["step_seconds"] for r in base]
         out[point] = {"_base": {"step": sum(times) / steps, "hit": sum(r["hit_rate"] for r in base) / steps}}
-        for arm, runs in rows.items():
-            if arm != BASELINE and all(r is not None for r in runs):
+        for arm, runs in complete.items():
+            if arm != BASELINE and len(runs) == steps:
                 out[point][arm] = summarize([r["step_seconds"] for r in runs], times)
     return out, done
 
