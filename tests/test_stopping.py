@@ -29,6 +29,7 @@ from rollout_router.localfleet import (
     stop,
     wait_healthy,
 )
+from rollout_router.stopping import SIGNAL_REPEAT_SECONDS
 from tests.support import wait_until
 
 REPLICA_ARGS = ["--step-base-ms", "20"]  # a turn of TOKENS tokens streams for about 150 ms
@@ -170,7 +171,9 @@ def test_a_first_ctrl_c_drains_and_a_second_cuts():
             response = conn.getresponse()
             assert response.status == 200
             router.process.send_signal(signal.SIGINT)
+            router.process.send_signal(signal.SIGINT)  # the same Ctrl-C delivered twice (a wrapper forwards it)
             wait_until(lambda: readyz(router) == 503, "/readyz to fail once stopping")
+            time.sleep(SIGNAL_REPEAT_SECONDS)  # a second Ctrl-C is one that comes later
             assert router.process.poll() is None  # it waits for the stream
             router.process.send_signal(signal.SIGINT)
             assert router.process.wait(timeout=15) == 0
@@ -300,7 +303,7 @@ def test_a_reload_that_would_leave_no_replica_is_refused(tmp_path, text):
             wait_healthy(router, "/readyz")
             config.write_text(text)
             router.process.send_signal(signal.SIGHUP)
-            wait_until(lambda: status(router)["config_reloads"]["rejected"] == 1, "the reload to be refused")
+            wait_until(lambda: status(router)["config_reloads"]["rejected"] >= 1, "the reload to be refused")
             assert status(router)["config_reloads"]["applied"] == 0
             assert readyz(router) == 200 and len(status(router)["backends"]) == 1
             router.process.send_signal(signal.SIGTERM)
@@ -323,7 +326,7 @@ def test_a_reload_saying_backends_empty_is_applied(tmp_path):
             wait_healthy(router, "/readyz")
             config.write_text("backends: []\n")
             router.process.send_signal(signal.SIGHUP)
-            wait_until(lambda: status(router)["config_reloads"]["applied"] == 1, "the reload to be applied")
+            wait_until(lambda: status(router)["config_reloads"]["applied"] >= 1, "the reload to be applied")
             assert readyz(router) == 503 and status(router)["backends"] == []
         finally:
             router.stop()
@@ -424,15 +427,52 @@ def test_stop_is_bounded_for_a_router_that_cannot_drain():
     backends = replicas(1)
     try:
         router = spawn_router([b.url for b in backends]).bound()
-        wait_healthy(router, "/readyz")
-        url = urlsplit(router.url)
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-        conn.request("POST", "/v1/chat/completions", json.dumps(
-            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000, "stream": True}),
-            {"Content-Type": "application/json"})
-        assert conn.getresponse().status == 200
-        stop(router.process)
-        assert router.process.returncode == 0  # the second SIGTERM, not SIGKILL
-        conn.close()
+        try:
+            wait_healthy(router, "/readyz")
+            url = urlsplit(router.url)
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+            conn.request("POST", "/v1/chat/completions", json.dumps(
+                {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000,
+                 "stream": True}), {"Content-Type": "application/json"})
+            assert conn.getresponse().status == 200
+            stop(router.process)
+            assert router.process.returncode == 0  # the second SIGTERM, not SIGKILL
+            conn.close()
+        finally:
+            router.stop()
+    finally:
+        stop_all(backends)
+
+
+def test_a_request_still_being_read_when_the_router_stops_is_answered():
+    """Its head and part of its body came before SIGTERM, the rest a second later: accepted, so answered whole."""
+    import socket
+    backends = replicas(1)
+    try:
+        router = spawn_router([b.url for b in backends], ["--log-level", "info"]).bound()
+        try:
+            wait_healthy(router, "/readyz")
+            url = urlsplit(router.url)
+            body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 2000}],
+                               "max_tokens": 3}).encode()
+            head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+                sock.sendall(head + body[:100])
+                router.process.send_signal(signal.SIGTERM)
+                wait_until(lambda: readyz(router) == 503, "the router to be stopping")
+                time.sleep(1.5)  # the client pauses mid-upload past the stopping router's idle close (1 s)
+                sock.sendall(body[100:])
+                answer = b""
+                while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer, answer[:300]
+            assert router.process.wait(timeout=30) == 0
+            assert "none cut" in router.process.stderr.read()
+        finally:
+            router.stop()
     finally:
         stop_all(backends)

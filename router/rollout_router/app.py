@@ -135,7 +135,7 @@ class Runtime:
         try:
             loaded = load_settings(self.config_path)
             settings = self._overrides(loaded)
-            _keeps_replicas(settings, "backends" in loaded.model_fields_set)
+            _keeps_replicas(self.settings, settings, "backends" in loaded.model_fields_set)
         except (OSError, SettingsError) as error:
             log.error("config %s not applied, keeping the running settings: %s", self.config_path, error)
             self.metrics.config_reloads["rejected"] += 1
@@ -192,7 +192,8 @@ class Runtime:
         self.apply(self.settings)
         self._started = True
         if self.state_file is not None:  # before any request can make a pin of its own
-            pinfile.restore(self.state_file, self.balancer, self.replicas, self.settings.session)
+            pinfile.restore(self.state_file, self.balancer, self.replicas, self.settings.session,
+                            self.settings.group.max_groups)
         limit = descriptors.raise_limit()
         cap = descriptors.connection_cap(self.settings.max_connections, limit, 1 + (self.grpc_proxy is not None))
         limit_connections(cap)
@@ -257,7 +258,7 @@ class Runtime:
         self.fleet.start()
 
     def has_peers(self) -> bool:
-        """Whether another router shares the sessions now (then SIGTERM hands them over: ``leave``)."""
+        """Whether another router shares the sessions now (then SIGTERM hands them over: ``drain``)."""
         return self.fleet is not None and len(self.fleet.members()) > 1
 
     def in_flight(self) -> int:
@@ -284,9 +285,12 @@ class Runtime:
         async def end() -> bool:
             return await leaving.end(fleet) if fleet is not None else True
 
-        def busy() -> int:
-            return self.in_flight() + self.replicas.total_inflight()
-        steps = stopping.Drain(busy, self.in_flight, self.metrics.answered, begin, stop_accepting, end)
+        def busy() -> int:  # and connections open: a request still being read on one is accepted
+            return (self.in_flight() + self.replicas.total_inflight()
+                    + sum(len(listener.clients) + listener.taking for listener in listeners))
+        def pins_left() -> int:
+            return len(self.balancer.pins()) if fleet is not None else 0
+        steps = stopping.Drain(busy, self.in_flight, self.metrics.answered, begin, stop_accepting, end, pins_left)
         return await stopping.drain(steps, timeout, accept_seconds, why)
 
     async def stop(self) -> None:
@@ -328,12 +332,14 @@ class Peering:
         return bool(self.peers or self.selector) or settings.fleet is not None
 
 
-def _keeps_replicas(settings: RouterSettings, said: bool) -> None:
-    """Raise unless ``settings`` name a replica source, or the file says ``backends: []`` itself: a file that is
-    empty, a comment, or half written (an editor's save, ``cat >``) must not empty a running fleet."""
-    if settings.discovery is None and not settings.backends and not said:
-        raise SettingsError("it names no replica (no backends, no discovery): applying it would leave none, so "
-                            "every request would get 503; write 'backends: []' to mean that")
+def _keeps_replicas(running: RouterSettings, settings: RouterSettings, said: bool) -> None:
+    """Raise when the ``running`` settings name replicas and ``settings`` name none, unless the file says
+    ``backends: []`` itself: a file that is empty, a comment, or half written (an editor's save, ``cat >``) must not
+    empty a running fleet. (Replicas registered through the worker API are no setting: a reload keeps them.)"""
+    names = (running.discovery is not None or running.backends) and settings.discovery is None and not settings.backends
+    if names and not said:
+        raise SettingsError("it names no replica (no backends, no discovery) where the running settings do: applying "
+                            "it would remove every replica; write 'backends: []' to mean that")
 
 
 def _mtime(path: Path | None) -> float | None:

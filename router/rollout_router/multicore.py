@@ -47,6 +47,7 @@ from .listening import address, any_address
 from .localfleet import Starting, command, interrupts_held
 from .multicore_admin import WorkerAdmin
 from .settings import RouterSettings
+from .stopping import SIGNAL_REPEAT_SECONDS
 from .usage import UsageError, bind
 
 log = logging.getLogger(__name__)
@@ -180,10 +181,13 @@ async def _supervise(workers: list[subprocess.Popen], drain_timeout: float) -> i
     loop = asyncio.get_running_loop()
     stopping: asyncio.Future[signal.Signals] = loop.create_future()
 
+    first_at = [0.0]
+
     def ask(signum: signal.Signals) -> None:
         if not stopping.done():
             stopping.set_result(signum)
-        else:
+            first_at[0] = loop.time()
+        elif loop.time() - first_at[0] >= SIGNAL_REPEAT_SECONDS:  # sooner: the same stop delivered twice
             log.warning("%s again: the workers stop at once, cutting what is in flight", signum.name)
             _signal_all(workers, signal.SIGQUIT)
     for signum in (signal.SIGTERM, signal.SIGINT):

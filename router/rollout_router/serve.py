@@ -29,6 +29,7 @@ from .settings import (
     load_settings,
     parse_settings,
 )
+from .stopping import SIGNAL_REPEAT_SECONDS
 
 SESSION = SessionSettings().model_dump()  # the defaults --help names
 DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 around it
@@ -304,14 +305,25 @@ async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None,
         if no_lane is not None:
             logging.getLogger(__name__).warning("%s: the traffic port runs its Python data path", no_lane)
         await _first(signals.draining.wait(), _warn_without_replicas(runtime))
-        await _first(signals.cut.wait(), runtime.drain(stop.timeout, stop.accept_seconds, signals.why))
+        await _first(signals.cut.wait(), _drain(runtime, stop, signals.why))
     finally:
         await runtime.stop()
+
+
+async def _drain(runtime: Runtime, stop: Stopping, why: str) -> None:
+    """``Runtime.drain``; a bug in it is logged (then the router stops at once), not lost in ``_first``."""
+    try:
+        await runtime.drain(stop.timeout, stop.accept_seconds, why)
+    except Exception:
+        logging.getLogger(__name__).exception("stopping failed: stopping at once, %d requests in flight cut",
+                                              runtime.in_flight())
 
 
 class StopSignals:
     """SIGTERM or Ctrl-C (SIGINT) drains, the second cuts; one log line each (the drain's, then the cut's).
 
+    A second signal within ``SIGNAL_REPEAT_SECONDS`` of the first is the same stop delivered twice (systemd signals
+    the whole control group, and a wrapper such as ``uv run`` or ``srun`` forwards it too), not a second one.
     A ``--workers`` worker drains on SIGTERM (more change nothing: a whole process group may be sent one too) and
     cuts on SIGQUIT, both from its parent, which relays Ctrl-C: the terminal's SIGINT reaches the worker too, and
     is ignored."""
@@ -320,6 +332,7 @@ class StopSignals:
         self.runtime, self.worker = runtime, worker
         self.draining, self.cut = asyncio.Event(), asyncio.Event()
         self.why = ""  # what started the drain, for its log line
+        self.first_at = 0.0  # when (the loop's clock)
         loop = asyncio.get_running_loop()
         if worker:
             loop.add_signal_handler(signal.SIGINT, lambda: None)
@@ -331,10 +344,11 @@ class StopSignals:
         loop.add_signal_handler(signal.SIGHUP, runtime.reload)
 
     def signalled(self, name: str, again: str) -> None:
+        now = asyncio.get_running_loop().time()
         if not self.draining.is_set():
-            self.why = f"{name} ({again})"
+            self.why, self.first_at = f"{name} ({again})", now
             self.draining.set()
-        elif not self.worker:
+        elif not self.worker and now - self.first_at >= SIGNAL_REPEAT_SECONDS:
             self.cutting(f"{name} again")
 
     def cutting(self, name: str) -> None:

@@ -8,8 +8,8 @@ stops at once cuts every stream in flight. Draining instead, within ``timeout`` 
 2. for ``accept_seconds`` (``--drain-accept-seconds``; a few seconds in the operator's pods, while a
    Service's endpoints catch up) it still accepts and answers as before;
 3. then it stops accepting (``stop_accepting``): its listeners close (connections the kernel had queued for
-   them are taken first), and each kept-alive connection closes after its current answer
-   (``Connection: close``);
+   them are taken first), idle kept-alive connections close, and the others after the answers to the requests
+   read on them, the last with ``Connection: close``;
 4. it finishes every request it accepted, then waits ``QUIET_SECONDS`` more with none in flight (a request
    sent on a kept-alive connection a moment before is read and answered), and ``end`` runs (a fleet
    router pushes the pins made meanwhile and tells its peers it is done).
@@ -27,19 +27,20 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger(__name__)
 
 BUSY_POLL_SECONDS = 0.05  # how often the requests still in flight are counted while draining
-QUIET_SECONDS = 0.25  # how long nothing must be in flight before the drain ends
+SIGNAL_REPEAT_SECONDS = 1.0  # a stop signal this soon after the first is the same one delivered twice
 
 
 @dataclasses.dataclass(frozen=True)
 class Drain:
     """What a draining router does at each step (``Runtime.drain`` makes it)."""
 
-    busy: Callable[[], int]  # anything in flight: requests and calls, forwarded ones, leases on replicas
+    busy: Callable[[], int]  # anything left: requests and calls, forwarded ones, leases, connections open
     requests: Callable[[], int]  # requests and calls being answered now (what the deadline would cut)
     answered: Callable[[], int]  # requests answered so far (a running count)
     begin: Callable[[], Awaitable[None]]  # fail /readyz (and leave the fleet's ownership)
     stop_accepting: Callable[[], None]  # close the listeners; kept-alive connections close after their answer
     end: Callable[[], Awaitable[bool]]  # after the last request: whether all was handed over (a fleet's pins)
+    pins_left: Callable[[], int] = lambda: 0  # a fleet router's pins not handed over yet (said at the deadline)
 
 
 async def drain(steps: Drain, timeout: float, accept_seconds: float, why: str = "") -> bool:
@@ -55,25 +56,18 @@ async def drain(steps: Drain, timeout: float, accept_seconds: float, why: str = 
             await steps.begin()
             await asyncio.sleep(max(0.0, accept_seconds - (loop.time() - started)))
             steps.stop_accepting()
-            await until_quiet(steps.busy)
+            await until_idle(steps.busy)
             done = await steps.end()
     except TimeoutError:
-        log.warning("stopped at --drain-timeout %gs: %d requests finished, %d cut", timeout,
-                    steps.answered() - answered, steps.requests())
+        left = steps.pins_left()
+        log.warning("stopped at --drain-timeout %gs: %d requests finished, %d cut%s", timeout,
+                    steps.answered() - answered, steps.requests(),
+                    f", {left} pins not handed over (their sessions are placed anew)" if left else "")
         return False
     log.info("stopped in %.2fs: %d requests finished, none cut", loop.time() - started, steps.answered() - answered)
     return done
 
 
-async def until_quiet(busy: Callable[[], int]) -> None:
-    """Until nothing has been in flight for ``QUIET_SECONDS``."""
-    loop = asyncio.get_running_loop()
-    quiet_since = None
-    while True:
-        if busy():
-            quiet_since = None
-        elif quiet_since is None:
-            quiet_since = loop.time()
-        elif loop.time() - quiet_since >= QUIET_SECONDS:
-            return
+async def until_idle(busy: Callable[[], int]) -> None:
+    while busy():
         await asyncio.sleep(BUSY_POLL_SECONDS)

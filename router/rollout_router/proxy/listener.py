@@ -86,6 +86,8 @@ class Listener:
         self._sweeper: asyncio.Task | None = None
         self._at_limit = False
         self.closing = False  # stopping: no new connections (``stop_accepting``); each protocol closes those open
+        self.taking = 0  # connections taken from the accept queue as the listener closed, not yet clients
+        self._taken: set[asyncio.Task] = set()
         metrics = context.metrics
         self._rejected = metrics.connections_rejected.labels(self.name)
         self.write_stalls = metrics.write_stalls.labels(self.name)
@@ -122,23 +124,38 @@ class Listener:
     def stop_accepting(self) -> None:
         """Refuse new connections; those open are served until ``close``. The connections the kernel had already
         queued for a listening socket are taken first: closing it would reset them, requests sent and all."""
-        loop = asyncio.get_running_loop()
         self.closing = True
         for server in (self._server, self._private):
             if server is None or not server.is_serving():
                 continue
-            queued = [socket.socket(fileno=os.dup(sock.fileno())) for sock in server.sockets]  # type: ignore[attr-defined]
+            try:
+                queued = [socket.socket(fileno=os.dup(sock.fileno())) for sock in server.sockets]  # type: ignore[attr-defined]
+            except OSError as error:  # no descriptor to spare: what the kernel queued is reset as the socket closes
+                log.warning("%s listener: the connections queued as it closed are reset: %s", self.name, error)
+                queued = []
             server.close()
             for sock in queued:
                 with sock:
                     for accepted in _queued(sock):
-                        loop.create_task(self._take(accepted))
+                        self._take(accepted)
 
-    async def _take(self, sock: socket.socket) -> None:
+    def _take(self, sock: socket.socket) -> None:
+        """Serve a connection taken from the accept queue; counted in ``taking`` until it is a client."""
+        self.taking += 1
+        task = asyncio.get_running_loop().create_task(self._serve_taken(sock))
+        self._taken.add(task)
+        task.add_done_callback(self._taken.discard)
+
+    async def _serve_taken(self, sock: socket.socket) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(self.connection, sock)
         except OSError:  # gone meanwhile
             sock.close()
+        except Exception:
+            sock.close()
+            log.exception("%s listener: a connection taken from the accept queue could not be served", self.name)
+        finally:
+            self.taking -= 1
 
     async def close(self) -> None:
         self.stop_accepting()

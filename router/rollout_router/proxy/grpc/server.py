@@ -34,6 +34,7 @@ class ClientConnection(H2Connection):
         self._opened_at: float | None = proxy.now  # the sweep's clock until the preface arrived
         self._block_at: float | None = None
         self._closing_at: float | None = None
+        self._gone_away: int | None = None  # the last stream id our GOAWAY named: later streams are refused
         self._idle_at: float | None = proxy.now  # the sweep's clock since the last stream closed
         self.max_streams = min(proxy.context.settings.max_grpc_streams,
                                proxy.context.settings.max_grpc_streams_per_connection)
@@ -80,6 +81,8 @@ class ClientConnection(H2Connection):
                 return self.fail(h2.PROTOCOL_ERROR, f"a new stream {stream_id} not above {self.last_peer_stream}")
             return None if closed else self.fail(h2.STREAM_CLOSED, f"HEADERS on closed stream {stream_id}")
         self.last_peer_stream = stream_id
+        if self._gone_away is not None and stream_id > self._gone_away:  # sent after our GOAWAY: the client retries
+            return self._stream_error(stream_id, h2.REFUSED_STREAM)  # it elsewhere (RFC 9113 6.8), not processed
         if len(self.streams) >= self.max_streams:
             self.proxy.refused("connection_stream_limit")
             return self._stream_error(stream_id, h2.REFUSED_STREAM)  # SETTINGS_MAX_CONCURRENT_STREAMS said so
@@ -135,7 +138,7 @@ class ClientConnection(H2Connection):
     def go_away(self) -> None:
         """Take no more streams; the sweep closes the connection ``LINGER_SECONDS`` after, once its calls ended."""
         if self._closing_at is None:
-            self._closing_at = self.proxy.now
+            self._closing_at, self._gone_away = self.proxy.now, self.last_peer_stream
             self.emit(h2.goaway(self.last_peer_stream, h2.NO_ERROR))
 
     def fail(self, code: int, why: str, stream_id: int = 0) -> None:
@@ -154,8 +157,8 @@ class ClientConnection(H2Connection):
             self.proxy.refused("header_timeout")
             self.fail(h2.ENHANCE_YOUR_CALM, f"no complete request head within headerTimeoutSeconds={timeout:g}")
         elif self._closing_at is not None:
-            if now - self._closing_at > LINGER_SECONDS and not self.streams:  # its calls finish first (a drain)
-                self.transport.close()
+            if now - self._closing_at > LINGER_SECONDS and not (self.streams and self.proxy.closing):
+                self.transport.close()  # (a router stopping lets the calls in progress finish first)
         elif self.streams:
             self._idle_at = None
         elif self._idle_at is None:

@@ -38,6 +38,13 @@ cdef class Client:
         if not self.lane._opened(self):
             self.hand_over(W_ADMIT, None)
 
+    def close_if_idle(self, double idle_before):
+        """Stopping: close the connection if nothing has happened on it since ``idle_before`` (the sweep's clock)
+        and no request is being read or answered here (that one closes it after its answer, or goes to the Python
+        path, which does)."""
+        if not (self.busy or self.buf.size or self.handed or self.gone or self.broken) and self.active_at < idle_before:
+            self.transport.close()
+
     def adopt(self, transport, double active_at):
         """Take over ``transport`` from the Python path, idle (``LaneGlue.take_back``)."""
         self.transport, self._write = transport, transport.write

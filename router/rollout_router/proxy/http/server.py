@@ -403,6 +403,18 @@ class ClientConnection(asyncio.Protocol):
                 elif self.lane is not None and self._idle() and self.shaped <= SHAPE_HANDOVERS:
                     self.lane.take_back(self)
 
+    def last_in_line(self) -> bool:
+        """No request read or being read behind the one being answered (stopping: its answer closes)."""
+        return not self._queue and self._request is None
+
+    def close_if_idle(self, idle_before: float) -> None:
+        """Stopping: close the connection (FIN, then what the client still sends is drained) if nothing has
+        happened on it since ``idle_before`` (the sweep's clock) and no request is being read, queued or answered
+        here (that one closes it after its answer)."""
+        if self._idle() and self.active_at < idle_before and self.transport is not None \
+                and not self.transport.is_closing():
+            self._linger(self.transport)
+
     def _idle(self) -> bool:
         """Nothing read, queued, answered or paused here: the connection can change hands."""
         return not (self._busy or self._queue or self._request is not None or self._broken or self._read_paused

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CLOSING_IDLE_SECONDS = 1.0  # stopping: a client connection idle this long is closed (see ``stop_accepting``)
+
 
 class HttpProxy(HttpListener):
     """The traffic port: forwards the OpenAI-compatible paths, answers the probes."""
@@ -73,8 +75,10 @@ class HttpProxy(HttpListener):
         return traffic_limits(self.context.settings)
 
     def stop_accepting(self) -> None:
-        """Also: each request from now on is answered with ``Connection: close`` and its connection closed (the
-        lane hands every next request to the Python path, which does so: ``dispatch``)."""
+        """Also: a connection closes after the answers to the requests read on it, the last with ``Connection:
+        close`` (the lane hands every next request to the Python path, which does so: ``dispatch``), or once
+        idle ``CLOSING_IDLE_SECONDS`` (``tick``): a client sending steadily on it is answered once more, rather
+        than finding it closed as it sends."""
         super().stop_accepting()
         if self.lane is not None:
             self.lane.native.closing = True
@@ -95,8 +99,8 @@ class HttpProxy(HttpListener):
         """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``;
         a request the native lane routed and handed over, with its routing (``lane.py``)."""
         handed, client.handed = client.handed, None
-        if self.closing:
-            request.close_after = True
+        if self.closing and client.last_in_line():
+            request.close_after = True  # (the requests read behind it are answered first, the last one closing)
         if handed is not None:  # the lane's, with its routing or to relay through the key's owner
             client.answer_later(request, self.handle(client, request, self._handed(client, request, handed)))
         elif not self._fast(client, request):
@@ -292,9 +296,13 @@ class HttpProxy(HttpListener):
                                  extra=extra, head_only=request.head_only)
 
     def tick(self, elapsed: float) -> None:
-        """Once a sweep: time out silent replicas, close upstream connections idle too long."""
+        """Once a sweep: time out silent replicas, close upstream connections idle too long; stopping, close the
+        client connections idle a moment."""
         self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
         self.expire_silent(elapsed)
+        if self.closing:
+            for client in list(self.clients):
+                client.close_if_idle(self.now - CLOSING_IDLE_SECONDS)
         if self.lane is not None:
             self.lane.tick(self.now, self.now - KEEPALIVE_SECONDS)
         if self.decisions is not None:
