@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import importlib.util
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from .usage import UsageError
 
@@ -56,9 +57,25 @@ def require_extra(command: str) -> None:
                          f"pip install 'rollout-router[{extra}]' (from a checkout: pip install -e '.[{extra}]')")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, whose mistakes are one line (the flag as written, what is wrong, where the help is) and exit 2,
+    without the usage block above it; subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("rollout-router")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollout-router", description=(
+    parser = Parser(prog="rollout-router", description=(
         "RolloutRouter: a session-affinity router for vLLM fleets, with its operator, simulator and demo."))
+    parser.add_argument("--version", action="version", version=f"rollout-router {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = _chosen(argv)
     for name, command in SUBCOMMANDS.items():
