@@ -51,6 +51,23 @@ async def test_status_metrics_and_sessions_are_on_the_admin_port_only(replica):
         assert not runtime.balancer.policy.sessions() and len(replica.seen) == 1
 
 
+async def test_get_a_session_says_where_it_is_pinned_and_since_when(replica):
+    """GET /v1/sessions/KEY: its replica, how long pinned and idle; a key with no pin is a JSON 404 naming it."""
+    async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime), \
+            aiohttp.ClientSession() as http:
+        [(code, _, _)] = await exchange(base, post())  # pins session "s"
+        assert code == 200
+        async with http.get(f"{runtime.admin_url}/v1/sessions/s") as response:
+            document = await response.json()
+        assert response.status == 200 and document["session"] == "s" and document["replica"] == replica.url
+        assert 0 <= document["idleSeconds"] < 30 and 0 <= document["pinnedSeconds"] < 30
+        async with http.get(f"{runtime.admin_url}/v1/sessions/other") as response:
+            error = (await response.json())["error"]
+        assert response.status == 404 and error["param"] == "key" and "'other' is not pinned" in error["message"]
+        async with http.get(f"{base}/v1/sessions/s") as response:
+            assert response.status == 404  # the traffic port names the admin listener
+
+
 async def test_a_session_key_that_is_not_percent_encoded_utf8_is_refused_not_taken_literally(replica):
     async with running_router(RouterSettings(backends=[replica.url])) as (base, runtime), \
             aiohttp.ClientSession() as http:

@@ -78,6 +78,10 @@ class Balancer:
         """When ``key``'s pin was last used (this router's clock), if it has one."""
         return self.policy.last_used(key, self._clock())
 
+    def pin_age(self, key: str) -> float | None:
+        """How long ``key`` has been pinned to its replica (seconds), if it has a pin."""
+        return self.policy.pin_age(key, self._clock())
+
     def pins(self) -> list[tuple[str, str, float]]:
         """Every pin held, as (key, replica, last use on this router's clock)."""
         return self.policy.pins(self._clock())

@@ -145,6 +145,21 @@ def status_document(context: RouterContext, request: AdminRequest) -> AdminAnswe
     return _json(context.metrics.status())
 
 
+def session_document(context: RouterContext, request: AdminRequest) -> AdminAnswer:
+    """Where one session is pinned here: its replica, how long it has been pinned there and idle (seconds); in a
+    fleet, a session another router owns is a 404 naming that router, whose admin port knows."""
+    key = request.params["key"]
+    balancer = context.balancer
+    replica, used = balancer.pinned(key), balancer.last_used(key)
+    if replica is None or used is None:
+        owner = context.fleet.owner_of(key) if context.fleet is not None else None
+        where = f"; its owner is {owner.id}: ask it" if owner is not None else ""
+        return error(404, f"session {key!r} is not pinned on this router{where}", "key")
+    age = balancer.pin_age(key)
+    return _json({"session": key, "replica": replica, "pinnedSeconds": age,
+                  "idleSeconds": round(max(0.0, context.clock() - used), 3)})
+
+
 def release_session(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     """Drop a finished conversation's pin now instead of waiting for the idle timeout: here, and in a fleet at
     every live router (``fleet/release.py``), whichever router the call reaches."""
@@ -185,6 +200,7 @@ ROUTES: list[Route] = [
     Route("/metrics", GET, metrics),
     Route("/status", GET, status_document),
     Route("/v1/sessions/{key}", ("DELETE",), release_session),
+    Route("/v1/sessions/{key}", GET, session_document),
 ]
 
 
