@@ -165,3 +165,18 @@ def test_the_route_table_takes_new_routes():
         assert admin.admin_answer(None, "POST", "/workers/") is None  # type: ignore[arg-type]
     finally:
         admin.ROUTES.pop()
+
+
+def test_an_emptied_or_deleted_token_file_is_said_once_and_the_last_token_kept(tmp_path, caplog):
+    token_file = tmp_path / "token"
+    token_file.write_text("first-secret\n")
+    token = TokenFile(token_file)
+    token_file.write_text("")  # a half-written save
+    with caplog.at_level("ERROR"):
+        assert all(token.current() == b"first-secret" for _ in range(5))
+        token_file.unlink()
+        assert all(token.current() == b"first-secret" for _ in range(5))
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 2 and "is empty" in errors[0].getMessage() and "gone" in errors[1].getMessage()
+    token_file.write_text("second-secret")
+    assert token.current() == b"second-secret"

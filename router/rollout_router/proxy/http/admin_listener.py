@@ -41,29 +41,41 @@ LIMITS = Limits(max_connections=128, max_body_bytes=1 << 20, max_buffered_bytes=
 # the scrapers.
 
 
+GONE = (-1, -1, -1)  # the token file's stamp while it cannot be read
+
+
 class TokenFile:
     """A bearer token read from a file, re-read whenever the file changes (a mounted Secret is swapped whole)."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
-        self._token = self._read()  # a token file missing at start is an error at start
+        self._stamp: tuple[int, int, int] | None = self._stat()
+        self._token = self._read()  # a token file missing or empty at start is an error at start
+
+    def _stat(self) -> tuple[int, int, int]:
+        stat = os.stat(self.path)
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
     def _read(self) -> bytes:
-        stat = self.path.stat()
         token = self.path.read_bytes().strip()
         if not token:
             raise ValueError(f"admin token file {self.path} is empty")
-        self._stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         return token
 
     def current(self) -> bytes:
-        """The token now; an unreadable new version is logged and the last good one kept."""
+        """The token now; an unreadable or empty new version is logged once and the last good one kept."""
         try:
-            stat = os.stat(self.path)
-            if (stat.st_ino, stat.st_mtime_ns, stat.st_size) != self._stamp:
-                self._token = self._read()
-                log.info("admin token file %s re-read", self.path)
+            stamp = self._stat()
+        except OSError:
+            stamp = GONE
+        if stamp == self._stamp:
+            return self._token
+        self._stamp = stamp  # this version is read (and said to be bad) once, not on every request
+        try:
+            if stamp == GONE:
+                raise FileNotFoundError(f"{self.path} is gone")
+            self._token = self._read()
+            log.info("admin token file %s re-read", self.path)
         except (OSError, ValueError) as error:
             log.error("admin token file %s unreadable, keeping the previous token: %s", self.path, error)
         return self._token
