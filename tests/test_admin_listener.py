@@ -180,3 +180,10 @@ def test_an_emptied_or_deleted_token_file_is_said_once_and_the_last_token_kept(t
     assert len(errors) == 2 and "is empty" in errors[0].getMessage() and "gone" in errors[1].getMessage()
     token_file.write_text("second-secret")
     assert token.current() == b"second-secret"
+
+
+async def test_status_says_no_grpc_verdict_for_a_replica_that_serves_no_grpc(replica):
+    async with running_router(RouterSettings(backends=[replica.url])) as (_, runtime), aiohttp.ClientSession() as http:
+        async with http.get(f"{runtime.admin_url}/status") as response:
+            [backend] = (await response.json())["backends"]
+    assert backend["protocols"] == ["http"] and backend["grpc_healthy"] is None and backend["healthy"] is True

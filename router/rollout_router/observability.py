@@ -342,12 +342,14 @@ def _status(live: Metrics) -> dict:
 
 def _backend(replica: Replica, ready: bool, ready_grpc: bool, now: float, wall: float) -> dict:
     """One replica in /status: ``ready`` over HTTP, ``ready_grpc`` over gRPC, ``protocols`` the listeners it can
-    serve at all; ``ejected_until`` is Unix time, null when not ejected."""
+    serve at all; ``grpc_healthy`` null for a replica with no gRPC target (nothing probes it there);
+    ``ejected_until`` is Unix time, null when not ejected."""
     ejected = replica.ejected_until > now
     protocols = [*([] if grpc_only(replica.id) else ["http"]), *(["grpc"] if replica.grpc_target else [])]
     return {"url": replica.id, "inflight": replica.inflight, "fleet_inflight": replica.inflight + replica.external,
             "protocols": protocols, "grpc": replica.grpc_target,
-            "ready": ready, "ready_grpc": ready_grpc, "healthy": replica.healthy, "grpc_healthy": replica.grpc_healthy,
+            "ready": ready, "ready_grpc": ready_grpc, "healthy": replica.healthy,
+            "grpc_healthy": replica.grpc_healthy if replica.grpc_target else None,  # null: it serves no gRPC
             "ejected_until": round(wall + replica.ejected_until - now, 3) if ejected else None,
             "consecutive_failures": replica.failures}
 
