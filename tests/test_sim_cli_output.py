@@ -57,3 +57,15 @@ def test_a_figure_title_fits_a_one_column_figure():
     box, title = fig.bbox, fig.get_suptitle() and fig._suptitle.get_window_extent()
     plt.close(fig)
     assert box.x0 <= title.x0 and title.x1 <= box.x1
+
+
+def test_list_policies_with_a_grid_lists_the_grids_arms_and_runs_nothing(capsys):
+    from rollout_router.sim.cli import run
+    from rollout_router.sim.verlgrid import SEED
+
+    class Args:
+        list_policies, grid, verl_grid, from_json = True, None, "seed", None
+
+    assert run(Args()) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(SEED) and all(line.endswith("21 points") for line in lines)

@@ -85,6 +85,8 @@ def _overrides(args) -> dict:
 
 
 def run(args) -> int:
+    if args.list_policies and (args.grid or args.verl_grid):
+        return _list_grid_arms(args)
     if args.grid or args.verl_grid or args.from_json:
         return run_grid_command(args)
     names = args.preset or STUDY_PRESETS
@@ -118,6 +120,20 @@ def run(args) -> int:
     from .report import markdown
 
     return _emit(args, study, markdown(study))
+
+
+def _list_grid_arms(args) -> int:
+    """``--list-policies`` with a grid: the arm labels the grid runs, each with the points it runs at, and exit."""
+    from . import grid, verlgrid
+
+    spec, planner = (verlgrid.VERL_GRIDS[args.verl_grid], verlgrid.plan) if args.verl_grid else \
+        (grid.GRIDS[args.grid], grid.plan)
+    counts: dict[str, int] = {}
+    for arms in planner(spec["blocks"]).values():
+        for arm in arms:
+            counts[arm] = counts.get(arm, 0) + 1
+    print("\n".join(f"{arm:<28}{count} point{'' if count == 1 else 's'}" for arm, count in counts.items()))
+    return 0
 
 
 def run_grid_command(args) -> int:
