@@ -68,4 +68,4 @@ def test_list_policies_with_a_grid_lists_the_grids_arms_and_runs_nothing(capsys)
 
     assert run(Args()) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == list(SEED) and all(line.endswith("21 points") for line in lines)
+    assert sorted(line.split()[0] for line in lines) == sorted(SEED) and all(line.endswith("21 points") for line in lines)
