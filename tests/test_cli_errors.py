@@ -339,3 +339,18 @@ def test_version_prints_the_package_version():
     import importlib.metadata
     done = run("--version")
     assert (done.returncode, done.stdout.strip()) == (0, f"rollout-router {importlib.metadata.version('rollout-router')}")
+
+
+def test_serve_says_the_settings_in_force_and_the_peer_name_it_mapped():
+    """vllm-router's --policy sticky_least_loaded is our affinity: the start-up line says so, and the margin."""
+    from rollout_router.localfleet import spawn, stop
+    router = spawn(["serve", "--log-level", "info", "--backend", "http://127.0.0.1:9", "--policy",
+                    "sticky_least_loaded", "--affinity-break-margin", "4"], "127.0.0.1").bound()
+    try:
+        stop(router.process)
+        log = router.process.stderr.read()
+    finally:
+        stop(router.process)
+    [line] = [line for line in log.splitlines() if "settings in force" in line]
+    assert "policy affinity (--policy sticky_least_loaded: that router's name for it)" in line, line
+    assert "affinityBreakMargin 4" in line and "1 backends" in line

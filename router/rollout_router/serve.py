@@ -254,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
     if args.data_path == "native" and missing:
         print(f"rollout-router serve: --data-path native: {missing}", file=sys.stderr)
         return 2
+    if not args.worker:  # (each worker would say the same again)
+        logging.getLogger(__name__).info("%s", settings_in_force(settings, main_argv_policy(args)))
     if args.workers > 1:
         from . import multicore  # the parent of the workers: it serves no traffic itself
         multicore.refuse_peers(args, settings)
@@ -268,6 +270,32 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file, stop,
                        missing if args.data_path == "auto" else None))
     return 0
+
+
+def main_argv_policy(args: argparse.Namespace) -> str | None:
+    """``--policy`` as written on the command line (a peer's name for one of ours, maybe), if given."""
+    argv = list(getattr(args, "argv", None) or ())
+    for i, arg in enumerate(argv):
+        if arg == "--policy" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--policy="):
+            return arg.partition("=")[2]
+    return None
+
+
+def settings_in_force(settings: RouterSettings, written_policy: str | None = None) -> str:
+    """One line: the routing settings the router starts with, and the peer name it mapped, if any."""
+    alias = (f" (--policy {written_policy}: that router's name for it)"
+             if written_policy is not None and written_policy != settings.policy else "")
+    margin = "null" if settings.affinity_break_margin is None else f"{settings.affinity_break_margin:g}"
+    replicas = ("discovered by label" if settings.discovery is not None
+                else f"{len(settings.backends)} backends in the settings")
+    return (f"settings in force: policy {settings.policy}{alias}, affinityBreakMargin {margin}"
+            f"{' (ignored: fullDeterminism)' if settings.full_determinism else ''}, {replicas}, session keys from "
+            f"{', '.join(settings.session.headers) or 'no header'}"
+            f"{' then body fields ' + ', '.join(settings.session.body_fields) if settings.session.body_fields else ''}"
+            f", maxSessions {settings.session.max_sessions}, idleTimeoutSeconds "
+            f"{settings.session.idle_timeout_seconds if settings.session.idle_timeout_seconds is not None else 'null'}")
 
 
 def _stopping_refusal(args: argparse.Namespace) -> str | None:
