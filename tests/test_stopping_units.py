@@ -103,3 +103,20 @@ def test_pins_written_then_read_back_are_the_same(tmp_path):
     assert pinfile.restore(path, again, replicas, SessionSettings(), 10) == (2, 0)
     assert [(k, r) for k, r, _ in again.pins()] == [("one", "http://a:1"), ("two", "http://b:1")]
     assert again.policy.placements() == [("g", "http://b:1")]
+
+
+def test_a_reload_says_what_changed_as_the_file_names_it(tmp_path, caplog):
+    from rollout_router.app import Runtime
+    from rollout_router.settings import parse_settings
+    config = tmp_path / "router.yaml"
+    config.write_text("backends: [http://127.0.0.1:9]\naffinityBreakMargin: 2\n")
+    runtime = Runtime(parse_settings({"backends": ["http://127.0.0.1:9"], "affinityBreakMargin": 2}), config)
+    config.write_text("backends: [http://127.0.0.1:9, http://127.0.0.2:9]\naffinityBreakMargin: 4\n"
+                      "session: {maxSessions: 50}\n")
+    with caplog.at_level("INFO"):
+        assert runtime.reload()
+        assert runtime.reload()  # the same file again
+    applied = [r.getMessage() for r in caplog.records if "applied" in r.getMessage()]
+    assert applied[0].endswith("applied: affinityBreakMargin: 2 -> 4; backends: [http://127.0.0.1:9] -> "
+                               "[http://127.0.0.1:9, http://127.0.0.2:9]; session.maxSessions: 100000 -> 50")
+    assert applied[1].endswith("applied: nothing changed")

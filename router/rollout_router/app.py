@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -140,9 +141,10 @@ class Runtime:
             log.error("config %s not applied, keeping the running settings: %s", self.config_path, error)
             self.metrics.config_reloads["rejected"] += 1
             return False
+        previous = self.settings
         self.apply(settings)
         self.metrics.config_reloads["applied"] += 1
-        log.info("config %s applied", self.config_path)
+        log.info("config %s applied: %s", self.config_path, "; ".join(changes(previous, settings)) or "nothing changed")
         return True
 
     def _stop_discovery(self) -> None:
@@ -330,6 +332,36 @@ class Peering:
     def wanted(self, settings: RouterSettings) -> bool:
         """Session ownership is on when any peer source is given (the config's ``fleet`` section is one)."""
         return bool(self.peers or self.selector) or settings.fleet is not None
+
+
+def changes(before: RouterSettings, after: RouterSettings, limit: int = 12) -> list[str]:
+    """What a reload changed, as the file names it (``session.maxSessions: 100000 -> 50``), at most ``limit``."""
+    old, new = _flat(before.model_dump(mode="json", by_alias=True)), _flat(after.model_dump(mode="json", by_alias=True))
+    said = [f"{key}: {_short(old.get(key))} -> {_short(new.get(key))}" for key in sorted(old.keys() | new.keys())
+            if old.get(key) != new.get(key)]
+    return said[:limit] + ([f"and {len(said) - limit} more"] if len(said) > limit else [])
+
+
+def _flat(document: dict, prefix: str = "") -> dict:
+    flat: dict = {}
+    for key, value in document.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _short(value: object) -> str:
+    if isinstance(value, list) and all(isinstance(v, dict) and "url" in v for v in value):
+        value = [v["url"] + (f",grpc={v['grpc']}" if v.get("grpc") else "") for v in value]  # backends
+    if isinstance(value, list) and len(value) > 4:
+        return f"[{len(value)} items]"
+    if isinstance(value, list):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:g}"
+    return "null" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 def _keeps_replicas(running: RouterSettings, settings: RouterSettings, said: bool) -> None:
