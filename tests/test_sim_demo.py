@@ -34,7 +34,7 @@ def test_rollout_is_verl_shaped():
 def test_demo_prints_the_table_a_line_per_column_and_a_verdict_per_arm(capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--replicas", "2", "--prompts", "2", "--samples", "2", "--rounds", "3"])
+    args = parser.parse_args(["--replicas", "2", "--prompts", "2", "--samples", "2", "--rounds", "3", "--seed-steps", "0"])
     assert run(args) == 0
     out = capsys.readouterr().out
     for column in COLUMNS:

@@ -13,6 +13,8 @@ import signal
 
 import pytest
 
+from rollout_router.advice import MARGIN
+
 from .cluster import eventually
 from .workloads import ROUTER_SELECTOR, chat, deploy_rollouts, router_status, rr_table
 
@@ -22,13 +24,13 @@ pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
 def test_kubectl_get_rr_prints_the_routers_real_counters(cluster, operator_release, namespace):
     router = deploy_rollouts(cluster, namespace)
     replicas = [chat(router, f"conversation-{i}", turns=4) for i in range(6)]
-    assert all(len(set(used)) == 1 for used in replicas), replicas  # margin 4, light load: every pin kept
+    assert all(len(set(used)) == 1 for used in replicas), replicas  # the advised margin, light load: every pin kept
     status = router_status(router)
     assert status["affinity_kept"] == 6 * 3 and status["total_inflight"] == 0  # 3 sticky turns per conversation
     table = eventually(lambda: (lambda t: t if t.get("KEPT") == "18" else None)(rr_table(cluster, namespace)),
                        60, "kubectl get rr shows the router's kept counter")
     print("\n" + cluster.kubectl("get", "rr", "-n", namespace).stdout)
-    assert table["MARGIN"] == "4" and table["BACKENDS"] == "3/3" and table["READY"] == "1/1"
+    assert table["MARGIN"] == str(MARGIN) and table["BACKENDS"] == "3/3" and table["READY"] == "1/1"
     assert table["BROKEN"] == str(status["affinity_broken"]) == "0"
 
 

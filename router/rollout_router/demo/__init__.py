@@ -20,7 +20,9 @@ from collections.abc import Iterator, Sequence
 from tqdm import tqdm
 
 from .. import usage
+from ..advice import MARGIN
 from ..localfleet import Service, spawn_replica, spawn_router, stop, wait_healthy
+from . import seedscale
 from .driver import ArmResult, run_arm
 from .workload import rollout
 
@@ -52,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7, help="random seed of the conversations (default: %(default)s)")
     parser.add_argument("--num-blocks", type=usage.at_least(1), default=1200,
                         help="KV blocks per simulated replica (smaller = more cache pressure; default: %(default)s)")
+    parser.add_argument("--seed-steps", type=usage.at_least(0), default=6,
+                        help="paired steps of the seed's scale in the fleet simulator (16 replicas of Qwen2.5-32B), "
+                        "sticky against the advised margin, after the live part (0: none; default: %(default)s)")
 
 
 @contextlib.contextmanager
@@ -93,8 +98,22 @@ def run(args: argparse.Namespace) -> int:
     print(legend())
     print()
     print("\n".join(verdicts(results)))
+    if args.seed_steps:
+        print(at_the_seeds_scale(args.seed_steps))
     print(HOW_TO_USE)
     return 1 if any(r.errors for rs in results.values() for r in rs) else 0
+
+
+def at_the_seeds_scale(count: int) -> str:
+    """The second part: paired steps of the study's seed point in the simulator, and the verdict."""
+    print(f"\nat the seed's scale, in the fleet simulator: 16 replicas of Qwen2.5-32B (TP 4, H200), verl's tool_agent "
+          f"traffic, {count} paired steps of verl's sticky balancer and of margin {MARGIN}...", flush=True)
+    pairs = []
+    with tqdm(total=count, unit="step", dynamic_ncols=True) as bar:
+        for pair in seedscale.steps(count):
+            pairs.append(pair)
+            bar.update(1)
+    return seedscale.verdict(pairs)
 
 
 def table(results: dict[str, list[ArmResult]]) -> str:
@@ -135,9 +154,9 @@ def verdicts(results: dict[str, list[ArmResult]]) -> list[str]:
     return lines
 
 
-HOW_TO_USE = """
-Point the router at real vLLM servers:
+HOW_TO_USE = f"""
+Point the router at real vLLM servers, with the margin the study at the seed's scale advises (README):
   rollout-router serve --port 8080 --backend http://vllm-0:8000 --backend http://vllm-1:8000 \\
-      --affinity-break-margin 2
+      --affinity-break-margin {MARGIN}
 and send each conversation's turns with the header  X-Session-ID: <trajectory id>.
 In Kubernetes, apply a RolloutRouter resource instead (see README)."""
