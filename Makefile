@@ -95,13 +95,14 @@ study: install-sim
 	  --cache out/grid-cache.jsonl \
 	  --json-out out/grid-full.json --markdown out/grid-full.md --plots docs/img --docs docs/simulator.md
 
-# The study on verl's traffic behind docs/simulator.md's verl section and the README's table (issue 19):
+# The study on verl's traffic at 4 simulated replicas, behind docs/simulator.md's verl section (issue 19; the
+# README's advice now comes from seed-study):
 # every policy at every point of the verl grid `study` (out/verl-study.json), docs/img/verl-*.png, the generated
 # sections. One process (the grid is sized for it); re-render without simulating:
-# `rollout-router simulate --from-json out/verl-study.json --plots docs/img --docs docs/simulator.md --readme README.md`.
+# `rollout-router simulate --from-json out/verl-study.json --plots docs/img --docs docs/simulator.md`.
 verl-study: install-sim
 	nice -n 10 $(BIN)/rollout-router simulate --verl-grid study --jobs 1 --cache out/verl-cache.jsonl \
-	  --json-out out/verl-study.json --markdown out/verl-study.md --plots docs/img --docs docs/simulator.md --readme README.md
+	  --json-out out/verl-study.json --markdown out/verl-study.md --plots docs/img --docs docs/simulator.md
 
 # The study at the seed's scale (docs/simulator.md, "The study at the seed's scale"): the verl grid `seed`, JOBS
 # processes. Finished steps are kept in benchmarks/results/seed-cache.jsonl, which is committed: a run resumes
@@ -111,7 +112,7 @@ seed-study: install-sim
 	nice -n 10 $(BIN)/rollout-router simulate --verl-grid seed --jobs $(JOBS) \
 	  --cache benchmarks/results/seed-cache.jsonl --json-out out/seed-study.json
 seed-report: install-sim
-	$(BIN)/python -m rollout_router.sim.seedreport --docs docs/simulator.md
+	$(BIN)/python -m rollout_router.sim.seedreport --docs docs/simulator.md --readme README.md
 
 # The quick tier: the type check (mypy, both packages), the linter and the layering contract
 # (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.

@@ -125,7 +125,7 @@ def test_the_report_reads_a_partial_run_and_advises_only_what_won_surely(tmp_pat
     found, done = results(ResultCache(tmp_path / "cache.jsonl"))
     assert done == 10 * len(SEED) and list(found) == [SEED_POINT]
     table = points_table(found)
-    assert "**-10.0% (10/10, p=0.002)**" in table and "(5/10, p=1)" in table
+    assert "**-10.0% [-10.0%, -10.0%] (10/10, p=0.002)**" in table and "(5/10, p=1)" in table
     rows = advice(found).splitlines()
     assert len(rows) == 3 and "| `2` |" in rows[2]
     assert candidates_text(found).startswith("Not yet: 20 of 21 points")

@@ -7,8 +7,9 @@ be reported as far as it went: a point is shown for an arm once all its paired s
 
     .venv/bin/python -m rollout_router.sim.seedreport --docs docs/simulator.md --readme README.md
 
-Cells: the median paired change of step time against verl's sticky balancer, the steps it won of those run, and
-the exact two-sided sign test's p; **bold** when p < 0.05 (with 10 steps: 9 or 10 the same way).
+Cells: the median paired change of step time against verl's sticky balancer, its distribution-free interval (the
+order statistics x_(2), x_(9) of 10 steps: 97.9%), the steps it won of those run, and the exact two-sided sign
+test's p; **bold** when p < 0.05 (with 10 steps: 9 or 10 the same way).
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def results(cache: ResultCache, grid: str = "seed") -> tuple[dict[VPoint, dict[s
 def cell(change: dict[str, Any] | None) -> str:
     if change is None:
         return "—"
-    text = f"{change['median']:+.1%} ({change['wins']}/{change['n']}, p={change['sign_p']:.2g})"
+    text = (f"{change['median']:+.1%} [{change['ci_low']:+.1%}, {change['ci_high']:+.1%}] "
+            f"({change['wins']}/{change['n']}, p={change['sign_p']:.2g})")
     return f"**{text}**" if change["sign_p"] < ALPHA else text
 
 
