@@ -8,11 +8,11 @@ stops at once cuts every stream in flight. Draining instead, within ``timeout`` 
 2. for ``accept_seconds`` (``--drain-accept-seconds``; a few seconds in the operator's pods, while a
    Service's endpoints catch up) it still accepts and answers as before;
 3. then it stops accepting (``stop_accepting``): its listeners close (connections the kernel had queued for
-   them are taken first), idle kept-alive connections close, and the others after the answers to the requests
-   read on them, the last with ``Connection: close``;
-4. it finishes every request it accepted, then waits ``QUIET_SECONDS`` more with none in flight (a request
-   sent on a kept-alive connection a moment before is read and answered), and ``end`` runs (a fleet
-   router pushes the pins made meanwhile and tells its peers it is done).
+   them are taken first); a kept-alive connection closes after the answers to the requests read on it, the last
+   with ``Connection: close``, or once idle for a second; gRPC connections are told GOAWAY;
+4. it finishes every request it accepted, until no connection is left open (a request still being read on one
+   is accepted too), and ``end`` runs (a fleet router pushes the pins made meanwhile and tells its peers it is
+   done).
 
 At the deadline it exits anyway and says how many requests it cut. Logged: the start, and either what it
 finished or what it cut.
@@ -38,7 +38,7 @@ class Drain:
     requests: Callable[[], int]  # requests and calls being answered now (what the deadline would cut)
     answered: Callable[[], int]  # requests answered so far (a running count)
     begin: Callable[[], Awaitable[None]]  # fail /readyz (and leave the fleet's ownership)
-    stop_accepting: Callable[[], None]  # close the listeners; kept-alive connections close after their answer
+    stop_accepting: Callable[[], None]  # close the listeners; kept-alive connections close after their next answer
     end: Callable[[], Awaitable[bool]]  # after the last request: whether all was handed over (a fleet's pins)
     pins_left: Callable[[], int] = lambda: 0  # a fleet router's pins not handed over yet (said at the deadline)
 
