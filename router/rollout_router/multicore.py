@@ -104,12 +104,13 @@ def _local(host: str) -> str:
     return WORKER_HOST if any_address(host) else host
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
-    """Start ``args.workers`` workers from this command line (``argv``), serve the public admin port, supervise."""
-    return asyncio.run(_parent(args, argv))
+def run(args: argparse.Namespace, argv: list[str], in_force: str = "") -> int:
+    """Start ``args.workers`` workers from this command line (``argv``), serve the public admin port, supervise;
+    ``in_force`` (the settings, one line) is said once they serve."""
+    return asyncio.run(_parent(args, argv, in_force))
 
 
-async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
+async def _parent(args: argparse.Namespace, argv: list[str], in_force: str = "") -> int:
     held = [await _reserve(args.host, args.port, "--port")]
     if args.grpc_port is not None:
         held.append(await _reserve(args.host, args.grpc_port, "--grpc-port"))
@@ -135,6 +136,8 @@ async def _parent(args: argparse.Namespace, argv: list[str]) -> int:
         listening.announce("rollout-router", args.host, ports[0], ports[1] if len(ports) > 1 else None,
                            args.port_file, (args.admin_host, admin_port))
         log.info("%d workers serving on one port (pids %s)", len(workers), ", ".join(str(w.pid) for w in workers))
+        if in_force:
+            log.info("%s", in_force)
         return await _supervise(workers, args.drain_timeout)
     finally:
         await admin.close()

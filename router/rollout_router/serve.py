@@ -254,12 +254,11 @@ def run(args: argparse.Namespace) -> int:
     if args.data_path == "native" and missing:
         print(f"rollout-router serve: --data-path native: {missing}", file=sys.stderr)
         return 2
-    if not args.worker:  # (each worker would say the same again)
-        logging.getLogger(__name__).info("%s", settings_in_force(settings, main_argv_policy(args)))
+    in_force = settings_in_force(settings, main_argv_policy(args))  # said once listening (a mistake stays one line)
     if args.workers > 1:
         from . import multicore  # the parent of the workers: it serves no traffic itself
         multicore.refuse_peers(args, settings)
-        return multicore.run(args, multicore.main_argv(args))
+        return multicore.run(args, multicore.main_argv(args), in_force)
     _use_uvloop()
     grpc_address = f"{args.host}:{args.grpc_port}" if args.grpc_port is not None else None
     peering = Peering(tuple(args.peers), args.peer_selector, args.peer_namespace, args.advertise, args.ownership,
@@ -268,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
                       peering, args.data_path, args.state_file)
     stop = Stopping(args.drain_timeout, args.drain_accept_seconds, args.worker)
     asyncio.run(_serve(runtime, args.host, args.port, args.port_file, stop,
-                       missing if args.data_path == "auto" else None))
+                       missing if args.data_path == "auto" else None, None if args.worker else in_force))
     return 0
 
 
@@ -321,15 +320,17 @@ class Stopping:
 
 
 async def _serve(runtime: Runtime, host: str, port: int, port_file: Path | None, stop: Stopping,
-                 no_lane: str | None = None) -> None:
+                 no_lane: str | None = None, in_force: str | None = None) -> None:
     """Bind, announce the bound ports (and ``no_lane``: why the native lane cannot run, when it was not asked for
-    by name), serve until a stop signal, then drain (``Runtime.drain``) unless told to stop at once; SIGHUP
-    reloads the settings."""
+    by name, and ``in_force``: the settings line), serve until a stop signal, then drain (``Runtime.drain``) unless
+    told to stop at once; SIGHUP reloads the settings."""
     signals = StopSignals(runtime, stop.worker)
     try:
         port = await runtime.start(host, port)
         admin = (runtime.admin_address[0], runtime.admin_port) if runtime.admin_address and runtime.admin_port else None
         listening.announce("rollout-router", host, port, runtime.grpc_port, port_file, admin)
+        if in_force is not None:
+            logging.getLogger(__name__).info("%s", in_force)
         if no_lane is not None:
             logging.getLogger(__name__).warning("%s: the traffic port runs its Python data path", no_lane)
         await _first(signals.draining.wait(), _warn_without_replicas(runtime))
