@@ -22,6 +22,7 @@ import pytest
 from rollout_router.localfleet import (
     Service,
     fleet_members,
+    local_fleet,
     spawn,
     spawn_replica,
     spawn_router,
@@ -144,92 +145,60 @@ def drained(router: Service, client: SteadyClient, signum: signal.Signals = sign
 def test_a_lone_router_finishes_what_it_accepted_and_stops_accepting():
     """SIGTERM to a lone router (the CLI's default): the streams in flight finish, kept-alive connections close after
     their answer, new connections are refused, and it exits long before --drain-timeout."""
-    backends = replicas()
-    try:
-        router = spawn_router([b.url for b in backends], ["--log-level", "info", "--drain-timeout", "30"]).bound()
-        try:
-            wait_healthy(router, "/readyz")
-            drained(router, SteadyClient(router).start())
-        finally:
-            router.stop()
-    finally:
-        stop_all(backends)
+    with local_fleet(2, ["--log-level", "info", "--drain-timeout", "30"], REPLICA_ARGS) as (router, _):
+        drained(router, SteadyClient(router).start())
 
 
 def test_a_first_ctrl_c_drains_and_a_second_cuts():
     """Ctrl-C: the first finishes the stream in flight (one log line), the second cuts it (one more)."""
-    backends = replicas(1)
-    try:
-        router = spawn_router([b.url for b in backends], ["--log-level", "info"]).bound()
-        try:
-            wait_healthy(router, "/readyz")
-            url = urlsplit(router.url)
-            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-            conn.request("POST", "/v1/chat/completions", json.dumps(
-                {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000,
-                 "stream": True}), {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            assert response.status == 200
-            router.process.send_signal(signal.SIGINT)
-            router.process.send_signal(signal.SIGINT)  # the same Ctrl-C delivered twice (a wrapper forwards it)
-            wait_until(lambda: readyz(router) == 503, "/readyz to fail once stopping")
-            time.sleep(SIGNAL_REPEAT_SECONDS)  # a second Ctrl-C is one that comes later
-            assert router.process.poll() is None  # it waits for the stream
-            router.process.send_signal(signal.SIGINT)
-            assert router.process.wait(timeout=15) == 0
-            log = router.process.stderr.read()
-            assert "Ctrl-C (SIGINT) (Ctrl-C again stops at once): stopping gracefully" in log, log
-            assert "Ctrl-C (SIGINT) again: stopping at once, 1 requests in flight cut" in log, log
-            with pytest.raises((OSError, http.client.HTTPException)):
-                response.read()
-            conn.close()
-        finally:
-            router.stop()
-    finally:
-        stop_all(backends)
+    with local_fleet(1, ["--log-level", "info"], REPLICA_ARGS) as (router, _):
+        url = urlsplit(router.url)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000,
+             "stream": True}), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        router.process.send_signal(signal.SIGINT)
+        router.process.send_signal(signal.SIGINT)  # the same Ctrl-C delivered twice (a wrapper forwards it)
+        wait_until(lambda: readyz(router) == 503, "/readyz to fail once stopping")
+        time.sleep(SIGNAL_REPEAT_SECONDS)  # a second Ctrl-C is one that comes later
+        assert router.process.poll() is None  # it waits for the stream
+        router.process.send_signal(signal.SIGINT)
+        assert router.process.wait(timeout=15) == 0
+        log = router.process.stderr.read()
+        assert "Ctrl-C (SIGINT) (Ctrl-C again stops at once): stopping gracefully" in log, log
+        assert "Ctrl-C (SIGINT) again: stopping at once, 1 requests in flight cut" in log, log
+        with pytest.raises((OSError, http.client.HTTPException)):
+            response.read()
+        conn.close()
 
 
 def test_the_accepting_window_answers_new_connections_while_readyz_fails():
     """--drain-accept-seconds: /readyz fails at once, new connections are still answered for the window."""
-    backends = replicas(1)
-    try:
-        router = spawn_router([b.url for b in backends], ["--log-level", "info", "--drain-accept-seconds", "3"]).bound()
-        try:
-            wait_healthy(router, "/readyz")
-            client = SteadyClient(router).start()
-            wait_until(lambda: client.count("ok") >= 3 * THREADS, "the steady client's turns to be under way")
-            router.process.send_signal(signal.SIGTERM)
-            wait_until(lambda: readyz(router) == 503, "/readyz to fail once stopping")
-            url = urlsplit(router.url)
-            late = http.client.HTTPConnection(url.hostname, url.port, timeout=30)  # a new connection, answered
-            assert turn_on(late, "late")[0] == "ok"
-            late.close()
-            assert router.process.wait(timeout=30) == 0
-            client.join()
-            assert client.count("cut") == 0 and client.count("refused") == THREADS
-            log = router.process.stderr.read()
-            assert "none cut" in log, log[-2000:]
-        finally:
-            router.stop()
-    finally:
-        stop_all(backends)
+    with local_fleet(1, ["--log-level", "info", "--drain-accept-seconds", "3"], REPLICA_ARGS) as (router, _):
+        client = SteadyClient(router).start()
+        wait_until(lambda: client.count("ok") >= 3 * THREADS, "the steady client's turns to be under way")
+        router.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: readyz(router) == 503, "/readyz to fail once stopping")
+        url = urlsplit(router.url)
+        late = http.client.HTTPConnection(url.hostname, url.port, timeout=30)  # a new connection, answered
+        assert turn_on(late, "late")[0] == "ok"
+        late.close()
+        assert router.process.wait(timeout=30) == 0
+        client.join()
+        assert client.count("cut") == 0 and client.count("refused") == THREADS
+        log = router.process.stderr.read()
+        assert "none cut" in log, log[-2000:]
 
 
 def test_workers_finish_what_they_accepted_and_stop_accepting():
     """``--workers 2`` under a client that never lets them be idle: they stop accepting and finish, not run to the
     deadline and cut what the replicas had received."""
-    backends = replicas()
-    try:
-        router = spawn_router([b.url for b in backends], ["--workers", "2", "--log-level", "info",
-                                                         "--drain-timeout", "8"]).bound()
-        try:
-            wait_healthy(router, "/readyz")
-            log = drained(router, SteadyClient(router).start())
-            assert log.count("none cut") == 2, log[-3000:]  # one line per worker
-        finally:
-            router.stop()
-    finally:
-        stop_all(backends)
+    with local_fleet(2, ["--workers", "2", "--log-level", "info",
+                                                         "--drain-timeout", "8"], REPLICA_ARGS) as (router, _):
+        log = drained(router, SteadyClient(router).start())
+        assert log.count("none cut") == 2, log[-3000:]  # one line per worker
 
 
 def test_a_fleet_router_finishes_what_it_accepted_and_stops_accepting(tmp_path):
@@ -447,32 +416,24 @@ def test_stop_is_bounded_for_a_router_that_cannot_drain():
 def test_a_request_still_being_read_when_the_router_stops_is_answered():
     """Its head and part of its body came before SIGTERM, the rest a second later: accepted, so answered whole."""
     import socket
-    backends = replicas(1)
-    try:
-        router = spawn_router([b.url for b in backends], ["--log-level", "info"]).bound()
-        try:
-            wait_healthy(router, "/readyz")
-            url = urlsplit(router.url)
-            body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 2000}],
-                               "max_tokens": 3}).encode()
-            head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
-            with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
-                sock.sendall(head + body[:100])
-                router.process.send_signal(signal.SIGTERM)
-                wait_until(lambda: readyz(router) == 503, "the router to be stopping")
-                time.sleep(1.5)  # the client pauses mid-upload past the stopping router's idle close (1 s)
-                sock.sendall(body[100:])
-                answer = b""
-                while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        break
-                    answer += chunk
-            assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer, answer[:300]
-            assert router.process.wait(timeout=30) == 0
-            assert "none cut" in router.process.stderr.read()
-        finally:
-            router.stop()
-    finally:
-        stop_all(backends)
+    with local_fleet(1, ["--log-level", "info"], REPLICA_ARGS) as (router, _):
+        url = urlsplit(router.url)
+        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 2000}],
+                           "max_tokens": 3}).encode()
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+            sock.sendall(head + body[:100])
+            router.process.send_signal(signal.SIGTERM)
+            wait_until(lambda: readyz(router) == 503, "the router to be stopping")
+            time.sleep(1.5)  # the client pauses mid-upload past the stopping router's idle close (1 s)
+            sock.sendall(body[100:])
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer, answer[:300]
+        assert router.process.wait(timeout=30) == 0
+        assert "none cut" in router.process.stderr.read()
