@@ -54,5 +54,23 @@ def test_every_place_that_names_a_margin_to_set_names_the_advised_one():
     assert f"--affinity-break-margin {MARGIN}" in readme and f"affinityBreakMargin: {MARGIN}" in readme
 
 
+# Where a user copies a margin from: the docs' examples of what to run or apply, the chart's values and examples.
+COPIED_FROM = ["README.md", "docs/configuration.md", "docs/kubernetes.md", "docs/operator.md", "docs/integrations.md",
+               "docs/examples/rolloutrouter.yaml", "docs/examples/rolloutrouter-full.yaml",
+               "charts/rollout-router/values.yaml", "charts/rollout-router/ci/example-values.yaml",
+               "charts/rollout-router/templates/NOTES.txt"]
+
+
+@pytest.mark.parametrize("path", COPIED_FROM)
+def test_every_margin_a_user_copies_is_the_advised_one(path):
+    """Each `affinityBreakMargin: N`, `--affinity-break-margin N` and `affinity_break_margin=N` in a file a user
+    copies from names the advised margin (``kubectl get rr``'s MARGIN column in the docs' captures too)."""
+    text = (ROOT / path).read_text()
+    found = _margins(text) | {int(m) for m in re.findall(r"(?:--affinity-break-margin|affinity_break_margin[:=]) ?(\d+)",
+                                                         text)}
+    found |= {int(m) for m in re.findall(r"^rollouts +(\d+) ", text, re.MULTILINE)}
+    assert found == {MARGIN}, f"{path} names margins {sorted(found)}, the advice is {MARGIN}"
+
+
 def _margins(text: str) -> set[int]:
     return {int(m) for m in re.findall(r"affinityBreakMargin: (\d+)", text)}
