@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from rollout_router.sim.plots import fit_title
-from rollout_router.sim.report import ARM_NAMES
+from rollout_router.sim.report import ARM_NAMES, arm_name
 from rollout_router.sim.runner import arms_for
 from rollout_router.sim.workload import PRESETS
 
@@ -36,7 +36,18 @@ def test_a_preset_run_prints_no_empty_table_and_no_internal_arm_name():
 
 
 def test_every_arm_has_a_printed_name():
-    assert {arm.label for arm in arms_for(PRESETS["quick"])} <= ARM_NAMES.keys()
+    arms = arms_for(PRESETS["quick"], margins=(8, 2.5))
+    unnamed = [a.label for a in arms if a.label not in ARM_NAMES and not a.label.startswith("ours_margin")]
+    assert not unnamed, unnamed
+    assert [arm_name(arm.label) for arm in arms][-2:] == ["margin 8", "margin 2.5"]
+
+
+def test_simulate_runs_any_margin_it_is_given():
+    """``--margins 8`` adds our rule at margin 8 beside sticky; ``--list-policies`` lists it."""
+    listed = simulate("--preset", "quick", "--margins", "8", "--list-policies")
+    assert re.search(r"^ours_margin8 +margin 8$", listed, re.MULTILINE), listed
+    out = simulate("--preset", "quick", "--steps", "2", "--margins", "8", "--policies", "ours_margin8")
+    assert "| margin 8 |" in out and "| sticky (margin null) |" in out and "| margin 2 |" not in out
 
 
 def test_a_small_grid_prints_no_header_only_table(tmp_path):

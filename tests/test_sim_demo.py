@@ -34,10 +34,12 @@ def test_rollout_is_verl_shaped():
 def test_demo_prints_the_table_a_line_per_column_and_a_verdict_per_arm(capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--replicas", "2", "--prompts", "2", "--samples", "2", "--rounds", "3", "--seed-steps", "0"])
+    args = parser.parse_args(["--replicas", "2", "--prompts", "2", "--samples", "2", "--rounds", "3", "--seed-steps", "0",
+                              "--margins", "0,8.5"])
     assert run(args) == 0
     out = capsys.readouterr().out
     for column in COLUMNS:
         assert f"  {column}: " in out
     lines = [line for line in out.splitlines() if " vs sticky: " in line]
     assert len(lines) == 3 and all("paired rounds" in line for line in lines)
+    assert [line.split(" vs sticky")[0] for line in lines] == ["no affinity (least_loaded)", "margin 0", "margin 8.5"]

@@ -36,19 +36,6 @@ DRAIN_TIMEOUT = 20.0  # the operator renders terminationGracePeriodSeconds 30 ar
 DATA_PATH_ENV = "ROLLOUT_ROUTER_DATA_PATH"  # --data-path's default, when set (the tests run each path with it)
 
 
-def _margin(text: str) -> float | None:
-    """A number >= 0 (2 or 2.5, as verl takes it), or null; a whole number stays an int."""
-    if text.lower() in ("null", "none"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0 or 'null', got {text!r}")
-    return int(value) if value.is_integer() else value
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -115,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     peer_flags.add_arguments(parser, _backend, usage.number(positive=True))
     parser.add_argument("--policy", type=peer_flags.policy, help=f"Routing policy (default affinity): "
                         f"{registry.summary()}. The peers' names for the same rules are accepted (docs/migrating.md).")
-    parser.add_argument("--affinity-break-margin", type=_margin, default=argparse.SUPPRESS, metavar="N|null",
+    parser.add_argument("--affinity-break-margin", type=usage.margin, default=argparse.SUPPRESS, metavar="N|null",
                         help="Skew tolerated before a pin moves: a number >= 0 (2.5 keeps a pin at skew 2, moves it "
                              "at 3); null (default) keeps every pin.")
     parser.add_argument("--full-determinism", action="store_true", default=None,

@@ -73,6 +73,33 @@ def number(positive: bool) -> Callable[[str], float]:
     return check
 
 
+def margin(text: str) -> float | None:
+    """An argparse type: an affinity break margin, a number >= 0 (2 or 2.5, as verl takes it) or null; a whole
+    number stays an int, so it prints as the user wrote it."""
+    if text.lower() in ("null", "none"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 or 'null', got {text!r}")
+    return int(value) if value.is_integer() else value
+
+
+def margins(text: str) -> tuple[float, ...]:
+    """An argparse type: comma-separated margins >= 0 (each as ``margin`` takes it, null excepted: a sticky arm
+    always runs), in the order given, each once."""
+    found: list[float] = []
+    for part in text.split(","):
+        value = margin(part.strip())
+        if value is None:
+            raise argparse.ArgumentTypeError(f"null is the sticky arm, which always runs; got {text!r}")
+        if value not in found:
+            found.append(value)
+    return tuple(found)
+
+
 def new_file(text: str) -> Path:
     """An argparse type: a file to be written, in a directory that exists (checked before anything starts)."""
     path = Path(text)

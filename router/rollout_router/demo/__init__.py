@@ -27,12 +27,7 @@ from .driver import ArmResult, run_arm
 from .workload import rollout
 
 BASELINE = "sticky always (margin null)"
-ARMS = {
-    "no affinity (least_loaded)": ["--policy", "least_loaded"],
-    BASELINE: ["--affinity-break-margin", "null"],
-    "margin 0": ["--affinity-break-margin", "0"],
-    "margin 2": ["--affinity-break-margin", "2"],
-}
+MARGINS = (0, 2, MARGIN)  # --margins' default: move unless least-loaded, a tight margin, the advised one
 COLUMNS = {
     "wall s": "median over the rounds of the time from a round's first request to its last answer (verl's step time)",
     "mean s / p99 s": "a turn's latency at the client, over every turn of every round",
@@ -54,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7, help="random seed of the conversations (default: %(default)s)")
     parser.add_argument("--num-blocks", type=usage.at_least(1), default=1200,
                         help="KV blocks per simulated replica (smaller = more cache pressure; default: %(default)s)")
+    parser.add_argument("--margins", type=usage.margins, default=MARGINS, metavar="N,N,...",
+                        help="the margins to run, each a router beside no affinity and sticky "
+                        f"(default: {','.join(map(str, MARGINS))})")
     parser.add_argument("--seed-steps", type=usage.at_least(0), default=6,
                         help="paired steps of the seed's scale in the fleet simulator (16 replicas of Qwen2.5-32B), "
                         "sticky against the advised margin, after the live part (0: none; default: %(default)s)")
@@ -75,13 +73,21 @@ def fleet(replicas: int, arms: Sequence[Sequence[str]], fake_args: Sequence[str]
             stop(process)
 
 
+def arms(margins: Sequence[float]) -> dict[str, list[str]]:
+    """Each arm's name and its router's flags: no affinity, sticky (the baseline), then each margin."""
+    return {"no affinity (least_loaded)": ["--policy", "least_loaded"],
+            BASELINE: ["--affinity-break-margin", "null"],
+            **{f"margin {m}": ["--affinity-break-margin", str(m)] for m in margins}}
+
+
 def run(args: argparse.Namespace) -> int:
+    policies = arms(args.margins)
     rounds = [rollout(args.prompts, args.samples, seed=args.seed + r) for r in range(args.rounds)]
     turns = sum(len(c.turns) for convs in rounds for c in convs)
-    print(f"starting {args.replicas} simulated vLLM replicas and {len(ARMS)} routers (one per policy)...", flush=True)
-    names = list(ARMS)
+    print(f"starting {args.replicas} simulated vLLM replicas and {len(policies)} routers (one per policy)...", flush=True)
+    names = list(policies)
     results: dict[str, list[ArmResult]] = {n: [] for n in names}
-    with fleet(args.replicas, list(ARMS.values()), ["--num-blocks", str(args.num_blocks)]) as (replicas, routers):
+    with fleet(args.replicas, list(policies.values()), ["--num-blocks", str(args.num_blocks)]) as (replicas, routers):
         print(f"{args.rounds} paired rounds of {args.prompts * args.samples} verl-shaped trajectories; every policy "
               f"replays each round ({turns} turns per policy)\n", flush=True)
         with tqdm(total=turns * len(names), unit="turn", dynamic_ncols=True) as bar:

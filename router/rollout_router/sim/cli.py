@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jobs", type=usage.at_least(1), default=os.cpu_count() or 1,
                    help="worker processes (default: the CPUs, %(default)s)")
     g.add_argument("--policies", default="", help="comma-separated arm labels to run (sticky always runs); default all")
+    g.add_argument("--margins", type=usage.margins, default=(), metavar="N,N,...",
+                   help="also run our rule at these margins (arms ours_marginN), e.g. 8,16")
     g.add_argument("--list-policies", action="store_true", help="print the arm labels (for --policies) with their names and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     g.add_argument("--markdown", metavar="FILE", type=usage.output_file, help="also write the tables as markdown")
@@ -92,9 +94,9 @@ def run(args) -> int:
     names = args.preset or STUDY_PRESETS
     presets = tuple(dataclasses.replace(p, **_overrides(args)) for p in resolve_presets(names))
     if args.list_policies:
-        from .report import ARM_NAMES
+        from .report import arm_name
 
-        print("\n".join(f"{a.label:<24}{ARM_NAMES.get(a.label, a.label)}" for a in arms_for(presets[0])))
+        print("\n".join(f"{a.label:<24}{arm_name(a.label)}" for a in arms_for(presets[0], args.margins)))
         return 0
     if args.steps == "published":
         steps = {p.name: p.steps for p in presets}
@@ -102,11 +104,12 @@ def run(args) -> int:
         steps = {p.name: int(args.steps) for p in presets}
     cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
     arm_filter = tuple(s for s in args.policies.split(",") if s)
-    known = {a.label for a in arms_for(presets[0])}
+    known = {a.label for a in arms_for(presets[0], args.margins)}
     if set(arm_filter) - known:
         unknown = ", ".join(sorted(set(arm_filter) - known))
         raise usage.UsageError(f"--policies {args.policies}: unknown arm label {unknown} (--list-policies shows them)")
-    cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter)
+    cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter,
+                 margins=args.margins)
     study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress, ray_address=args.ray_address)
     if args.plots:
         from .plots import write_plots

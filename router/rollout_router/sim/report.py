@@ -11,10 +11,16 @@ ARM_NAMES = {
     "dual_threshold_abs4": "dual threshold, abs 4 (SGLang's gate)",
     "dual_threshold_abs8": "dual threshold, abs 8 (SGLang's gate)", "cache_aware": "cache aware (SGLang)",
     "consistent_hash_c1.25": "consistent hash, bounded loads c=1.25", "power_of_two": "power of two choices",
-    "ours_margin0": "margin 0", "ours_margin1": "margin 1", "ours_margin2": "margin 2", "ours_margin4": "margin 4",
     "cand_token_load": "margin in tokens (32768)", "cand_context_margin": "margin 2 grown with context",
     "cand_cooldown": "margin 2, 30 s cooldown", "cost_affinity": "cost_affinity",
 }
+
+
+def arm_name(label: str) -> str:
+    """What the tables print for an arm label: ``ours_marginN`` (any margin, ``--margins``) is "margin N"."""
+    if label.startswith("ours_margin"):
+        return f"margin {label.removeprefix('ours_margin')}"
+    return ARM_NAMES.get(label, label)
 
 
 def _pct(x: float) -> str:
@@ -52,7 +58,7 @@ def preset_table(name: str, pr: dict[str, Any]) -> str:
     for label, m in order:
         ch = m["paired_change_vs_sticky"]
         rows.append(
-            f"| {ARM_NAMES.get(label, label)} | {m['median_step_seconds']:.1f} | {_pct(ch['median'])} [{_pct(ch['ci_low'])}, {_pct(ch['ci_high'])}] "
+            f"| {arm_name(label)} | {m['median_step_seconds']:.1f} | {_pct(ch['median'])} [{_pct(ch['ci_low'])}, {_pct(ch['ci_high'])}] "
             f"| {ch['wins']}/{ch['n']} | {ch['sign_p']:.2g} | {ch['wilcoxon_p']:.2g} | {m['prefix_hit_rate'] * 100:.1f}% "
             f"| {m['recomputed_tokens_per_step'] / 1e6:.2f}M | {m['preemptions_per_step']:.0f} | {m['inflight_skew']:.2f} "
             f"| {m['moved_share'] * 100:.1f}% | {_pct(m['median_gap_to_lb'])} |")

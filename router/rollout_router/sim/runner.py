@@ -21,10 +21,11 @@ from .workload import PRESETS, Preset, generate
 BASELINE = "sticky"
 
 
-def arms_for(preset: Preset) -> list[Arm]:
-    """Every policy under test; affinity-style arms share verl's sticky-map size."""
+def arms_for(preset: Preset, margins: tuple[float, ...] = ()) -> list[Arm]:
+    """Every policy under test, and our rule at each of ``margins`` it does not already run (``ours_marginN``);
+    affinity-style arms share verl's sticky-map size."""
     lru = {"max_sessions": preset.router_lru}
-    return [
+    arms = [
         Arm("round_robin", "round_robin"),
         Arm("least_loaded", "least_loaded"),
         Arm("sticky", "affinity", {"margin": None, **lru}),
@@ -43,6 +44,9 @@ def arms_for(preset: Preset) -> list[Arm]:
         Arm("cand_cooldown", "affinity_adaptive", {"margin": 2, "cooldown": 30.0, **lru}),
         Arm("cost_affinity", "cost_affinity", {**lru}),  # its defaults: margin 2, relative 0.01, 40 s
     ]
+    labels = {a.label for a in arms}
+    return arms + [Arm(f"ours_margin{m}", "affinity", {"margin": m, **lru}) for m in margins
+                   if f"ours_margin{m}" not in labels]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Config:
     seed: int = 0
     cost: CostModel = CostModel()
     arm_filter: tuple[str, ...] = ()
+    margins: tuple[float, ...] = ()  # our rule's margins run beside the fixed arms (--margins)
     trace_arms: tuple[str, ...] = ("sticky", "ours_margin2")
 
 
@@ -78,7 +83,7 @@ def _lb_task(args: tuple) -> tuple:
 def run_study(cfg: Config, jobs: int = 1, progress: bool = True, ray_address: str | None = None) -> dict[str, Any]:
     tasks, lb_tasks = [], []
     for preset in cfg.presets:
-        arms = [a for a in arms_for(preset) if not cfg.arm_filter or a.label in cfg.arm_filter or a.label == BASELINE]
+        arms = [a for a in arms_for(preset, cfg.margins) if not cfg.arm_filter or a.label in cfg.arm_filter or a.label == BASELINE]
         for step in range(cfg.steps[preset.name]):
             lb_tasks.append((preset, step, cfg.seed, cfg.cost))
             for arm in arms:
