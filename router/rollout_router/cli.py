@@ -2,7 +2,7 @@
 
 Each subcommand's module is imported only when it runs, so ``serve`` never
 pays for matplotlib and ``fake-vllm`` never loads kopf. The core install runs
-``serve``, ``fake-vllm`` and ``crd``; the others need an extra (pyproject.toml),
+``serve``, ``fake-vllm``, ``crd`` and ``render``; the others need an extra (pyproject.toml),
 and a missing one is reported in one line before anything is imported.
 """
 from __future__ import annotations
@@ -34,6 +34,8 @@ SUBCOMMANDS = {
     "operator": Subcommand("rollout_router_operator.cli", "operator",
                            "Run the Kubernetes operator for RolloutRouter resources.", flags_need_extra=False),
     "crd": Subcommand("rollout_router_operator.cli_crd", None, "Print the RolloutRouter CustomResourceDefinition YAML."),
+    "render": Subcommand("rollout_router_operator.cli_render", None,
+                         "Print the objects the operator would create for the RolloutRouters in a file, offline."),
 }
 
 # extra -> the top-level modules it installs (the same packages as pyproject.toml's optional-dependencies;
