@@ -90,11 +90,3 @@ def test_try_it_by_hand_runs_as_written(tmp_path):
     replica = f"http://127.0.0.1:{ports['8001']}"
     assert re.search(rf"^({replica}|http://127.0.0.1:{ports['8002']}) \S", done.stdout, re.M), done.stdout
     assert '"affinity_kept"' in done.stdout and '"backends"' in done.stdout
-
-
-def test_the_helm_page_renders_the_chart_without_helm(tmp_path):
-    text = (ROOT / "docs" / "helm.md").read_text()
-    (snippet,) = [body for lang, body in blocks(text, "Lint and render without `helm`") if lang == "python"]
-    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("1 chart linted, 0 errors\n") and "kind: Deployment" in done.stdout
