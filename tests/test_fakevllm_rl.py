@@ -81,3 +81,49 @@ async def test_bad_engine_calls_are_4xx_or_5xx_with_json():
         assert status == 400 and "method" in body["error"]["message"]
         status, body = await call(session, "POST", f"{url}/update_weight_version", {})
         assert status == 422 and body["error"]["param"] == "new_version"
+
+
+async def test_weight_transfer_session_in_vllms_order_sets_weights_and_version():
+    async with serving() as (url, app), aiohttp.ClientSession() as session:
+        before = (await chat(session, url, words(20)))["choices"][0]["message"]["content"]
+        status, body = await call(session, "POST", f"{url}/start_weight_update")
+        assert status == 500 and "Weight transfer not configured" in body["error"]["message"]
+        assert await call(session, "POST", f"{url}/init_weight_transfer_engine", {"init_info": {"port": 1}}) == (
+            200, {"message": "Weight transfer initialized"})
+        status, body = await call(session, "POST", f"{url}/update_weights", {"update_info": {"names": ["w"]}})
+        assert status == 500 and "start_weight_update must be called" in body["error"]["message"]
+        assert await call(session, "POST", f"{url}/start_weight_update") == (200, {"message": "Weight update started"})
+        assert await call(session, "POST", f"{url}/update_weights", {"update_info": {"names": ["w"]}}) == (
+            200, {"message": "Weights updated"})
+        assert await call(session, "POST", f"{url}/finish_weight_update", {"weight_version": "step-4"}) == (
+            200, {"message": "Weight update finished"})
+        assert await call(session, "GET", f"{url}/weight_info") == (200, {"weight_version": "step-4"})
+        assert (await chat(session, url, words(20)))["choices"][0]["message"]["content"] != before
+
+
+async def test_pause_wait_answers_once_the_requests_in_flight_finished_and_may_keep_the_cache():
+    async with serving(step_base_ms=5.0) as (url, app), aiohttp.ClientSession() as session:
+        prompt = words(64)
+        await chat(session, url, prompt)
+        running = asyncio.create_task(chat(session, url, words(10), max_tokens=30))
+        await wait_for(lambda: app[ENGINE].running() == 1)
+        assert await call(session, "POST", f"{url}/pause?mode=wait&clear_cache=false") == (200, {"status": "paused"})
+        assert running.done() and running.result()["choices"][0]["finish_reason"] == "length"
+        assert await call(session, "POST", f"{url}/resume") == (200, {"status": "resumed"})
+        warm = await chat(session, url, prompt)
+        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # clear_cache=false kept it
+        await call(session, "POST", f"{url}/pause?mode=wait")  # vLLM's default clears it
+        await call(session, "POST", f"{url}/resume")
+        assert (await chat(session, url, prompt))["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+async def test_legacy_rl_routes_serve_only_the_dev_routes():
+    """--rl-routes legacy: a vLLM from before its RL routes (404 for each), its dev routes still there."""
+    async with serving(rl_routes="legacy") as (url, app), aiohttp.ClientSession() as session:
+        for method, path in (("GET", "/weight_info"), ("POST", "/pause"), ("POST", "/resume"),
+                             ("GET", "/is_paused"), ("POST", "/update_weights"), ("POST", "/abort_requests")):
+            async with session.request(method, f"{url}{path}", json={}) as answer:
+                assert answer.status == 404, path
+        assert await call(session, "POST", f"{url}/collective_rpc", {
+            "method": "reload_weights", "kwargs": {"weights_path": "/m"}}) == (200, {"results": [None]})
+        assert await call(session, "POST", f"{url}/reset_prefix_cache") == (200, {"success": True})

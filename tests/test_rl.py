@@ -34,6 +34,18 @@ async def ask(http: aiohttp.ClientSession, base: str, content: str, max_tokens: 
 
 
 @contextlib.asynccontextmanager
+async def scripted(app: web.Application, host: str) -> AsyncIterator[str]:
+    """A scripted replica (an aiohttp app) served on ``host``: its URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, host, 0).start()
+    try:
+        yield f"http://{host}:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
 async def fleet_of(count: int, rl: dict | None = None, **knobs: object) -> AsyncIterator[tuple[str, object, list]]:
     """``count`` fake vLLM replicas behind one router: (traffic URL, runtime, [(replica URL, app)])."""
     async with contextlib.AsyncExitStack() as stack:
@@ -200,24 +212,18 @@ async def test_a_replica_that_joins_during_the_fan_out_is_reported(http):
     app.router.add_post("/collective_rpc", reload)
     app.router.add_get("/weight_info", version)
     app.router.add_get("/health", version)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.52", 0).start()
-    slow = f"http://127.0.0.52:{runner.addresses[0][1]}"
-    try:
-        async with running_router(parse_settings({"backends": [slow]})) as (_, runtime):
-            update = asyncio.create_task(call(http, "POST", f"{runtime.admin_url}/v1/rl/update_weights",
-                                              {"model_path": "/ckpt/2", "reset_prefix_cache": False}))
-            await reloading.wait()
-            runtime.replicas.add("http://127.0.0.53:9", None, "api")
-            release.set()
-            status, body = await update
-            assert status == 502
-            assert {w["url"]: w["status"] for w in body["workers"]} == {slow: "ok", "http://127.0.0.53:9": "joined"}
-            assert body["epoch"]["end"] == body["epoch"]["start"] + 1
-            assert "joined" in body["error"]["message"]
-    finally:
-        await runner.cleanup()
+    async with scripted(app, "127.0.0.52") as slow, \
+            running_router(parse_settings({"backends": [slow]})) as (_, runtime):
+        update = asyncio.create_task(call(http, "POST", f"{runtime.admin_url}/v1/rl/update_weights",
+                                          {"model_path": "/ckpt/2", "reset_prefix_cache": False}))
+        await reloading.wait()
+        runtime.replicas.add("http://127.0.0.53:9", None, "api")
+        release.set()
+        status, body = await update
+        assert status == 502
+        assert {w["url"]: w["status"] for w in body["workers"]} == {slow: "ok", "http://127.0.0.53:9": "joined"}
+        assert body["epoch"]["end"] == body["epoch"]["start"] + 1
+        assert "joined" in body["error"]["message"]
 
 
 async def test_bad_input_is_a_4xx_naming_the_problem(http):
@@ -282,20 +288,14 @@ async def test_abort_is_repeated_for_a_request_the_engine_had_not_admitted_yet(h
     app.router.add_post("/v1/chat/completions", chat_held)
     app.router.add_post("/abort_requests", abort)
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.54", 0).start()
-    try:
-        settings = parse_settings({"backends": [f"http://127.0.0.54:{runner.addresses[0][1]}"]})
-        async with running_router(settings) as (base, runtime):
-            held = asyncio.create_task(ask(http, base, "x"))
-            await wait_for(lambda: runtime.replicas.total_inflight() == 1)
-            status, body = await call(http, "POST", f"{runtime.admin_url}/v1/rl/pause", {"mode": "abort"})
-            assert (status, body["inflight"], [w["aborted"] for w in body["workers"]]) == (200, 0, [1])
-            assert len(aborts) == 2
-            assert (await held)[1]["choices"][0]["finish_reason"] == "abort"
-    finally:
-        await runner.cleanup()
+    async with scripted(app, "127.0.0.54") as url, \
+            running_router(parse_settings({"backends": [url]})) as (base, runtime):
+        held = asyncio.create_task(ask(http, base, "x"))
+        await wait_for(lambda: runtime.replicas.total_inflight() == 1)
+        status, body = await call(http, "POST", f"{runtime.admin_url}/v1/rl/pause", {"mode": "abort"})
+        assert (status, body["inflight"], [w["aborted"] for w in body["workers"]]) == (200, 0, [1])
+        assert len(aborts) == 2
+        assert (await held)[1]["choices"][0]["finish_reason"] == "abort"
 
 
 async def test_the_traffic_port_names_the_admin_listener_for_rl_routes(http):

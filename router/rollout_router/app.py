@@ -104,6 +104,7 @@ class Runtime:
         self._discovery: asyncio.Task | None = None
         self._background: asyncio.Task | None = None
         self._probing: asyncio.Task | None = None
+        self._asking: asyncio.Task | None = None  # which RL routes each replica serves, and its weight version
         self._config_mtime = _mtime(config_path)
 
     def apply(self, settings: RouterSettings) -> None:
@@ -207,6 +208,8 @@ class Runtime:
                                          *self.admin_address)
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         self._probing = asyncio.get_running_loop().create_task(self.prober.run(), name="health-probes")
+        self._asking = asyncio.get_running_loop().create_task(self.rl.routes.watch(self.replicas, self.rl.engines),
+                                                              name="rl-routes")
         if self.grpc_proxy is not None and self.grpc_address is not None:
             grpc_host, _, grpc_port = self.grpc_address.rpartition(":")
             self.grpc_port = await bind(self.grpc_proxy.start(grpc_host.strip("[]"), int(grpc_port)), "--host",
@@ -306,7 +309,7 @@ class Runtime:
             await self.fleet.stop()
         if self.grpc_proxy is not None:
             await self.grpc_proxy.close(grace=STOP_GRACE_SECONDS)
-        for task in (self._background, self._probing, self._discovery):
+        for task in (self._background, self._probing, self._discovery, self._asking):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

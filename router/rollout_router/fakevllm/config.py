@@ -31,6 +31,9 @@ class FakeVllmConfig:
     decode_ms_per_seq: float = _knob(0.3, "step cost per request in the batch, ms", low=0)
     prefill_ms_per_token: float = _knob(0.05, "step cost per uncached prompt token computed, ms", low=0)
     speed: float = _knob(1.0, "divides every simulated time (tests run faster)", low=0, exclusive=True)
+    rl_routes: str = _knob("native", "RL routes served: native (vLLM 0.32's /pause, /resume, /update_weights, "
+                           "/weight_info, ...) or legacy (a vLLM before them: /collective_rpc and "
+                           "/reset_prefix_cache only)")
 
     def __post_init__(self) -> None:
         for knob in dataclasses.fields(self):
@@ -40,6 +43,8 @@ class FakeVllmConfig:
                                  f"got {value}")
         if not self.served_model_name:
             raise ValueError("served_model_name must not be empty")
+        if self.rl_routes not in ("native", "legacy"):
+            raise ValueError(f"rl_routes must be native or legacy, not {self.rl_routes!r}")
 
     def step_seconds(self, batch_size: int, prefill_tokens: int) -> float:
         """Simulated duration of one engine step."""

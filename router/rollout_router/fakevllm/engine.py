@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import zlib
 
 from .config import FakeVllmConfig
 from .metrics import Metrics
 from .prefix_cache import BlockPool
 from .scheduler import Request, Scheduler, Status, Step
+from .tokens import weights_shift
 
 # Timer overshoot the step clock may win back on later steps, so a busy
 # engine's average step time is right even with a millisecond-grained timer.
@@ -67,7 +67,7 @@ class Engine:
         )
         self.scheduler.add(request)
         stream = Stream(request, "stop" if max_tokens is None else "length", asyncio.get_running_loop().time(),
-                        len(prompt) + (zlib.crc32(self.weights.encode()) % 997 if self.weights else 0))
+                        len(prompt) + weights_shift(self.weights))
         self._streams[request] = stream
         self._wake.set()
         return stream
@@ -82,6 +82,10 @@ class Engine:
             del self._streams[stream.request]
             stream.queue.put_nowait(None)
             self.metrics.request_finished("abort")
+
+    def running(self) -> int:
+        """Requests not finished yet (a wait-mode ``/pause`` answers once there are none)."""
+        return len(self._streams)
 
     def abort_all(self) -> int:
         """vLLM's ``/abort_requests`` without ids: every unfinished request ends with finish_reason "abort"."""

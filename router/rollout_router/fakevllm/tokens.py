@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import zlib
 from collections.abc import Iterable
 
 GENERATION_PROMPT = "assistant:"
@@ -38,6 +39,12 @@ def render_chat(messages: Iterable[tuple[str, str]], add_generation_prompt: bool
     if add_generation_prompt:
         lines.append(GENERATION_PROMPT)
     return "\n".join(lines)
+
+
+def weights_shift(weights: str) -> int:
+    """How loaded weights shift the generated text: never by a whole turn of the filler (``""``, the weights the
+    replica started with, by nothing), so any new weights change every answer."""
+    return 1 + zlib.crc32(weights.encode()) % (len(_FILLER) - 1) if weights else 0
 
 
 def output_word(seed: int, index: int) -> str:

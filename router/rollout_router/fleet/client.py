@@ -29,7 +29,11 @@ class Unreachable(Exception):
 
 
 class PeerError(Exception):
-    """The peer answered with an error status."""
+    """The peer answered with an error status (``status``), or a body that is not JSON (``status`` None)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class PeerClient:
@@ -58,7 +62,8 @@ class PeerClient:
             async with self._open().request(method, url, json=body, headers=self._headers(),
                                             timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as answer:
                 if answer.status >= 400:
-                    raise PeerError(f"{method} {url} answered {answer.status}: {(await answer.text())[:200]}")
+                    raise PeerError(f"{method} {url} answered {answer.status}: {(await answer.text())[:200]}",
+                                    answer.status)
                 return await answer.json(content_type=None)
         except UNANSWERED as error:
             raise Unreachable(f"{method} {url}: {error!r}") from None

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..replicas import ReplicaSet, grpc_only
 from .client import PeerClient, PeerError, Unreachable
+from .rlengines import NATIVE, EngineRoutes, Step, transfer
 
 if TYPE_CHECKING:
     from .node import Fleet
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 ABORT_ROUND_SECONDS = 1.0  # how long one abort round waits for the drain before aborting again
 INFLIGHT_POLL_SECONDS = 0.05  # how often the requests in flight are counted while waiting for them to end
-Step = Callable[[PeerClient, str], Awaitable[dict[str, Any]]]  # (client, replica URL) -> what to report
 
 
 @dataclasses.dataclass(slots=True)
@@ -51,11 +51,12 @@ class FanOut:
                 "failed": [w["url"] for w in failed]}
 
 
-async def fan_out(replicas: ReplicaSet, client: PeerClient, step: Step) -> FanOut:
-    """``step`` on every live replica at once; the results, and what the membership did meanwhile."""
+async def fan_out(replicas: ReplicaSet, client: PeerClient, step: Step, grpc_ok: bool = False) -> FanOut:
+    """``step`` on every live replica at once; the results, and what the membership did meanwhile. ``grpc_ok``:
+    a gRPC-only replica, which has no HTTP engine routes, is reported ok and not called (a pause, a resume)."""
     start = replicas.epoch
     before = {r.id: replicas.why_unroutable(r.id) for r in replicas.replicas()}
-    results = await asyncio.gather(*(_one(client, url, step) for url in before))
+    results = await asyncio.gather(*(_one(client, url, step, grpc_ok) for url in before))
     workers = list(results)
     after = {r.id: replicas.why_unroutable(r.id) for r in replicas.replicas()}
     for worker in workers:
@@ -69,8 +70,10 @@ async def fan_out(replicas: ReplicaSet, client: PeerClient, step: Step) -> FanOu
     return FanOut(workers, (start, replicas.epoch))
 
 
-async def _one(client: PeerClient, url: str, step: Step) -> dict[str, Any]:
+async def _one(client: PeerClient, url: str, step: Step, grpc_ok: bool) -> dict[str, Any]:
     if grpc_only(url):
+        if grpc_ok:
+            return {"url": url, "status": "ok", "routes": None}
         return {"url": url, "status": "failed", "error": f"{url} serves gRPC only: it has no HTTP engine routes"}
     try:
         return {"url": url, **await step(client, url), "status": "ok"}
@@ -84,22 +87,33 @@ async def abort(client: PeerClient, url: str) -> dict[str, Any]:
     return {"aborted": answer.get("aborted") if isinstance(answer, dict) else None}
 
 
-def update_weights(weights_path: str | None, version: str | None, reset_cache: bool) -> Step:
-    """vLLM's weight reload from disk, its version, its prefix-cache reset; then the version it reports."""
+def update_weights(routes: EngineRoutes, weights_path: str | None, update_info: Any, version: str | None,
+                   reset_cache: bool) -> Step:
+    """New weights on one vLLM replica, its version, its prefix-cache reset; then the version it reports.
+
+    The weights: ``update_info`` through vLLM's own weight-transfer routes (``rlengines.transfer``), or a reload
+    from ``weights_path`` through ``/collective_rpc`` (vLLM has no route of its own for a checkpoint on disk).
+    A replica without vLLM's RL routes (``LEGACY``) cannot take or report a version: its version is the one
+    asked for, as the router's word."""
     async def step(client: PeerClient, url: str) -> dict[str, Any]:
-        if weights_path is not None:
+        kind = await routes.kind(client, url)
+        if update_info is not None:
+            if kind != NATIVE:
+                raise PeerError(f"{url} serves no /update_weights (a vLLM before its RL routes): "
+                                "update it from a checkpoint with model_path")
+            await transfer(client, url, update_info, version)
+        elif weights_path is not None:
             await client.call("POST", f"{url}/collective_rpc",
                               {"method": "reload_weights", "kwargs": {"weights_path": weights_path}})
-        if version is not None:
+        if version is not None and update_info is None and kind == NATIVE:
             await client.call("POST", f"{url}/update_weight_version", {"new_version": version})
-        report: dict[str, Any] = {}
+        report: dict[str, Any] = {"routes": kind}
         if reset_cache:
             answer = await client.call("POST", f"{url}/reset_prefix_cache")
             report["prefix_cache_reset"] = bool(isinstance(answer, dict) and answer.get("success"))
             if not report["prefix_cache_reset"]:
                 raise PeerError(f"POST {url}/reset_prefix_cache answered success=false (blocks still held)")
-        info = await client.call("GET", f"{url}/weight_info")
-        report["weight_version"] = info.get("weight_version") if isinstance(info, dict) else None
+        report["weight_version"] = await routes.read_version(client, url) if kind == NATIVE else version
         return report
     return step
 

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from ..settings import RlSettings
 from .client import PeerClient
+from .rlengines import EngineRoutes
 
 RETRY_AFTER_CAP_SECONDS = 30  # the Retry-After of a refused request: the pause bound, at most this
 # A weight version goes into every answer's head (X-Weight-Version): visible ASCII, inner spaces, at most this long
@@ -66,6 +67,7 @@ class RlState:
         self.updates = 0  # successful weight updates, fleet-wide (a peer's higher count is adopted)
         self.on_new_weights: Callable[[], int] = lambda: 0  # rl.onWeightUpdate: clears pins (how many) or not
         self.engines = PeerClient(lambda: None, settings().engine_timeout_seconds)  # no token: replicas get none
+        self.routes = EngineRoutes(self.set_version, self.forget_version)  # vLLM's own RL routes, or not, per replica
         self.lock = asyncio.Lock()  # one weight update at a time
 
     # the data path
@@ -134,6 +136,10 @@ class RlState:
             del self.versions[next(iter(self.versions))]
         return True
 
+    def forget_version(self, replica: str) -> None:
+        """A replica left: what it said no longer holds (it may come back as another vLLM)."""
+        self.versions.pop(replica, None)
+
     def new_weights(self, version: str | None, updates: int | None = None) -> None:
         """A weight update succeeded (here, or on a peer: its count ``updates``): the pins follow the setting."""
         if updates is None:  # made here: a new epoch, so the peers adopt the versions
@@ -175,7 +181,8 @@ class RlState:
         """The ``rl`` section of /status."""
         return {"paused": self.paused, "mode": self.mode, "epoch": list(self.epoch),
                 "weightVersion": self.weight_version, "queued": self.queued, "queue": dict(self.queue),
-                "pinsCleared": self.pins_cleared, "updates": self.updates, "last": self.last, "versions": dict(self.versions)}
+                "pinsCleared": self.pins_cleared, "updates": self.updates, "last": self.last, "versions": dict(self.versions),
+                "routes": dict(self.routes.kinds)}
 
 
 class RlCollector(Collector):

@@ -1,12 +1,14 @@
 """The RL step's fleet operations, on the admin listener behind its token (docs/rl.md has the shapes).
 
 - ``POST /v1/rl/pause`` ``{"mode": "wait"|"abort", "timeout": s}`` (or ``?mode=``): stop dispatching; answers
-  once the requests in flight finished (``abort``: after the replicas' own ``/abort_requests``).
-- ``POST /v1/rl/resume``: dispatch again, the queued requests first.
-- ``POST /v1/rl/update_weights`` ``{"model_path", "weight_version", "reset_prefix_cache", "abort_all_requests",
-  "engine"}``: in a paused section (unless already paused), each replica reloads its weights from disk, takes
-  the version and resets its prefix cache (``engine: "sglang"``: SGLang's ``update_weights_from_disk`` does all
-  three); 200 when all succeeded, 502 naming each failure (dispatch stays paused then).
+  once the requests in flight finished (``abort``: after the replicas' own ``/abort_requests``), the replicas
+  that serve vLLM's own ``/pause`` paused with the same mode (``fleet/rlengines.py``).
+- ``POST /v1/rl/resume``: the engines' own ``/resume``, then dispatch again, the queued requests first.
+- ``POST /v1/rl/update_weights`` ``{"model_path" or "update_info", "weight_version", "reset_prefix_cache",
+  "abort_all_requests", "engine"}``: in a paused section (unless already paused), each replica takes new
+  weights (from disk, or vLLM's weight transfer), the version, and resets its prefix cache (``engine:
+  "sglang"``: SGLang's ``update_weights_from_disk`` does all three); 200 when all succeeded, 502 naming each
+  failure (dispatch stays paused then).
 - ``POST /v1/rl/engine/{path}``: any engine route, the same JSON body to every replica (SGLang's gateway).
 - ``GET /v1/rl/workers``: each replica with its ``weight_version``.
 - ``POST /fleet/v1/rl``: a peer router's new state (``fleet/rlstate.py``); answers once drained when paused.
@@ -23,7 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from .. import jsonbody
-from ..fleet import rlfanout, rlstate
+from ..fleet import rlengines, rlfanout, rlstate
 from ..fleet.client import PeerClient
 from .admin import GET, AdminAnswer, AdminRequest, Deferred, Route, error
 from .context import RouterContext
@@ -32,8 +34,8 @@ from .workers import worker_id
 MODES = ("wait", "abort")
 PAUSE_FIELDS = {"mode", "timeout"}
 ENGINE_PATH = re.compile(r"[A-Za-z0-9_]+")
-UPDATE_FIELDS = {"model_path", "weights_path", "weight_version", "reset_prefix_cache", "abort_all_requests",
-                 "timeout", "load_format", "flush_cache", "engine"}
+UPDATE_FIELDS = {"model_path", "weights_path", "update_info", "weight_version", "reset_prefix_cache",
+                 "abort_all_requests", "timeout", "load_format", "flush_cache", "engine"}
 ENGINES = ("vllm", "sglang")  # whose weight-update routes the fan-out calls (fleet/rlfanout.py)
 
 
@@ -105,14 +107,18 @@ def pause(context: RouterContext, request: AdminRequest) -> AdminAnswer:
 
 
 async def _pause(context: RouterContext, mode: str, timeout: float) -> tuple[AdminAnswer, bool]:
-    """Pause this router and its peers; abort on the replicas; wait for the drain. (answer, whether all held)."""
+    """Pause this router and its peers; abort on the replicas; wait for the drain; then pause the engines that
+    serve vLLM's own ``/pause`` with the same mode (for whatever else they run). (answer, whether dispatch is
+    paused and drained everywhere: an engine that did not pause is named in the answer, and a weight update
+    goes on, reporting that replica if it fails too.)"""
     rl = context.rl
     epoch = rl.pause(mode)
     document: dict[str, Any] = {"status": "paused", "mode": mode, "epoch": list(epoch)}
     failures = []
+    aborted: dict[str, dict[str, Any]] = {}
     if mode == "abort":
         fanned, _ = await rlfanout.abort_until_drained(context.replicas, _engines(context), timeout)
-        document["workers"] = fanned.workers
+        aborted = {w["url"]: w for w in fanned.workers}
         failures += [f"{w['url']}: {w['error']}" for w in fanned.failed]
     document["peers"] = await rlfanout.tell_peers(context.fleet, rl, timeout)
     failures += [f"router {peer}: {why}" for peer, why in document["peers"].items() if why != "ok"]
@@ -122,11 +128,42 @@ async def _pause(context: RouterContext, mode: str, timeout: float) -> tuple[Adm
         rl.record("pause", "timeout", mode=mode)
         return error(504, f"dispatch is paused, but {document['inflight']} requests are still in flight after "
                           f"{timeout:g} s"), False
+    held = not failures
+    engines = await rlfanout.fan_out(context.replicas, _engines(context, timeout),
+                                     rlengines.engine_pause(rl.routes, mode), grpc_ok=True)
+    failures += [f"{w['url']}: {w['error']}" for w in engines.failed]
+    document["workers"] = [_merged(worker, aborted.get(worker["url"])) for worker in engines.workers]
     if failures:
         rl.record("pause", "partial", mode=mode, failures=failures)
         return _json({**document, "error": {"message": "dispatch is paused, but not everywhere: " +
-                                            "; ".join(failures), "code": 502}}, 502), False
+                                            "; ".join(failures), "code": 502}}, 502), held
     return _json(document), True
+
+
+def _merged(paused: dict[str, Any], aborted: dict[str, Any] | None) -> dict[str, Any]:
+    """A replica's engine pause with its abort rounds' count; a failed abort round says why."""
+    if aborted is None:
+        return paused
+    if aborted["status"] != "ok":
+        return {**paused, "status": aborted["status"], "error": aborted["error"]}
+    return {**paused, "aborted": aborted.get("aborted")}
+
+
+async def _resume(context: RouterContext, timeout: float) -> dict[str, Any]:
+    """The engines that serve vLLM's own ``/resume`` first, then this router and its peers: the answer's body."""
+    rl = context.rl
+    engines = await rlfanout.fan_out(context.replicas, _engines(context, timeout),
+                                     rlengines.engine_resume(rl.routes), grpc_ok=True)
+    waiting = rl.queued
+    epoch = rl.resume()
+    peers = await rlfanout.tell_peers(context.fleet, rl, timeout)
+    document = {"status": "resumed", "epoch": list(epoch), "released": waiting, "peers": peers,
+                "workers": engines.workers}
+    if engines.failed:
+        document["error"] = {"message": "dispatch resumed, but these engines may still be paused (retry "
+                                        "POST /v1/rl/resume): " + "; ".join(f"{w['url']}: {w['error']}"
+                                                                            for w in engines.failed), "code": 502}
+    return document
 
 
 def resume(context: RouterContext, request: AdminRequest) -> AdminAnswer:
@@ -137,11 +174,8 @@ def resume(context: RouterContext, request: AdminRequest) -> AdminAnswer:
         return unknown
 
     async def work() -> AdminAnswer:
-        rl = context.rl
-        waiting = rl.queued
-        epoch = rl.resume()
-        peers = await rlfanout.tell_peers(context.fleet, rl, context.settings.rl.engine_timeout_seconds)
-        return _json({"status": "resumed", "epoch": list(epoch), "released": waiting, "peers": peers})
+        document = await _resume(context, context.settings.rl.engine_timeout_seconds)
+        return _json(document, 502 if "error" in document else 200)
     return _later(work)
 
 
@@ -159,15 +193,10 @@ def update_weights(context: RouterContext, request: AdminRequest) -> AdminAnswer
     if version is not None and rlstate.VERSION.fullmatch(version) is None:
         return error(400, "weight_version must be 1-256 visible ASCII characters (spaces inside): answers carry it in "
                           "their X-Weight-Version header", "weight_version")
-    if path is None and version is None:
-        return error(400, "update_weights needs model_path (a checkpoint directory every replica can read) "
-                          "and/or weight_version", "model_path")
+    info = document.get("update_info")
+    if (refused := _weights_source(path, info, version, document.get("engine", "vllm"))) is not None:
+        return refused
     kind = document.get("engine", "vllm")
-    if kind not in ENGINES:
-        return error(400, f"engine must be one of {', '.join(ENGINES)}, not {kind!r}", "engine")
-    if kind == "sglang" and path is None:
-        return error(400, "engine sglang needs model_path: SGLang updates weights and version in one call",
-                     "model_path")
     flags = {name: document.get(name, default) for name, default in
              (("reset_prefix_cache", document.get("flush_cache", True)), ("abort_all_requests", False))}
     for name, value in flags.items():
@@ -182,10 +211,31 @@ def update_weights(context: RouterContext, request: AdminRequest) -> AdminAnswer
     async def work() -> AdminAnswer:
         async with context.rl.lock:
             step = (rlfanout.update_weights_sglang(path, version, flags["reset_prefix_cache"]) if kind == "sglang"
-                    and path is not None else rlfanout.update_weights(path, version, flags["reset_prefix_cache"]))
+                    and path is not None else
+                    rlfanout.update_weights(context.rl.routes, path, info, version, flags["reset_prefix_cache"]))
             return await _update(context, step, version, "abort" if flags["abort_all_requests"] else "wait",
                                  timeout)
     return _later(work)
+
+
+def _weights_source(path: str | None, info: Any, version: str | None, kind: object) -> AdminAnswer | None:
+    """A 400 when the body names no new weights and no version, both kinds of weights, or a bad engine."""
+    if info is not None and not (isinstance(info, dict) or (isinstance(info, list) and info
+                                                            and all(isinstance(i, dict) for i in info))):
+        return error(400, "update_info must be a JSON object (or a list of them, one per engine rank): what "
+                          "vLLM's POST /update_weights takes", "update_info")
+    if info is not None and path is not None:
+        return error(400, "give model_path (a checkpoint on disk) or update_info (vLLM's weight transfer), "
+                          "not both", "update_info")
+    if path is None and info is None and version is None:
+        return error(400, "update_weights needs model_path (a checkpoint directory every replica can read), "
+                          "update_info (vLLM's weight transfer) and/or weight_version", "model_path")
+    if kind not in ENGINES:
+        return error(400, f"engine must be one of {', '.join(ENGINES)}, not {kind!r}", "engine")
+    if kind == "sglang" and path is None:
+        return error(400, "engine sglang needs model_path: SGLang updates weights and version in one call",
+                     "model_path")
+    return None
 
 
 async def _update(context: RouterContext, step: rlfanout.Step, version: str | None, mode: str,
@@ -210,10 +260,14 @@ async def _update(context: RouterContext, step: rlfanout.Step, version: str | No
                        "dispatch stays paused: retry update_weights, or POST /v1/rl/resume", "code": 502}), 502)
     rl.new_weights(version)
     rl.record("update", "ok", weight_version=version, pins_cleared=rl.pins_cleared)
-    if paused_here:
-        rl.resume()
-    peers = await rlfanout.tell_peers(context.fleet, rl, timeout)
-    return _json(fanned.document(weight_version=version, paused=rl.paused, peers=peers))
+    if not paused_here:
+        peers = await rlfanout.tell_peers(context.fleet, rl, timeout)
+        return _json(fanned.document(weight_version=version, paused=rl.paused, peers=peers))
+    resumed = await _resume(context, timeout)
+    document = fanned.document(weight_version=version, paused=rl.paused, peers=resumed["peers"])
+    if "error" in resumed:
+        return _json({**document, "error": resumed["error"]}, 502)
+    return _json(document)
 
 
 def engine(context: RouterContext, request: AdminRequest) -> AdminAnswer:
@@ -235,7 +289,8 @@ def workers(context: RouterContext, request: AdminRequest) -> AdminAnswer:
     rl, replicas = context.rl, context.replicas
     routable = set(replicas.loads()) | set(replicas.loads(grpc=True))
     entries = [{"worker_id": worker_id(r.id), "url": r.id, "weight_version": rl.versions.get(r.id),
-                "is_healthy": r.id in routable, "load": r.inflight} for r in replicas.replicas()]
+                "routes": rl.routes.kinds.get(r.id), "is_healthy": r.id in routable, "load": r.inflight}
+               for r in replicas.replicas()]
     return _json({"workers": entries, "total": len(entries), "paused": rl.paused, "mode": rl.mode,
                   "weight_version": rl.weight_version, "epoch": replicas.epoch})
 
