@@ -38,6 +38,24 @@ $(VENV)/.installed-verl: Makefile | $(VENV)/.installed-test
 	$(BIN)/pip install --quiet --no-deps verl==$(VERL_VERSION)
 	touch $@
 
+# verl's own environment with the router in it (docs/integrations.md, "Installing into verl's environment"):
+# pip resolves verl[vllm]==0.9.1 (its torch, vLLM and transformers pins) together with the router, from the
+# index's metadata, installing nothing (VERL_REPORT); then a small virtualenv holds the router at the versions
+# that resolution chose, and verl without its GPU stack. tests/test_verl_install.py reads the one, imports the
+# plugin in the other. Redone when pyproject.toml or this Makefile changes.
+VERL_ENV    := $(VENV)-verl
+VERL_REPORT := $(VERL_ENV)-resolve.json
+$(VERL_ENV)/.ready: pyproject.toml Makefile tests/tools/verl_env.py | $(VENV)/.installed-test
+	@echo "resolving verl[vllm]==$(VERL_VERSION) with the router (metadata only, about a minute)"
+	$(BIN)/python tests/tools/verl_env.py resolve $(BIN)/pip . $(VERL_REPORT)
+	rm -rf $(VERL_ENV) && $(PYTHON) -m venv $(VERL_ENV)
+	@if [ -s $(VERL_REPORT) ]; then \
+	  $(BIN)/python tests/tools/verl_env.py constraints $(VERL_REPORT) > $(VERL_ENV)/constraints.txt && \
+	  $(VERL_ENV)/bin/pip install --quiet --upgrade pip && \
+	  $(VERL_ENV)/bin/pip install --quiet -c $(VERL_ENV)/constraints.txt . && \
+	  $(VERL_ENV)/bin/pip install --quiet --no-deps verl==$(VERL_VERSION); fi
+	touch $@
+
 # The routers whose worker API ours serves too, pinned, for tests/test_workers_peers.py (run as processes
 # beside ours: their wheels ship the Rust binaries, about 120 MB).
 PEER_ROUTERS := sglang-router==0.3.2 vllm-router==0.1.17
@@ -57,7 +75,7 @@ native: $(VENV)/.lane
 
 install: $(VENV)/.installed
 install-sim: $(VENV)/.installed-sim
-install-test: $(VENV)/.installed-test $(VENV)/.installed-verl $(VENV)/.installed-peers
+install-test: $(VENV)/.installed-test $(VENV)/.installed-verl $(VENV)/.installed-peers $(VERL_ENV)/.ready
 
 # Debian packages the tests use, installed once (command:package): a real Prometheus server, HAProxy as a front
 # end hashing X-Session-ID in front of routers with entry ownership (tests/test_fleet_entry.py), and unshare + ip
@@ -184,4 +202,4 @@ image-podman:
 	  echo "make image-podman: $(IMAGE) and $(OPERATOR_IMAGE) ready in $$(( $$(date +%s) - start )) s"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-model *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_ENV) $(VERL_REPORT) $(VERL_REPORT:.json=.status.json) .cache/tiny-model *.egg-info .pytest_cache .hypothesis
