@@ -96,6 +96,37 @@ def rl_fleet() -> Iterator[tuple[Service, list[VllmServer]]]:
             server.stop()
 
 
+def test_vllms_own_rl_routes_are_used_and_answers_carry_each_replicas_version(rl_fleet):
+    """vLLM 0.32 serves its RL routes: the router finds them (each replica asked once, GET /weight_info), so
+    every answer carries the serving replica's version from the first one; pause and resume reach the engines'
+    own /pause (the caller's mode; the cache kept) and /resume; update_info goes to vLLM's weight-transfer
+    routes, which answer as a vLLM started without --weight-transfer-config does (named in the 502)."""
+    router, servers = rl_fleet
+    admin = router.admin_url
+    workers = wait_until(lambda: [w for w in get_json(f"{admin}/v1/rl/workers")["workers"] if w["routes"]], 30,
+                         "the replicas asked")
+    engines = {s.url: get_json(f"{s.url}/weight_info")["weight_version"] for s in servers}
+    assert {(w["url"], w["routes"], w["weight_version"]) for w in workers} == \
+        {(url, "native", version) for url, version in engines.items()}
+    prompt = prompt_words("native", 150)
+    for _ in range(2):
+        _, headers = complete(router, prompt, 4, session="native")
+        assert headers["X-Weight-Version"] == engines[headers["X-RolloutRouter-Replica"]]
+
+    status, body = post(f"{admin}/v1/rl/pause", {"mode": "wait"})
+    assert status == 200 and {(w["routes"], w["engine_paused"]) for w in body["workers"]} == {("native", True)}
+    assert all(get_json(f"{s.url}/is_paused") == {"is_paused": True} for s in servers)
+    status, body = post(f"{admin}/v1/rl/update_weights", {"update_info": {"names": []}, "weight_version": "x"})
+    assert status == 502 and sorted(body["failed"]) == sorted(s.url for s in servers), body
+    assert "start_weight_update" in body["error"]["message"], body
+    status, body = post(f"{admin}/v1/rl/resume")
+    assert status == 200 and {w["status"] for w in body["workers"]} == {"ok"}, body
+    assert all(get_json(f"{s.url}/is_paused") == {"is_paused": False} for s in servers)
+    answer, headers = complete(router, prompt, 4, session="native")
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the pause kept vLLM's prefix cache
+    assert headers["X-Weight-Version"] == engines[headers["X-RolloutRouter-Replica"]]
+
+
 def test_pause_in_flight_update_weights_resume(rl_fleet, next_checkpoint):
     router, servers = rl_fleet
     admin = router.admin_url
