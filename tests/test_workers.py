@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -149,10 +150,19 @@ async def test_removal_answers_at_once_and_drains_requests_in_flight(replicas, h
         status, body = await call(http, "DELETE", f"{admin}/workers/{quote(held.url, safe='')}")
         assert status == 202 and "1 requests in flight drain" in body["message"]
         assert runtime.replicas.total_inflight() == 1  # still counted while it drains
+        assert await inflight_gauge(http, admin) == {held.url: 1.0, other.url: 0.0}  # the removed one's too
         assert await served_by(http, base, "pinned") == other.url  # the pin moves: no new request goes there
         held.hold.set()
         assert await in_flight == held.url  # the request in flight finished where it was
         await wait_for(lambda: runtime.replicas.total_inflight() == 0)
+        assert await inflight_gauge(http, admin) == {other.url: 0.0}  # drained: its series is gone
+
+
+async def inflight_gauge(http, admin: str) -> dict[str, float]:
+    """``rolloutrouter_backend_inflight_requests`` by backend, as /metrics says it."""
+    _, text = await call(http, "GET", f"{admin}/metrics")
+    found = re.findall(r'^rolloutrouter_backend_inflight_requests\{backend="([^"]+)"\} (\S+)$', text, re.MULTILINE)
+    return {backend: float(value) for backend, value in found}
 
 
 async def test_a_new_worker_takes_no_traffic_before_its_first_probe_passes(replicas, http):

@@ -70,8 +70,9 @@ class _LiveCollector(Collector):
             family.add_metric([], counters[field])
             yield family
         inflight = GaugeMetricFamily("rolloutrouter_backend_inflight_requests",
-                                     "Requests in flight per replica.", labels=["backend"])
-        for backend, value in live.per_backend(lambda r: r.inflight).items():
+                                     "Requests in flight per replica, a removed one's too until its last ends.",
+                                     labels=["backend"])
+        for backend, value in live.per_backend(lambda r: r.inflight, draining=True).items():
             inflight.add_metric([backend], value)
         yield inflight
         repinned = CounterMetricFamily("rolloutrouter_repinned", "Sessions re-pinned because their replica was "
@@ -262,10 +263,12 @@ class Metrics:
             self._children = {key: value for key, value in self._children.items() if key[0] not in gone}
         return len(self._labels)
 
-    def per_backend(self, value: Callable[[Replica], int], grpc: bool = False) -> dict[str, int]:
-        """``value`` of each replica (with a gRPC target, when ``grpc``) by backend label; ``other`` sums."""
+    def per_backend(self, value: Callable[[Replica], int], grpc: bool = False,
+                    draining: bool = False) -> dict[str, int]:
+        """``value`` of each replica (with a gRPC target, when ``grpc``; and of the removed ones still draining
+        their requests, when ``draining``) by backend label; ``other`` sums."""
         result: dict[str, int] = {}
-        for replica in self.replicas.replicas():
+        for replica in [*self.replicas.replicas(), *(self.replicas.draining() if draining else ())]:
             if not grpc or replica.grpc_target is not None:
                 label = self.backend_label(replica.id)
                 result[label] = result.get(label, 0) + value(replica)

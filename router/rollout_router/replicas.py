@@ -137,6 +137,10 @@ class ReplicaSet:
         """Live replicas, or those ``source`` names."""
         return [r for r in self._live.values() if source is None or source in r.sources]
 
+    def draining(self) -> list[Replica]:
+        """Replicas removed from the set whose last requests are still in flight (they leave when those end)."""
+        return list(self._draining.values())
+
     def add(self, replica_id: str, grpc_target: str | None = None, source: str = STATIC,
             healthy: bool = True) -> Replica:
         """Add (or update) ``source``'s entry for a replica; one that is still draining keeps its count.
