@@ -24,6 +24,7 @@ ENV, enabled = TIER.env, TIER.enabled
 ROOT = Path(__file__).resolve().parents[2]
 _NAMESPACES = itertools.count(1)
 RUNTIME = pytest.StashKey["object"]()  # runtime.Runtime, decided once per run
+BEFORE_HELM = "before_helm"  # the marker of tests that run before the Helm release exists (ordered first below)
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
 
 
@@ -44,6 +45,8 @@ def missing_prerequisites() -> list[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     TIER.configure(config)
+    config.addinivalue_line("markers", f"{BEFORE_HELM}: runs first, on a cluster without the session's Helm release "
+                                       "(it installs the operator its own way and removes it again)")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -51,9 +54,13 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a tier that cannot run; put the tests marked ``before_helm`` first (a stable sort keeps the rest in
+    order): the session's Helm release (``operator_release``) would hold the names they install, and once a test
+    asks for it, it stays until the session ends."""
     if enabled():
         TIER.refuse("the k8s tier", missing_prerequisites(),
                     "Run it with `make test-k8s` (as root; it builds the components first).")
+        items.sort(key=lambda item: item.get_closest_marker(BEFORE_HELM) is None)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -11,7 +11,7 @@ from rollout_router.listening import address
 
 from .cluster import eventually
 from .test_fleet import fleet_totals, roll_routers, routers
-from .workloads import ADMIN_TOKENS, ROUTER_SELECTOR, admin_token, chat, router_status, rr_table, vllm_deployment
+from .workloads import chat, router_status, routers_serving, rr_table, vllm_fleet
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
 
@@ -24,14 +24,11 @@ def rollout_router(cpu: str, ownership: bool = False, pods: int = 1) -> dict:
 
 
 def test_a_router_pod_with_two_cores_runs_two_workers_that_act_as_one_router(cluster, operator_release, namespace):
-    cluster.apply(vllm_deployment(3), namespace)
-    cluster.wait_ready_pods(namespace, "app=vllm", 3)
+    vllm_fleet(cluster, namespace, 3)
     cluster.apply(rollout_router("2"), namespace)
-    ADMIN_TOKENS[namespace] = admin_token(cluster, namespace)
-    [pod] = cluster.wait_ready_pods(namespace, ROUTER_SELECTOR, 1, timeout=180)
+    [pod] = routers_serving(cluster, namespace, 3)
     command = pod["spec"]["containers"][0]["command"]
     assert command[command.index("--workers") + 1] == "2"
-    eventually(lambda: router_status(pod)["backends_ready"] == 3, 60, "the router sees 3 ready backends")
     assert router_status(pod)["workers"] == 2
     used = [chat(pod, f"conversation-{i}", turns=4) for i in range(8)]  # each turn a connection of its own
     assert all(len(set(replicas)) == 1 for replicas in used), used  # one router's pins, whichever worker
@@ -43,11 +40,9 @@ def test_a_router_pod_with_two_cores_runs_two_workers_that_act_as_one_router(clu
 
 
 def test_two_router_pods_of_two_workers_each_are_one_fleet_of_four(cluster, operator_release, namespace):
-    cluster.apply(vllm_deployment(3), namespace)
-    cluster.wait_ready_pods(namespace, "app=vllm", 3)
+    vllm_fleet(cluster, namespace, 3)
     cluster.apply(rollout_router("2", ownership=True, pods=2), namespace)
-    ADMIN_TOKENS[namespace] = admin_token(cluster, namespace)
-    pods = cluster.wait_ready_pods(namespace, ROUTER_SELECTOR, 2, timeout=180)
+    pods = routers_serving(cluster, namespace, 3, routers=2)
     container = pods[0]["spec"]["containers"][0]
     assert container["command"][container["command"].index("--workers") + 1] == "2"
     assert "--peer-selector" in container["command"]

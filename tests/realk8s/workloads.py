@@ -35,18 +35,29 @@ def vllm_deployment(replicas: int) -> dict:
 def deploy_rollouts(cluster: Cluster, namespace: str, vllm_replicas: int = 3, routers: int = 1) -> dict:
     """vLLM fleet + ``kubectl apply -f docs/examples/rolloutrouter.yaml`` (with ``router.replicas`` when
     ``routers`` > 1); returns the first ready router pod once every router sees every replica."""
-    cluster.apply(vllm_deployment(vllm_replicas), namespace)
-    cluster.wait_ready_pods(namespace, "app=vllm", vllm_replicas)
+    vllm_fleet(cluster, namespace, vllm_replicas)
     cluster.kubectl("apply", "-n", namespace, "-f", "docs/examples/rolloutrouter.yaml")
     if routers != 1:
         cluster.kubectl("patch", "rr", "rollouts", "-n", namespace, "--type=merge",
                         "-p", json.dumps({"spec": {"router": {"replicas": routers}}}))
+    return routers_serving(cluster, namespace, vllm_replicas, routers)[0]
+
+
+def vllm_fleet(cluster: Cluster, namespace: str, replicas: int) -> None:
+    """The vLLM Deployment the example RolloutRouter selects, its pods Ready."""
+    cluster.apply(vllm_deployment(replicas), namespace)
+    cluster.wait_ready_pods(namespace, "app=vllm", replicas)
+
+
+def routers_serving(cluster: Cluster, namespace: str, vllm_replicas: int, routers: int = 1) -> list[dict]:
+    """The example RolloutRouter's router pods, once ready and each seeing every vLLM replica (the admin token,
+    which /status wants, read from the operator's Secret first)."""
     ADMIN_TOKENS[namespace] = admin_token(cluster, namespace)
     pods = cluster.wait_ready_pods(namespace, ROUTER_SELECTOR, routers, timeout=180)
     for pod in pods:
         eventually(lambda pod=pod: router_status(pod)["backends_ready"] == vllm_replicas, 60,
                    f"router {pod['metadata']['name']} sees {vllm_replicas} ready backends")
-    return pods[0]
+    return pods
 
 
 def admin_token(cluster: Cluster, namespace: str) -> str:
