@@ -338,6 +338,36 @@ def test_ctrl_c_ends_quietly_and_leaves_no_replica_running():
     assert left == [], left
 
 
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["ctrl-c to the terminal's group", "sigterm to the demo"])
+def test_interrupted_mid_rollout_the_demo_ends_quietly_and_stops_every_child(signum, to_group):
+    """Once the rounds run (the progress bar says "round 1"): a terminal's Ctrl-C (SIGINT to the whole group) or a
+    SIGTERM to the demo ends it with exit 130 and no traceback, and no replica or router is left running. (Routers
+    that got the Ctrl-C themselves would drain under the demo's feet: its requests would fail with tracebacks.)"""
+    proc = subprocess.Popen([*SIGINT_DEFAULT, SCRIPT, "demo", "--replicas", "2", "--prompts", "2", "--samples", "2",
+                             "--seed-steps", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        seen = ""
+        while "round 1" not in seen:  # tqdm's bar on stderr: the first round is running
+            chunk = proc.stderr.read(1)
+            assert chunk, f"the demo ended before its rounds: {seen}"
+            seen += chunk
+        os.killpg(proc.pid, signum) if to_group else proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+        left = _session_members(proc.pid)
+    finally:
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for line in _session_members(proc.pid):  # children have their own groups: each by its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "Error" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert left == [], left
+
+
 def test_version_prints_the_package_version():
     import importlib.metadata
     done = run("--version")

@@ -120,7 +120,9 @@ def spawn(args: Sequence[str], host: str, log: IO[str] | None = None,
     A router's admin listener binds a free port too (on loopback, ``Service.admin_url``), unless ARGS place it.
     Output goes to ``log`` when given, else stderr is kept for the error of a server that dies. ``preexec`` runs
     in the child before it starts (e.g. to lower its resource limits). With ``into`` the process is appended to
-    that list before a Ctrl-C can interrupt: a caller that stops the list on exit never orphans a child.
+    that list before a Ctrl-C can interrupt: a caller that stops the list on exit never orphans a child. The child
+    has its own process group, so a terminal's Ctrl-C reaches the caller alone, which stops its children in order
+    (a router that got it too would start draining under the caller's feet).
     """
     port_file = Path(tempfile.mkdtemp(prefix="rollout-router-")) / "ports.json"
     admin = ["--admin-port", "0"] if args[0] == "serve" and "--admin-port" not in args else []
@@ -128,7 +130,8 @@ def spawn(args: Sequence[str], host: str, log: IO[str] | None = None,
         process = subprocess.Popen(command(*args, *admin, "--host", host, "--port", "0", "--port-file", str(port_file)),
                                    stdout=log or subprocess.DEVNULL,
                                    stderr=subprocess.STDOUT if log else subprocess.PIPE,
-                                   stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec)
+                                   stdin=subprocess.DEVNULL, text=True, preexec_fn=preexec,
+                                   process_group=0)
         if into is not None:
             into.append(process)
     return Starting(process, host, port_file)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import statistics
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -60,8 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def fleet(replicas: int, arms: Sequence[Sequence[str]], fake_args: Sequence[str]) -> Iterator[
         tuple[list[Service], list[Service]]]:
-    """``replicas`` simulated vLLM servers and one router per arm in front of all of them; all stop on exit."""
+    """``replicas`` simulated vLLM servers and one router per arm in front of all of them; all stop on exit.
+
+    The children run in their own process groups (a terminal's Ctrl-C reaches the demo alone, which stops them in
+    order); so a SIGTERM or a closed terminal (SIGHUP) ends the demo as Ctrl-C does, through this exit."""
     processes: list[subprocess.Popen] = []  # each recorded as it starts: a Ctrl-C never orphans one
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         starting = [spawn_replica(i, fake_args, into=processes) for i in range(replicas)]
         backends = [s.bound() for s in starting]
@@ -71,6 +76,12 @@ def fleet(replicas: int, arms: Sequence[Sequence[str]], fake_args: Sequence[str]
     finally:
         for process in reversed(processes):
             stop(process)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def arms(margins: Sequence[float]) -> dict[str, list[str]]:
