@@ -36,6 +36,7 @@ SSE_HEAD = (b"HTTP/1.1 200 OK\r\ndate: %s\r\nserver: uvicorn\r\ncontent-type: te
 EVENT = (b'data: {"id":"x","object":"chat.completion.chunk","model":"tiny","choices":[{"index":0,'
          b'"delta":{"content":"t "},"finish_reason":null}]}\n\n')
 HEALTH = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+WEIGHT_INFO = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 29\r\n\r\n{"weight_version": "default"}'  # vLLM's
 USER = re.compile(rb'"user"\s*:\s*"([^"]*)"')
 SESSION_HEADERS = (b"x-session-id", b"x-smg-routing-key")  # ours and the peers'; SGLang's forwards only its own
 SEEN: set[bytes] = set()  # session ids answered
@@ -94,6 +95,8 @@ class Replica(asyncio.Protocol):
             SEEN.add(session)
         if self.url.startswith(b"/health"):
             self.transport.write(HEALTH)
+        elif self.url.startswith(b"/weight_info"):  # a router that asks gets vLLM 0.32's answer: answers stamped
+            self.transport.write(WEIGHT_INFO)
         elif self.url.startswith(b"/seen"):
             self.transport.write(text(b"\n".join(sorted(SEEN))))
         elif b'"stream":true' in body.replace(b" ", b""):
