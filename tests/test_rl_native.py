@@ -10,6 +10,7 @@ import asyncio
 
 from aiohttp import web
 
+from rollout_router.fleet import rlengines
 from rollout_router.settings import parse_settings
 from tests.support import running_router, wait_for
 from tests.test_fakevllm import words
@@ -152,3 +153,29 @@ async def test_a_replica_that_leaves_is_forgotten_and_asked_again_when_it_return
         await wait_for(lambda: gone not in runtime.rl.routes.kinds and gone not in runtime.rl.versions, 5)
         runtime.replicas.add(gone)
         await wait_for(lambda: runtime.rl.versions.get(gone) == "default", 5)
+
+
+async def test_with_active_probes_off_a_replica_is_asked_only_by_the_first_fan_out(http, monkeypatch):
+    """probeIntervalSeconds: null sends a replica nothing in the background; the first RL call asks it."""
+    monkeypatch.setattr(rlengines, "WATCH_INTERVAL_SECONDS", 0.01)
+    seen: list[str] = []
+
+    @web.middleware
+    async def record(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        seen.append(request.path)
+        return await handler(request)
+
+    async def info(request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": "v7"})
+
+    async def pause(request: web.Request) -> web.Response:
+        return web.json_response({"status": "paused"})
+    quiet = web.Application(middlewares=[record])
+    quiet.router.add_get("/weight_info", info)
+    quiet.router.add_post("/pause", pause)
+    async with scripted(quiet, "127.0.0.56") as target, running_router(parse_settings(
+            {"backends": [target], "health": {"probeIntervalSeconds": None}})) as (_, runtime):
+        await asyncio.sleep(0.3)  # an absence is watched for a while: about 30 passes of the background asking
+        assert seen == [] and runtime.rl.versions == {}
+        assert (await call(http, "POST", f"{runtime.admin_url}/v1/rl/pause"))[0] == 200
+        assert seen == ["/weight_info", "/pause"] and runtime.rl.versions == {target: "v7"}

@@ -208,8 +208,9 @@ class Runtime:
                                          *self.admin_address)
         self._background = asyncio.get_running_loop().create_task(self.run_background(), name="background")
         self._probing = asyncio.get_running_loop().create_task(self.prober.run(), name="health-probes")
-        self._asking = asyncio.get_running_loop().create_task(self.rl.routes.watch(self.replicas, self.rl.engines),
-                                                              name="rl-routes")
+        self._asking = asyncio.get_running_loop().create_task(self.rl.routes.watch(
+            self.replicas, self.rl.engines, lambda: self.settings.health.probe_interval_seconds is not None),
+            name="rl-routes")
         if self.grpc_proxy is not None and self.grpc_address is not None:
             grpc_host, _, grpc_port = self.grpc_address.rpartition(":")
             self.grpc_port = await bind(self.grpc_proxy.start(grpc_host.strip("[]"), int(grpc_port)), "--host",

@@ -61,11 +61,14 @@ class EngineRoutes:
         self._set_version(url, version)
         return version
 
-    async def watch(self, replicas: ReplicaSet, client: PeerClient) -> None:
-        """Forever: ask the replicas that joined, forget those that left (a failed pass is logged, not fatal)."""
+    async def watch(self, replicas: ReplicaSet, client: PeerClient, probing: Callable[[], bool]) -> None:
+        """Forever: ask the replicas that joined, forget those that left (a failed pass is logged, not fatal).
+        While ``probing`` says active health probes are off (``probeIntervalSeconds: null``), nothing is sent
+        to a replica in the background: each is asked by the first fan-out that reaches it instead."""
         while True:
             try:
-                await self.detect(replicas, client)
+                if probing():
+                    await self.detect(replicas, client)
             except Exception:
                 log.exception("asking the replicas which RL routes they serve failed; again in %gs",
                               WATCH_INTERVAL_SECONDS)
