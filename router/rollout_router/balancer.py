@@ -11,6 +11,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+from . import decisionlog
+from .decisionlog import DecisionLog
 from .policy import Decision, LiveConfig, Outcome, Policy, create
 from .policy.hashing import lowest
 from .replicas import Lease, Replica, ReplicaSet
@@ -25,6 +27,8 @@ class Balancer:
         self.repinned: collections.Counter[str] = collections.Counter()  # re-pins by why the replica was out
         # Told of each break: the load gap the margin saw (pinned minus lowest) and the pin's age (metrics).
         self.on_break: Callable[[float, float | None], None] = lambda gap, age: None
+        # At debug level, a sample of the decisions in the log (decisionlog.py); None otherwise.
+        self.decisions = DecisionLog(clock) if decisionlog.wanted() else None
 
     def acquire(self, key: str | None, prefix: Sequence[int] | str | None = None,
                 grpc: bool = False, group: str | None = None) -> tuple[Decision, Lease]:
@@ -42,6 +46,8 @@ class Balancer:
         """``acquire`` for a caller that puts the replica back itself, once (``ReplicaSet.take``)."""
         loads = self.replicas.loads(grpc)
         decision = self.policy.decide(key, loads, self._clock(), prefix, group)
+        if self.decisions is not None:
+            self.decisions.record(key, decision, loads)
         previous = decision.previous  # None unless the session moved (a sticky hit: most requests)
         if previous is not None:
             if decision.outcome is Outcome.REPINNED:

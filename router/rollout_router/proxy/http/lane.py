@@ -86,7 +86,8 @@ class LaneGlue:
         # CLOCK_MONOTONIC is ``time.monotonic`` on Linux only (elsewhere no clock matches, and it declines all)
         clock = time.monotonic if sys.platform.startswith("linux") else None
         self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, SCANNED, *PIN_LAYOUT))
-        self.native.sticky = self.sticky
+        # at debug level every decision goes through the balancer, which logs a sample of them (decisionlog.py)
+        self.native.sticky = self.sticky if context.balancer.decisions is None else None
         self._sync()
         self.tick(proxy.now, proxy.now)
 
