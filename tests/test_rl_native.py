@@ -179,3 +179,54 @@ async def test_with_active_probes_off_a_replica_is_asked_only_by_the_first_fan_o
         assert seen == [] and runtime.rl.versions == {}
         assert (await call(http, "POST", f"{runtime.admin_url}/v1/rl/pause"))[0] == 200
         assert seen == ["/weight_info", "/pause"] and runtime.rl.versions == {target: "v7"}
+
+
+async def test_pause_keep_freezes_the_requests_in_flight_and_resume_finishes_them(http):
+    """vLLM's keep mode: the pause answers at once with the request in flight still counted (frozen in the engine,
+    not drained, not aborted); while paused it makes no progress; after resume it ends normally."""
+    async with fleet_of(1, step_base_ms=20.0) as (base, runtime, replicas):
+        admin, (url, _) = runtime.admin_url, replicas[0]
+        await _asked(http, admin, 1)
+        async with http.post(f"{base}/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 40,
+                "stream": True}) as answer:
+            first = await answer.content.readline()  # the stream runs: one chunk is out
+            assert first.startswith(b"data: ")
+            status, body = await call(http, "POST", f"{admin}/v1/rl/pause?mode=keep")
+            assert status == 200 and (body["mode"], body["inflight"]) == ("keep", 1), body
+            assert [(w["routes"], w["engine_paused"]) for w in body["workers"]] == [("native", True)]
+            assert await call(http, "GET", f"{url}/is_paused") == (200, {"is_paused": True})
+            assert runtime.replicas.total_inflight() == 1
+            # frozen: over 15 of its 20 ms steps, only what was sent or under way when the pause came arrives
+            during = await _chunks_within(answer, 0.3)
+            assert len(during) <= 2, during
+            status, _ = await call(http, "POST", f"{admin}/v1/rl/resume")
+            assert status == 200
+            rest = (first + b"".join(during) + await answer.content.read()).decode()
+        assert '"finish_reason":"length"' in rest.replace(" ", "") and "data: [DONE]" in rest, rest[-300:]
+        await wait_for(lambda: runtime.replicas.total_inflight() == 0)
+
+
+async def test_pause_keep_names_each_replica_that_cannot_freeze_its_requests(http):
+    """A vLLM from before its RL routes has no /pause: keep fails there, named, and dispatch stays paused."""
+    async with fleet_of(1, rl_routes="legacy") as (base, runtime, replicas):
+        await _asked(http, runtime.admin_url, 1)
+        status, body = await call(http, "POST", f"{runtime.admin_url}/v1/rl/pause", {"mode": "keep"})
+        assert status == 502 and runtime.rl.paused, body
+        assert f"{replicas[0][0]} serves no /pause" in body["error"]["message"]
+        status, body = await call(http, "POST", f"{runtime.admin_url}/v1/rl/pause", {"mode": "freeze"})
+        assert status == 400 and "wait" in body["error"]["message"] and "keep" in body["error"]["message"]
+
+
+async def _chunks_within(answer, seconds: float) -> list[bytes]:
+    """The lines a stream delivers within ``seconds`` (a frozen one: only those already on their way)."""
+    lines: list[bytes] = []
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            line = await asyncio.wait_for(answer.content.readline(), left)
+        except TimeoutError:
+            break
+        if line.strip():
+            lines.append(line)
+    return lines

@@ -51,6 +51,8 @@ class Engine:
         self._streams: dict[Request, Stream] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
+        self._thawed = asyncio.Event()  # cleared while a keep-mode pause freezes the requests in flight
+        self._thawed.set()
         self.weights = ""  # the path weights were last reloaded from ("": the ones it started with)
         self.weight_version = "default"  # vLLM's weight_version before any update
         metrics.bind(
@@ -95,6 +97,13 @@ class Engine:
             self.abort(stream)
         return len(streams)
 
+    def freeze(self) -> None:
+        """vLLM's ``/pause?mode=keep``: no step runs until ``thaw``; the requests in flight keep their blocks."""
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self._thawed.set()
+
     def reset_prefix_cache(self) -> bool:
         """vLLM's ``/reset_prefix_cache``: forget every cached block; False (nothing reset) while any is held."""
         if not self.pool.reset():
@@ -107,6 +116,9 @@ class Engine:
         loop = asyncio.get_running_loop()
         clock = loop.time()
         while True:
+            if not self._thawed.is_set():
+                await self._thawed.wait()
+                clock = loop.time()
             step = self.scheduler.schedule() if self.scheduler.has_work() else None
             if step is None or not step.scheduled:  # idle: wait for a submit
                 self._wake.clear()

@@ -9,7 +9,7 @@ router's fallback is tested too.
 - ``POST /pause?mode=abort|wait|keep&clear_cache=true``, ``POST /resume``, ``GET /is_paused``: while
   paused, new generation requests wait; ``abort`` ends the requests in flight with finish_reason
   "abort", ``wait`` answers once they finished; ``clear_cache`` (default true) then resets the prefix
-  cache. (``keep`` does not freeze the requests in flight: they finish.)
+  cache; ``keep`` freezes the requests in flight (no token until ``/resume``) and keeps the cache.
 - ``POST /abort_requests`` ``{}``: every unfinished request ends with finish_reason "abort".
 - The weight transfer: ``POST /init_weight_transfer_engine`` ``{"init_info"}``, ``/start_weight_update``,
   ``/update_weights`` ``{"update_info"}`` (the answers' text changes with it), ``/finish_weight_update``
@@ -106,6 +106,8 @@ async def pause(request: web.Request) -> web.Response:
     request.app[_RESUMED].clear()
     if mode == "abort":
         engine.abort_all()
+    elif mode == "keep":
+        engine.freeze()
     elif mode == "wait":
         while engine.running():
             await asyncio.sleep(DRAIN_POLL_SECONDS)
@@ -115,6 +117,7 @@ async def pause(request: web.Request) -> web.Response:
 
 
 async def resume(request: web.Request) -> web.Response:
+    _engine(request).thaw()
     request.app[_RESUMED].set()
     return web.json_response({"status": "resumed"})
 

@@ -91,9 +91,13 @@ class EngineRoutes:
 
 def engine_pause(routes: EngineRoutes, mode: str) -> Step:
     """vLLM's own ``POST /pause?mode=`` on a native replica (``clear_cache=false``: the update resets the cache
-    when asked, a pause alone keeps it); a legacy one has nothing to pause (the router's queue holds)."""
+    when asked, a pause alone keeps it); a legacy one has nothing to pause (the router's queue holds), but cannot
+    freeze its requests either: ``keep`` fails there."""
     async def step(client: PeerClient, url: str) -> dict[str, Any]:
         kind = await routes.kind(client, url)
+        if kind == LEGACY and mode == "keep":
+            raise PeerError(f"{url} serves no /pause (a vLLM before its RL routes): it cannot keep its requests "
+                            "frozen; its requests in flight go on (pause with wait or abort)")
         if kind == NATIVE:
             await client.call("POST", f"{url}/pause?mode={mode}&clear_cache=false")
         return {"routes": kind, "engine_paused": kind == NATIVE}

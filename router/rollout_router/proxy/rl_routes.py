@@ -31,7 +31,7 @@ from .admin import GET, AdminAnswer, AdminRequest, Deferred, Route, error
 from .context import RouterContext
 from .workers import worker_id
 
-MODES = ("wait", "abort")
+MODES = ("wait", "abort", "keep")
 PAUSE_FIELDS = {"mode", "timeout"}
 ENGINE_PATH = re.compile(r"[A-Za-z0-9_]+")
 UPDATE_FIELDS = {"model_path", "weights_path", "update_info", "weight_version", "reset_prefix_cache",
@@ -94,8 +94,8 @@ def pause(context: RouterContext, request: AdminRequest) -> AdminAnswer:
         return error(400, "mode is given twice (the query and the body) with different values", "mode")
     mode = document.get("mode", asked[0] if asked else "wait")
     if mode not in MODES:
-        return error(400, f"mode must be wait (in-flight requests finish) or abort (the replicas abort them), "
-                          f"not {mode!r}", "mode")
+        return error(400, f"mode must be wait (in-flight requests finish), abort (the replicas abort them) or keep "
+                          f"(the replicas freeze them until resume), not {mode!r}", "mode")
     timeout = _timeout(context, document)
     if isinstance(timeout, AdminAnswer):
         return timeout
@@ -122,7 +122,7 @@ async def _pause(context: RouterContext, mode: str, timeout: float) -> tuple[Adm
         failures += [f"{w['url']}: {w['error']}" for w in fanned.failed]
     document["peers"] = await rlfanout.tell_peers(context.fleet, rl, timeout)
     failures += [f"router {peer}: {why}" for peer, why in document["peers"].items() if why != "ok"]
-    drained = await rlfanout.drained(context.replicas, timeout)
+    drained = mode == "keep" or await rlfanout.drained(context.replicas, timeout)  # keep: frozen, not drained
     document["inflight"] = context.replicas.total_inflight()
     if not drained:
         rl.record("pause", "timeout", mode=mode)
@@ -130,7 +130,7 @@ async def _pause(context: RouterContext, mode: str, timeout: float) -> tuple[Adm
                           f"{timeout:g} s"), False
     held = not failures
     engines = await rlfanout.fan_out(context.replicas, _engines(context, timeout),
-                                     rlengines.engine_pause(rl.routes, mode), grpc_ok=True)
+                                     rlengines.engine_pause(rl.routes, mode), grpc_ok=mode != "keep")
     failures += [f"{w['url']}: {w['error']}" for w in engines.failed]
     document["workers"] = [_merged(worker, aborted.get(worker["url"])) for worker in engines.workers]
     if failures:
@@ -306,14 +306,14 @@ def peer_state(context: RouterContext, request: AdminRequest) -> AdminAnswer:
             or not isinstance(document.get("paused"), bool):  # else 200, and the state silently not adopted
         return error(400, "the state needs \"epoch\": [n, router] and \"paused\": true or false", "epoch")
     if mode is not None and mode not in MODES:
-        return error(400, f"mode must be wait or abort, not {mode!r}", "mode")
+        return error(400, f"mode must be wait, abort or keep, not {mode!r}", "mode")
 
     async def work() -> AdminAnswer:
         rl.adopt(document)
         timeout = context.settings.rl.engine_timeout_seconds
         if rl.paused and rl.mode == "abort":  # what escaped the first router's aborts through this one
             await rlfanout.abort_until_drained(context.replicas, _engines(context), timeout)
-        drained = not rl.paused or await rlfanout.drained(context.replicas, timeout)
+        drained = not rl.paused or rl.mode == "keep" or await rlfanout.drained(context.replicas, timeout)
         return _json({"epoch": list(rl.epoch), "paused": rl.paused, "drained": drained})
     return _later(work)
 
