@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     out = []
     for resource in resources(_read(args.file), source):
         resource = _placed(resource, args.namespace, source)
-        try:
+        try:  # the operator always has a key, so there is always a token Secret (its value replaced without one)
             children = render(resource, args.router_image, token_key=key or b"offline")
         except InvalidSpec as error:
             raise UsageError(f"{source}: RolloutRouter {resource['metadata']['name']}: {error}") from None
