@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study seed-study seed-report install install-sim install-test system-deps clean
+.PHONY: demo test check native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study seed-study seed-report install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -131,6 +131,18 @@ seed-study: install-sim
 	  --cache benchmarks/results/seed-cache.jsonl --json-out out/seed-study.json
 seed-report: install-sim
 	$(BIN)/python -m rollout_router.sim.seedreport --docs docs/simulator.md --readme README.md
+
+# The fast tier, under a minute: the linter, the layering contract and the tests of the pure parts (the policies,
+# the wire parsers, the Kubernetes rendering and the CRD, the settings, the tallies), no server started; for the
+# edit-test loop. `make test` runs all of it too.
+CHECK_TESTS := $(addprefix tests/,test_policy.py test_policy_cost.py test_policy_groups.py test_http_wire.py \
+  test_lane_parse.py test_render.py test_render_fleet.py test_render_monitoring.py test_render_security.py \
+  test_render_workers.py test_render_cli.py test_crd.py test_tallies.py test_stopping_units.py test_fleet_units.py \
+  test_health_units.py test_backend_urls.py test_registry.py)
+check: install-test native
+	$(BIN)/ruff check
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m pytest -q $(CHECK_TESTS)
 
 # The quick tier: the type check (mypy, both packages), the linter and the layering contract
 # (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.
