@@ -18,10 +18,10 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 from rollout_router.app import Runtime
 from rollout_router.policy.base import LiveConfig
-from rollout_router.policy.sessions import PIN_LAYOUT
 from rollout_router.proxy.http import lane
 from rollout_router.settings import MetricsSettings, RouterSettings
 from tests.support import NO_PROBES
@@ -73,21 +73,32 @@ def finish(runtime: Runtime, token, answer: str, now: float) -> None:
 
 
 def state(runtime: Runtime) -> dict:
-    """Everything a routed request and its answer change, but the pins' last use (each router's own clock)."""
-    policy, replicas, metrics = runtime.balancer.policy, runtime.replicas, runtime.metrics
-    slot_mask = PIN_LAYOUT[1]
+    """What a user can read of a router after a step: its /status (but the clocks: when it started, until when a
+    replica is ejected), the pins as the fleet hands them over (but their last use: each router's own clock), the
+    routable loads and the lowest of each protocol, and its /metrics (but the series' creation times and the sum of
+    moved pins' ages, each router's own clock: their buckets are compared). Not how many
+    requests the sticky hit took (``data_path.lane_sticky``, which differs by design)."""
+    status = runtime.metrics.status()
+    del status["started_at"], status["data_path"]["lane_sticky"]
+    for backend in status["backends"]:
+        backend["ejected_until"] = backend["ejected_until"] is not None
+    loads = [runtime.replicas.loads(grpc) for grpc in (False, True)]
+    exposition = generate_latest(runtime.metrics.registry).decode().splitlines()
     return {
-        "pins": [(key, policy.table._replicas[packed & slot_mask]) for key, packed in policy.table._pins.items()],
-        "counters": policy.counters.as_dict(),
-        "replicas": {r.id: (r.inflight, r.failures, r.server_errors) for r in replicas._live.values()},
-        "loads": [(dict(index), dict(index._moved), index._total, index._min, index._at)
-                  for index in (replicas._http, replicas._grpc)],
-        "requests": {k: c.value for k, c in metrics.requests.children.items()},
-        "durations": {k: c.counts for k, c in metrics.duration.children.items()},
-        "first bytes": {k: c.counts for k, c in metrics.margin.ttfb.children.items()},
-        "turns": (metrics.margin.prefill, {k: c.value for k, c in metrics.margin.unmeasured.children.items()}),
-        "answering": runtime.http_proxy.answering, "sampling": metrics.margin._credit,
+        "status": status,
+        "pins": [(key, replica) for key, replica, _ in runtime.balancer.pins()],
+        "loads": [(dict(index), lowest(index)) for index in loads],
+        "metrics": [line for line in exposition if "_created" not in line and not line.startswith(PIN_AGE_SUM)],
+        "answering": runtime.http_proxy.answering,
     }
+
+
+PIN_AGE_SUM = "rolloutrouter_break_pin_age_seconds_sum "
+
+
+def lowest(loads) -> int | None:
+    """The lowest load of a protocol's routable replicas, as a policy reads it; None when none is routable."""
+    return loads.min() if len(loads) else None
 
 
 def decision(routed) -> tuple | None:
@@ -108,7 +119,7 @@ STEP = st.one_of(
     st.tuples(st.just("release"), st.sampled_from(["a", "b"])),
     st.tuples(st.just("healthy"), st.integers(0, 2), st.booleans()),
     st.tuples(st.just("external"), st.integers(0, 2), st.sampled_from([0, 1, 300])),  # loads past the small ints
-    st.tuples(st.just("settle")),  # a policy reads the loads' total: what moved is filed, ``_moved`` emptied
+    st.tuples(st.just("settle")),  # a policy reads the lowest load: what moved since is filed
 )
 
 
@@ -136,9 +147,9 @@ def step(runtime: Runtime, held: list, move: tuple, now: float):
         runtime.replicas.set_healthy(URLS[args[0]], args[1])
     elif kind == "external":
         runtime.replicas.set_external(URLS[args[0]], args[1])
-    elif kind == "settle":
-        runtime.replicas._http.total()
-        runtime.replicas._grpc.total()
+    elif kind == "settle":  # a policy reads the lowest load
+        for grpc in (False, True):
+            lowest(runtime.replicas.loads(grpc))
     return None
 
 
@@ -232,17 +243,19 @@ def test_an_answer_recorded_after_its_replica_failed_its_http_probe_leaves_its_g
     for token in tokens[:2]:
         finish(runtime, token, "ok", now)
     replica = tokens[2][2][1]
-    assert replica.grpc_target is not None and runtime.replicas._grpc[replica.id] == 1
+    assert replica.grpc_target is not None and runtime.replicas.loads(grpc=True)[replica.id] == 1
     runtime.replicas.set_healthy(replica.id, False)
     finish(runtime, tokens[2], "ok", now)
-    assert replica.inflight == 0 and runtime.replicas._grpc[replica.id] == 0 and replica.id not in runtime.replicas._http
+    assert replica.inflight == 0 and runtime.replicas.loads(grpc=True)[replica.id] == 0
+    assert replica.id not in runtime.replicas.loads()
     assert runtime.http_proxy.lane.sticky.answers == (2 if sticky else 0)
 
 
 @no_lane_failures()
 def test_a_load_past_the_small_ints_moved_after_a_settle_is_kept_as_filed():
-    """The load a replica was filed at, an int the index alone held, stays alive in ``_moved`` when the answer's
-    end replaces it (the lane keeps its own reference: it once passed a borrowed one, freed by the replacement)."""
+    """The load a replica was filed at, an int the index alone held, stays alive when the answer's end replaces it
+    (the lane keeps its own reference: it once passed a borrowed one, freed by the replacement, and the loads read
+    back garbage)."""
     runtime = router(sticky=True, replicas=1)
     url = URLS[0]
     runtime.replicas.set_external(url, 300)
@@ -250,9 +263,9 @@ def test_a_load_past_the_small_ints_moved_after_a_settle_is_kept_as_filed():
     tokens = [route(runtime, "s", now)[2] for _ in range(4)]  # a pin, its first hit, two sticky hits
     for token in tokens[:2]:
         finish(runtime, token, "ok", now)
-    runtime.replicas._http.total()  # filed at 302: ``_moved`` empty
+    loads = runtime.replicas.loads()
+    assert loads.min() == 302  # filed at 302
     finish(runtime, tokens[2], "ok", now)
-    moved = runtime.replicas._http._moved
-    assert moved == {url: 302} and runtime.replicas._http[url] == 301
+    assert loads[url] == 301
     finish(runtime, tokens[3], "ok", now)
-    assert moved == {url: 302} and runtime.replicas._http[url] == 300 and runtime.replicas._http.total() == 300
+    assert loads[url] == 300 and loads.min() == 300 and loads.total() == 300
