@@ -10,8 +10,8 @@ import yaml
 
 from rollout_router.integrations.verl import AffinityLoadBalancer
 from rollout_router.policy import Outcome, Request, create
-from rollout_router.serve import _margin
 from rollout_router.settings import PolicySettings, SettingsError, parse_settings
+from rollout_router.usage import margin as _margin
 from rollout_router_operator.render import InvalidSpec, render
 from tests.test_render import by_kind, resource
 
