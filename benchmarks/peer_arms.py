@@ -32,6 +32,10 @@ from urllib.parse import urlsplit
 from rollout_router.localfleet import Service, free_port, spawn, wait_healthy
 
 SESSION_HEADERS = ("X-Session-ID", "x-smg-routing-key")
+NGINX_PROXY = """      proxy_pass http://replicas;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;"""
 
 
 def tool(name: str) -> str | None:
@@ -74,12 +78,12 @@ def sglang_router(backends: list[str], policy: str = "manual") -> Service | None
                      "--prometheus-port", str(free_port()), "--worker-urls", *backends], port)
 
 
-def haproxy(backends: list[str]) -> Service | None:
-    binary = tool("haproxy")
-    if binary is None:
-        return None
-    port, work = free_port(), Path(tempfile.mkdtemp(prefix="bench-haproxy-"))
-    servers = "\n".join(f"  server r{i} {urlsplit(url).netloc}" for i, url in enumerate(backends))
+def haproxy_config(port: int, servers: list[str], bind: str = "", front: str = "  monitor-uri /health\n",
+                   header: str = "X-Session-ID") -> Path:
+    """A one-thread HAProxy configuration hashing ``header`` consistently over ``servers`` ("ADDRESS [options]"),
+    in a temporary directory (benchmarks/grpc_cost.py's arm adds ``proto h2`` on both sides)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-haproxy-"))
+    lines = "\n".join(f"  server r{i} {server}" for i, server in enumerate(servers))
     (work / "haproxy.cfg").write_text(f"""global
   nbthread 1
   maxconn 4096
@@ -90,23 +94,30 @@ defaults
   timeout server 60s
   http-reuse always
 frontend front
-  bind 127.0.0.1:{port}
-  monitor-uri /health
-  default_backend replicas
+  bind 127.0.0.1:{port}{bind}
+{front}  default_backend replicas
 backend replicas
-  balance hdr(X-Session-ID)
+  balance hdr({header})
   hash-type consistent
-{servers}
+{lines}
 """)
-    return _started([binary, "-db", "-f", str(work / "haproxy.cfg")], port)
+    return work / "haproxy.cfg"
 
 
-def nginx(backends: list[str]) -> Service | None:
-    binary = tool("nginx")
+def haproxy(backends: list[str]) -> Service | None:
+    binary = tool("haproxy")
     if binary is None:
         return None
-    port, work = free_port(), Path(tempfile.mkdtemp(prefix="bench-nginx-"))
-    servers = "\n".join(f"    server {urlsplit(url).netloc};" for url in backends)
+    port = free_port()
+    config = haproxy_config(port, [urlsplit(url).netloc for url in backends])
+    return _started([binary, "-db", "-f", str(config)], port)
+
+
+def nginx_config(port: int, servers: list[str], listen: str = "", location: str = NGINX_PROXY) -> Path:
+    """A one-worker nginx configuration hashing the session header consistently over ``servers`` with upstream
+    keep-alive, ``location`` serving ``/``, in a temporary directory (grpc_cost.py's: ``http2``, ``grpc_pass``)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
+    lines = "\n".join(f"    server {server};" for server in servers)
     (work / "nginx.conf").write_text(f"""worker_processes 1;
 daemon off;
 pid {work}/nginx.pid;
@@ -121,22 +132,28 @@ http {{
   scgi_temp_path {work}/scgi;
   upstream replicas {{
     hash $http_x_session_id consistent;
-{servers}
+{lines}
     keepalive 64;
   }}
   server {{
-    listen 127.0.0.1:{port};
+    listen 127.0.0.1:{port}{listen};
     location = /health {{ return 200 "ok"; }}
     location / {{
-      proxy_pass http://replicas;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
+{location}
     }}
   }}
 }}
 """)
-    return _started([binary, "-p", str(work), "-c", str(work / "nginx.conf")], port)
+    return work / "nginx.conf"
+
+
+def nginx(backends: list[str]) -> Service | None:
+    binary = tool("nginx")
+    if binary is None:
+        return None
+    port = free_port()
+    config = nginx_config(port, [urlsplit(url).netloc for url in backends])
+    return _started([binary, "-p", str(config.parent), "-c", str(config)], port)
 
 
 def raw_proxy(backends: list[str]) -> Service:
