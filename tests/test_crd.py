@@ -1,7 +1,8 @@
 """The CRD: generated from the models, committed in crds/, and the docs' examples valid against it."""
 from __future__ import annotations
 
-import copy
+import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,12 @@ import jsonschema
 import pytest
 import yaml
 
+from rollout_router_operator.celrules import rules_of, violations
 from rollout_router_operator.crd import crd_manifest, crd_yaml
-from rollout_router_operator.render import InvalidSpec, parse_spec
+from rollout_router_operator.render import parse_spec
+from rollout_router_operator.status import collect
+
+from .cel_cases import CASES, Case, spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "rolloutrouter.dev_rolloutrouters.yaml"
@@ -123,25 +128,60 @@ def test_bad_resources_are_rejected_naming_the_field(change, field):
     assert field in named, named
 
 
-CEL_ONLY = [  # the schema's CEL rules, which jsonschema cannot run: the operator's own check mirrors each
-    ({"selector": {}}, "selector must have matchLabels or matchExpressions"),
-    ({"selector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}}, "In and NotIn need values"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "networkPolicy": {"prometheus": {"namespaceSelector": {
-        "matchExpressions": [{"key": "a", "operator": "NotIn"}]}}}}, "In and NotIn need values"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "router": {"tolerations": [{"operator": "Equal"}]}}, "without a key"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "router": {"env": [{"name": "A", "value": "1", "valueFrom": {}}]}},
-     "not both"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "router": {"sessionOwnership": False, "sessionOwner": "Entry"}},
-     "sessionOwner Entry needs sessionOwnership true"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "policy": "cost_affinity"}, "policy cost_affinity needs a number"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "backendPort": 70000}, "a port is a number from 1 to 65535"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "backendPort": 0}, "a port is a number from 1 to 65535"),
-    ({"selector": {"matchLabels": {"a": "b"}}, "grpcPort": "Grpc_Port"}, "a port is a number from 1 to 65535"),
-]
+def committed_rules() -> dict:
+    """spec's schema as crds/ installs it: the CEL rules the API server runs."""
+    return yaml.safe_load(CRD_FILE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
-@pytest.mark.parametrize("spec, message", CEL_ONLY)
-def test_cel_rules_are_in_the_schema_and_mirrored_by_the_operator(spec, message):
-    assert message in yaml.safe_dump(crd_manifest(), width=10_000)
-    with pytest.raises(InvalidSpec, match=message):
-        parse_spec({"metadata": {"name": "x", "namespace": "ns"}, "spec": copy.deepcopy(spec)})
+def refused_as_expected(schema: dict, case: Case) -> bool:
+    """Whether ``schema``'s CEL refuses the case's bad spec by the one rule it names, and admits its good ones."""
+    broken = violations(schema, spec(case.bad))
+    return len(broken) == 1 and broken[0].startswith(case.refusal) and \
+        not any(violations(schema, spec(good)) for good in case.good)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_the_operator_refuses_a_resource_that_breaks_a_rule(case):
+    """The operator's path: the resource's Degraded condition names the field and the rule, as kubectl would;
+    the near resources that keep the rule are valid specs."""
+    resource = {"metadata": {"name": "rollouts", "namespace": "ns", "generation": 2}, "spec": spec(case.bad)}
+    status = asyncio.run(collect(resource, {}, 2))
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    field, rule = case.refusal.split(": ", 1)  # the router's own port check names the value: "spec.grpcPort: '9-0': a"
+    assert degraded["message"].startswith(field + ": ") and rule in degraded["message"], degraded["message"]
+    for good in case.good:
+        parse_spec({**resource, "spec": spec(good)})
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_the_crds_own_cel_refuses_exactly_that(case):
+    """The CEL of crds/ alone, as the operator evaluates it (no model validator in between): one rule broken,
+    named as the API server names it, and none by the near resources."""
+    schema = committed_rules()
+    assert refused_as_expected(schema, case), [violations(schema, spec(change)) for change in [case.bad, *case.good]]
+
+
+def naming(where: str, rule: dict) -> list[Case]:
+    """The cases refused by ``rule`` (sitting at ``where``, e.g. ``spec.router.tolerations[]``)."""
+    place = where + rule.get("fieldPath", "")
+    return [case for case in CASES if re.sub(r"\[\d+\]", "[]", case.refusal.split(": ", 1)[0]) == place
+            and rule["message"].startswith(case.refusal.split(": ", 1)[1])]
+
+
+def test_every_cel_rule_in_the_crd_is_broken_by_a_case():
+    """A rule added without a case fails: each rule, at each place it sits, has a case."""
+    for where, rule in rules_of(committed_rules()):
+        assert naming(where, rule), (where, rule["message"])
+
+
+@pytest.mark.parametrize("wrong", ["true", "!({})"], ids=["refuses-nothing", "negated"])
+def test_a_wrong_rule_fails_its_cases(wrong):
+    """Each rule of the CRD in turn made wrong (refusing nothing, or the opposite): the cases written for it then
+    fail, so a wrong rule cannot pass this file."""
+    schema = committed_rules()
+    for where, rule in rules_of(schema):
+        right = rule["rule"]
+        rule["rule"] = wrong.format(right)
+        assert not any(refused_as_expected(schema, case) for case in naming(where, rule)), (where, right)
+        rule["rule"] = right

@@ -76,9 +76,12 @@ def test_a_list_from_stdin_renders_each_resource_after_the_other():
     assert children[-1]["kind"] == "PodDisruptionBudget" and {c["metadata"]["namespace"] for c in children} == {"default"}
 
 
-def test_render_runs_on_the_core_install(without_extras):
-    _, children = rendered(str(EXAMPLE))
-    assert children[0]["kind"] == "ServiceAccount"
+def test_render_on_the_core_install_names_the_operator_extra(without_extras):
+    """render checks a spec as the operator does, the CRD's CEL rules included (the [operator] extra's CEL
+    library): on the core install it says so in one line instead of printing what it could not check."""
+    done = run(str(EXAMPLE))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("rollout-router render: needs the [operator] extra ("), done.stderr
 
 
 RESOURCE = EXAMPLE.read_text()

@@ -98,7 +98,7 @@ def test_session_owner_is_rendezvous_or_entry(value):
 
 
 def test_session_owner_entry_needs_session_ownership():
-    with pytest.raises(InvalidSpec, match=r"spec\.router: sessionOwner Entry needs sessionOwnership true"):
+    with pytest.raises(InvalidSpec, match=r"spec\.router\.sessionOwner: sessionOwner Entry needs sessionOwnership true"):
         render(resource({"router": {"sessionOwnership": False, "sessionOwner": "Entry"}}))
 
 

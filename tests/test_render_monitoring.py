@@ -87,7 +87,7 @@ def test_the_charts_router_monitor_leaves_a_service_with_its_own_monitor(chart):
     ({"enabled": True, "labels": {"team": "-rl"}}, "team=-rl is not a Kubernetes label"),
     ({"enabled": True, "interval": "30 seconds"}, "spec.serviceMonitor.interval: String should match pattern"),
     ({"enabled": True, "interval": "1d"}, "spec.serviceMonitor.interval: String should match pattern"),
-    ({"enabled": True, "interval": "5s"}, "spec.serviceMonitor: scrapeTimeout must be at most the interval"),
+    ({"enabled": True, "interval": "5s"}, "spec.serviceMonitor.scrapeTimeout: scrapeTimeout must be at most the interval"),
     ({"enabled": True, "interval": "1m", "scrapeTimeout": "1m500ms"}, "scrapeTimeout must be at most the interval"),
     ({"enabled": True, "scrapeTimout": "5s"}, "spec.serviceMonitor.scrapeTimout: Extra inputs are not permitted"),
 ])

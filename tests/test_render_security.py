@@ -81,9 +81,9 @@ def test_a_peer_must_be_selectors_or_an_ip_block(peer):
     ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16", "192.168.0.0/16"]}}, r"except\[1\]"),
     ({"ipBlock": {"cidr": "10.0.0.0/8", "except": ["fd00::/64"]}}, r"except\[0\] 'fd00::/64' must be a strict"),
     ({"podSelector": {"matchExpressions": [{"key": "role", "operator": "In"}]}},
-     r"podSelector\.matchExpressions\[role\]: In and NotIn need values"),
+     r"podSelector\.matchExpressions\[0\]: In and NotIn need values"),
     ({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["rl"]}]}},
-     r"namespaceSelector\.matchExpressions\[team\]: .*Exists and DoesNotExist take none"),
+     r"namespaceSelector\.matchExpressions\[0\]: .*Exists and DoesNotExist take none"),
 ])
 def test_a_peer_the_api_server_would_refuse_is_an_invalid_spec_before_any_child(peer, problem):
     """Refused by the operator, not by the API server when the NetworkPolicy is applied: a bad peer names its

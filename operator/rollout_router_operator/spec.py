@@ -2,14 +2,15 @@
 
 The spec reuses the router's own models (``PolicySettings``, ``LabelSelector``)
 so the CRD schema, the operator's validation and the router's config file
-cannot drift apart. Cross-field rules are written twice on purpose: as CEL in
-the schema (the API server rejects the object) and as validators here (the
-operator reports them when the server does not run CEL, e.g. the emulator).
+cannot drift apart. A rule that spans fields is written once, as CEL in the
+schema: the API server refuses a resource that breaks it, and the operator
+evaluates the same rule (``celrules.py``) for API servers that run no CEL.
 """
 from __future__ import annotations
 
 import ipaddress
 import re
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
@@ -25,6 +26,9 @@ from rollout_router.settings import (
     Port,
     RlSettings,
 )
+
+from .celrules import violations
+from .schema import model_schema, with_item_rule
 
 GROUP, VERSION, KIND, PLURAL = "rolloutrouter.dev", "v1alpha1", "RolloutRouter", "rolloutrouters"
 
@@ -71,14 +75,6 @@ class Toleration(Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: StrictInt | None = None
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Toleration:
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("a toleration without a key must use operator Exists")
-        if self.operator == "Exists" and self.value is not None:
-            raise ValueError("operator Exists takes no value")
-        return self
-
 
 class EnvVar(Model):
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
@@ -88,14 +84,6 @@ class EnvVar(Model):
     name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     value: str | None = None
     value_from: dict[str, Any] | None = Field(None, description="As in a container's env[].valueFrom.")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EnvVar:
-        if self.value is not None and self.value_from is not None:
-            raise ValueError("set value or valueFrom, not both")
-        return self
-
-
 
 
 class SecretReference(Model):
@@ -154,12 +142,6 @@ class RouterDeploymentSpec(Model):
         "least 1; no CPU limit: 1), except with sessionOwner Entry: 1 (the pin would move between a pod's "
         "workers with the connections)."))
 
-    @model_validator(mode="after")
-    def _entry_needs_ownership(self) -> RouterDeploymentSpec:
-        if self.session_owner == "Entry" and not self.session_ownership:
-            raise ValueError("sessionOwner Entry needs sessionOwnership true")
-        return self
-
 
 class IPBlock(Model):
     """An IP range, as in a NetworkPolicy's ipBlock."""
@@ -200,13 +182,6 @@ def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     raise ValueError(f"{value!r} is not a CIDR (e.g. 10.0.0.0/16 or fd00::/8)")
 
 
-def check_requirements(selector: LabelSelector | None, where: str) -> None:
-    """In and NotIn with values, Exists and DoesNotExist without, as the API server checks a selector."""
-    for expr in selector.match_expressions if selector is not None else ():
-        if (expr.operator in ("In", "NotIn")) != bool(expr.values):
-            raise ValueError(f"{where}.matchExpressions[{expr.key}]: {REQUIREMENT_RULE['message']}")
-
-
 PEER_RULE = cel("has(self.ipBlock) ? !has(self.podSelector) && !has(self.namespaceSelector) : "
                 "has(self.podSelector) || has(self.namespaceSelector)",
                 "a peer sets podSelector and/or namespaceSelector, or ipBlock alone")
@@ -221,15 +196,6 @@ class NetworkPolicyPeer(Model):
     pod_selector: LabelSelector | None = None
     namespace_selector: LabelSelector | None = Field(None, description="{} selects every namespace.")
     ip_block: IPBlock | None = None
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> NetworkPolicyPeer:
-        selectors = self.pod_selector is not None or self.namespace_selector is not None
-        if selectors == (self.ip_block is not None):
-            raise ValueError(PEER_RULE["message"])
-        check_requirements(self.pod_selector, "podSelector")
-        check_requirements(self.namespace_selector, "namespaceSelector")
-        return self
 
 
 class NetworkPolicySpec(Model):
@@ -249,14 +215,8 @@ class NetworkPolicySpec(Model):
 
 # A duration both the Prometheus Operator's pattern and CEL's duration() read, e.g. 30s, 1m30s (no d, w, y).
 DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$"
-DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 TIMEOUT_RULE = cel("duration(self.scrapeTimeout) <= duration(self.interval)", "scrapeTimeout must be at most the "
                    "interval (the Prometheus Operator refuses such a ServiceMonitor)", ".scrapeTimeout")
-
-
-def seconds(duration: str) -> float:
-    """A ``DURATION`` in seconds."""
-    return sum(float(n) * DURATION_UNITS[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", duration))
 
 
 class ServiceMonitorSpec(Model):
@@ -276,12 +236,6 @@ class ServiceMonitorSpec(Model):
     interval: str = Field("30s", pattern=DURATION, min_length=2, max_length=32, description="Scrape interval.")
     scrape_timeout: str = Field("10s", pattern=DURATION, min_length=2, max_length=32,
                                 description="Scrape timeout (at most the interval).")
-
-    @model_validator(mode="after")
-    def _timeout_within_interval(self) -> ServiceMonitorSpec:
-        if seconds(self.scrape_timeout) > seconds(self.interval):
-            raise ValueError(TIMEOUT_RULE["message"])
-        return self
 
 
 SELECTOR_RULE = cel(
@@ -330,11 +284,20 @@ class RolloutRouterSpec(PolicySettings):
         "What the routers measure beyond their counters (docs/observability.md, \"Is the margin paying?\")."))
 
     @model_validator(mode="after")
-    def _selector(self) -> RolloutRouterSpec:
-        if not self.selector.match_labels and not self.selector.match_expressions:
-            raise ValueError(f"selector: {SELECTOR_RULE['message']}")
-        check_requirements(self.selector, "selector")
+    def _crd_rules(self) -> RolloutRouterSpec:
+        """The CRD's CEL rules on this spec, the one copy of each: the operator refuses what an API server that
+        runs no CEL let through. (describe_spec_error names the spec: the first path's "spec." is dropped.)"""
+        broken = violations(spec_schema(), self.model_dump(by_alias=True, mode="json"))
+        if broken:
+            raise ValueError("; ".join(broken).removeprefix("spec."))
         return self
+
+
+@cache
+def spec_schema() -> dict:
+    """The CRD's schema of spec, its CEL rules included (a selector's requirements too: their model belongs to the
+    router's settings, which carry no CEL). Evaluated by the operator: do not change the returned dict."""
+    return with_item_rule(model_schema(RolloutRouterSpec), "matchExpressions", REQUIREMENT_RULE)
 
 
 class Condition(Model):

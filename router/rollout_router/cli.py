@@ -34,14 +34,14 @@ SUBCOMMANDS = {
     "operator": Subcommand("rollout_router_operator.cli", "operator",
                            "Run the Kubernetes operator for RolloutRouter resources.", flags_need_extra=False),
     "crd": Subcommand("rollout_router_operator.cli_crd", None, "Print the RolloutRouter CustomResourceDefinition YAML."),
-    "render": Subcommand("rollout_router_operator.cli_render", None,
+    "render": Subcommand("rollout_router_operator.cli_render", "operator",  # the CRD's CEL rules: celpy
                          "Print the objects the operator would create for the RolloutRouters in a file, offline."),
 }
 
 # extra -> the top-level modules it installs (the same packages as pyproject.toml's optional-dependencies;
 # tests/test_packaging.py keeps the two equal).
 EXTRAS = {
-    "operator": ("kopf", "kubernetes"),
+    "operator": ("kopf", "kubernetes", "celpy"),
     "kubeconfig": ("kubernetes",),
     "sim": ("numpy", "matplotlib", "tqdm"),
 }
