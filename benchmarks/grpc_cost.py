@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peer_arms import haproxy_config, nginx_config, tool
-from proxy_cost import cpu_seconds, figure
+from proxy_cost import build_go, cpu_seconds, figure
 
 from rollout_router.localfleet import Service, free_port, spawn, wait_healthy
 
@@ -50,14 +50,7 @@ PROMPT_TOKENS = 512
 
 def build_grpcload() -> Path:
     """benchmarks/grpcload built with the machine's Go (once; rebuilt when its source is newer)."""
-    source = HERE / "grpcload" / "main.go"
-    if GRPCLOAD.exists() and GRPCLOAD.stat().st_mtime >= source.stat().st_mtime:
-        return GRPCLOAD
-    if tool("go") is None:
-        sys.exit("grpc_cost.py: the load generator is a Go program: put the Go toolchain (go) on PATH")
-    GRPCLOAD.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["go", "build", "-o", str(GRPCLOAD), "."], cwd=HERE / "grpcload", check=True)
-    return GRPCLOAD
+    return build_go("grpcload", GRPCLOAD, "grpc_cost.py")
 
 
 def request_hex(messages: int) -> str:

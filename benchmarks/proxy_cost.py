@@ -66,14 +66,19 @@ BASELINE_WORKERS = "ours (2 workers, baseline src)"  # --baseline-src with "ours
 
 def build_loadgen() -> Path:
     """benchmarks/loadgen built with the machine's Go (once; rebuilt when its source is newer)."""
-    source = HERE / "loadgen" / "main.go"
-    if LOADGEN.exists() and LOADGEN.stat().st_mtime >= source.stat().st_mtime:
-        return LOADGEN
+    return build_go("loadgen", LOADGEN, "proxy_cost.py")
+
+
+def build_go(folder: str, binary: Path, caller: str) -> Path:
+    """The Go program in benchmarks/``folder`` built into ``binary`` (once; rebuilt when its source is newer)."""
+    source = HERE / folder / "main.go"
+    if binary.exists() and binary.stat().st_mtime >= source.stat().st_mtime:
+        return binary
     if tool("go") is None:
-        sys.exit("proxy_cost.py: the load generator is a Go program: put the Go toolchain (go) on PATH")
-    LOADGEN.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["go", "build", "-o", str(LOADGEN), "."], cwd=HERE / "loadgen", check=True)
-    return LOADGEN
+        sys.exit(f"{caller}: the load generator is a Go program: put the Go toolchain (go) on PATH")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["go", "build", "-o", str(binary), "."], cwd=HERE / folder, check=True)
+    return binary
 
 
 def cpu_seconds(root: int) -> float:
