@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jobs", type=usage.at_least(1), default=os.cpu_count() or 1,
                    help="worker processes (default: the CPUs, %(default)s)")
     g.add_argument("--policies", default="", help="comma-separated arm labels to run (sticky always runs); default all")
-    g.add_argument("--margins", type=usage.margins, default=(), metavar="N,N,...",
+    g.add_argument("--margins", type=usage.margins, metavar="N,N,...",
                    help="also run our rule at these margins (arms ours_marginN), e.g. 8,16")
     g.add_argument("--list-policies", action="store_true", help="print the arm labels (for --policies) with their names and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -96,7 +96,7 @@ def run(args) -> int:
     if args.list_policies:
         from .report import arm_name
 
-        print("\n".join(f"{a.label:<24}{arm_name(a.label)}" for a in arms_for(presets[0], args.margins)))
+        print("\n".join(f"{a.label:<24}{arm_name(a.label)}" for a in arms_for(presets[0], args.margins or ())))
         return 0
     if args.steps == "published":
         steps = {p.name: p.steps for p in presets}
@@ -104,12 +104,12 @@ def run(args) -> int:
         steps = {p.name: int(args.steps) for p in presets}
     cost = CostModel(**{f.name: getattr(args, "cost_" + f.name) for f in dataclasses.fields(CostModel)})
     arm_filter = tuple(s for s in args.policies.split(",") if s)
-    known = {a.label for a in arms_for(presets[0], args.margins)}
+    known = {a.label for a in arms_for(presets[0], args.margins or ())}
     if set(arm_filter) - known:
         unknown = ", ".join(sorted(set(arm_filter) - known))
         raise usage.UsageError(f"--policies {args.policies}: unknown arm label {unknown} (--list-policies shows them)")
     cfg = Config(presets=presets, steps=steps, seed=args.seed, cost=cost, arm_filter=arm_filter,
-                 margins=args.margins)
+                 margins=args.margins or ())
     study = run_study(cfg, jobs=max(1, args.jobs), progress=not args.no_progress, ray_address=args.ray_address)
     if args.plots:
         from .plots import write_plots
