@@ -109,6 +109,22 @@ def ours(*extra: str) -> Callable[[list[str]], Endpoint]:
     return start
 
 
+def ours_from(source: str) -> Callable[[list[str]], Endpoint]:
+    """``ours (sticky)`` run from another checkout's ``router`` folder (``--baseline-src``: the tree before a
+    change, ``git archive REV router``), so before and after alternate in one run on the same machine."""
+    def start(targets: list[str]) -> Endpoint:
+        previous = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = source  # the child imports rollout_router from there (spawn inherits the env)
+        try:
+            return ours()(targets)
+        finally:
+            if previous is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = previous
+    return start
+
+
 def _peer(args: list[str], port: int) -> Endpoint:
     process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
@@ -145,6 +161,7 @@ STARTERS: dict[str, Callable[[list[str]], Endpoint | None]] = {
     "nginx 1.22 (one worker)": nginx,
 }
 DIRECT = "direct (one replica)"
+BASELINE = "ours (sticky; baseline)"
 
 
 @dataclass
@@ -249,7 +266,11 @@ def main() -> int:
     parser.add_argument("--conns", type=int, default=4, help="HTTP/2 connections from the client (default 4)")
     parser.add_argument("--arms", help="comma-separated arm names to run (default: all); direct always runs")
     parser.add_argument("--reference", default="HAProxy 2.6 (one thread)", help="the arm ratios are against")
+    parser.add_argument("--baseline-src", help="another checkout's router folder: adds the arm "
+                        f"{BASELINE!r}, ours (sticky) run from it")
     args = parser.parse_args()
+    if args.baseline_src:
+        STARTERS[BASELINE] = ours_from(str(Path(args.baseline_src).resolve()))
     for flag, value in (("--rounds", args.rounds), ("--seconds", args.seconds), ("--rate", args.rate),
                         ("--messages", args.messages), ("--conns", args.conns)):
         if value <= 0:

@@ -22,8 +22,9 @@ import hpack
 
 from . import guard as budgets
 from . import h2
-from .guard import Guard, decoded_size
-from .outbound import H2Output, Stream, flush_dirty
+from .blocks import BlockDecoder
+from .guard import Guard
+from .outbound import H2Output, Stream, begin_read, flush_dirty
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ CONNECTION_WINDOW = 16 << 20
 MAX_HEAD = 64 * 1024  # a header block larger than this ends the connection (as HTTP's 431 ends a request)
 _ON_STREAM = frozenset({h2.DATA, h2.HEADERS, h2.PRIORITY, h2.RST_STREAM, h2.CONTINUATION})  # never on stream 0
 _ON_CONNECTION = frozenset({h2.SETTINGS, h2.PING, h2.GOAWAY})  # only on stream 0
+_PLACED = _ON_STREAM | _ON_CONNECTION  # the types whose stream (0 or not) is prescribed
 _LENGTHS = {h2.PRIORITY: 5, h2.RST_STREAM: 4, h2.PING: 8, h2.WINDOW_UPDATE: 4}
 _CONTROL = frozenset({h2.PING, h2.SETTINGS, h2.PRIORITY})  # budgeted: each costs us work, two an answer
 _SELF_DEPENDENT = 0x100  # not a wire flag: a HEADERS frame whose priority names its own stream
@@ -46,7 +48,7 @@ class H2Connection(H2Output):
         self.peer_max_streams = h2.MAX_WINDOW
         self.last_peer_stream = 0
         self._buffer = bytearray()
-        self._decoder = hpack.Decoder(MAX_HEAD)
+        self._decoder = BlockDecoder(MAX_HEAD)
         self._unacked = 0
         self._block: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
         self._yielding = False  # reading paused while frames already read wait for the next turn
@@ -82,6 +84,7 @@ class H2Connection(H2Output):
         event loop)."""
         frames, used, more = h2.split_frames(self._buffer, budgets.FRAMES_PER_TURN, self.guard.head_work)
         del self._buffer[:used]
+        begin_read()
         try:
             for kind, flags, stream_id, payload in frames:
                 if self.closed:
@@ -102,7 +105,7 @@ class H2Connection(H2Output):
             return self.fail(h2.PROTOCOL_ERROR, "a header block was interrupted")
         if kind == -1:
             return self.fail(h2.FRAME_SIZE_ERROR, "a frame exceeded SETTINGS_MAX_FRAME_SIZE")
-        if (kind in _ON_STREAM) == (stream_id == 0) and kind in _ON_STREAM | _ON_CONNECTION:
+        if (kind in _ON_STREAM) == (stream_id == 0) and kind in _PLACED:
             return self.fail(h2.PROTOCOL_ERROR, f"a frame of type {kind} on stream {stream_id}")
         length = _LENGTHS.get(kind)
         if length is not None and len(payload) != length:
@@ -180,15 +183,15 @@ class H2Connection(H2Output):
 
     def _decoded(self, stream_id: int, flags: int, block: bytes) -> None:
         try:
-            headers = self._decoder.decode(block, raw=True)
+            headers, size = self._decoder.decode(block)
         except (hpack.HPACKError, IndexError, ValueError) as error:
             return self.fail(h2.COMPRESSION_ERROR, f"bad header block ({error or type(error).__name__})", stream_id)
-        if not self.guard.headers.take(decoded_size(headers)):  # type: ignore[arg-type]
+        if not self.guard.headers.take(size):
             return self.calm("h2_header_flood", f"decoded header bytes beyond {budgets.HEADER_BURST} at over "
                                                 f"{budgets.HEADER_RATE:g} a second")
         if flags & _SELF_DEPENDENT:
             return self._stream_error(stream_id, h2.PROTOCOL_ERROR)
-        self.headers_frame(stream_id, headers, bool(flags & h2.END_STREAM))  # type: ignore[arg-type]
+        self.headers_frame(stream_id, headers, bool(flags & h2.END_STREAM))
 
     def _priority(self, flags: int, stream_id: int, payload: bytes) -> None:
         if int.from_bytes(payload[:4], "big") & h2.MAX_WINDOW == stream_id:

@@ -18,6 +18,7 @@ from . import h2
 STREAM_WINDOW = 1 << 20  # what a peer may send on one stream before we pass it on
 CLOSED_MEMORY = 256  # closed streams remembered, to tell a peer's late frames from its errors
 _dirty: list[H2Output] = []
+_reading = [False]  # a read is being handled: its ``flush_dirty`` writes what it emits (no callback needed)
 
 
 class Owner(Protocol):
@@ -46,8 +47,15 @@ class Stream:
         self.got = 0  # DATA bytes from the peer
 
 
+def begin_read() -> None:
+    """A read is handled from here to its ``flush_dirty``: what it emits is written there, so ``emit`` schedules no
+    callback of its own for it (one event loop callback per relayed message saved)."""
+    _reading[0] = True
+
+
 def flush_dirty() -> None:
     """Write what the read just handled produced, one write per connection."""
+    _reading[0] = False
     while _dirty:
         _dirty.pop().flush()
 
@@ -74,7 +82,8 @@ class H2Output(asyncio.Protocol):
             return
         if not self._out:
             _dirty.append(self)
-            asyncio.get_running_loop().call_soon(self.flush)
+            if not _reading[0]:  # emitted outside a read: written on the loop's next turn
+                asyncio.get_running_loop().call_soon(self.flush)
         self._out.append(data)
 
     def flush(self) -> None:
