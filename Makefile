@@ -66,7 +66,8 @@ $(VENV)/.installed-peers: Makefile | $(VENV)/.installed-test
 # The traffic port's native HTTP lane (docs/architecture.md), rebuilt in place when its sources change; the
 # installs above build it too (hatch_build.py, pyproject.toml's build hook). Without a C compiler the router runs
 # its Python data path and the lane's tests say why they cannot run.
-LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/_lane*.p*) router/rollout_router/proxy/http/lane_sources.py hatch_build.py
+LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/_lane*.p*) router/rollout_router/proxy/http/lane_sources.py hatch_build.py \
+	$(wildcard router/rollout_router/proxy/grpc/_grpc_frames.p*) router/rollout_router/proxy/grpc/frame_sources.py
 $(VENV)/.lane: $(LANE_SOURCES) | $(VENV)/.installed-test
 	@$(BIN)/python hatch_build.py || { cc="$$($(BIN)/python -c 'import sysconfig; print((sysconfig.get_config_var("CC") or "cc").split()[0])')"; \
 	  ! command -v "$$cc" >/dev/null || exit 1; echo "make: no C compiler ($$cc): the router runs its Python data path"; }

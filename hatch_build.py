@@ -20,11 +20,14 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent
 PACKAGE = ROOT / "router" / "rollout_router" / "proxy" / "http"
 MODULE = "rollout_router.proxy.http._lane"
+GRPC = ROOT / "router" / "rollout_router" / "proxy" / "grpc"
+FRAMES = "rollout_router.proxy.grpc._grpc_frames"  # the gRPC relay's frame engine, built beside the lane
 
 
-def _sources() -> ModuleType:
-    """``lane_sources.py``, loaded by its path: the package's dependencies need not be installed yet."""
-    spec = importlib.util.spec_from_file_location("lane_sources", PACKAGE / "lane_sources.py")
+def _sources(path: Path = PACKAGE / "lane_sources.py") -> ModuleType:
+    """``lane_sources.py`` (or the frame engine's ``frame_sources.py``), loaded by its path: the package's
+    dependencies need not be installed yet."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -38,10 +41,12 @@ def build(work: Path, target: Path | None = None, flags: tuple[str, ...] = ()) -
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
 
-    extension = Extension(MODULE, [str(PACKAGE / "_lane.pyx")], extra_compile_args=["-O2", *flags],
-                          extra_link_args=list(flags))
-    modules = cythonize([extension], build_dir=str(work / "cython"), quiet=True, language_level=3,
-                        compile_time_env={"LANE_SOURCE_HASH": _sources().source_hash(PACKAGE)}, force=True)
+    extensions = [Extension(name, [str(source)], extra_compile_args=["-O2", *flags], extra_link_args=list(flags))
+                  for name, source in ((MODULE, PACKAGE / "_lane.pyx"), (FRAMES, GRPC / "_grpc_frames.pyx"))]
+    hashes = {"LANE_SOURCE_HASH": _sources().source_hash(PACKAGE),
+              "GRPC_FRAMES_SOURCE_HASH": _sources(GRPC / "frame_sources.py").source_hash(GRPC)}
+    modules = cythonize(extensions, build_dir=str(work / "cython"), quiet=True, language_level=3,
+                        compile_time_env=hashes, force=True)
     distribution = Distribution({"ext_modules": modules, "package_dir": {"": "router"}})
     command = distribution.get_command_obj("build_ext")
     command.inplace = target is None
@@ -84,6 +89,8 @@ class LaneBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
             return
         if version != "editable":
             build_data["force_include"][str(built)] = f"rollout_router/proxy/http/{built.name}"
+            frames = GRPC / built.name.replace("_lane", "_grpc_frames", 1)
+            build_data["force_include"][str(frames)] = f"rollout_router/proxy/grpc/{frames.name}"
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
 

@@ -8,9 +8,14 @@ track. Names are lower-case bytes, as HTTP/2 requires.
 """
 from __future__ import annotations
 
+import importlib
+import os
 import struct
 from collections.abc import Iterable
+from types import ModuleType
 from urllib.parse import quote
+
+from .frame_sources import source_hash
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -39,12 +44,16 @@ STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCE
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED = 0, 1, 2, 3, 4
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
 
+ENCODED_ENTRIES, ENCODED_LARGEST = 256, 512  # blocks ``encode`` remembers, and the largest it remembers
 _HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one int, flags, stream id (R bit masked below)
 Header = tuple[bytes, bytes]
+_encoded: dict[tuple[Header, ...], bytes] = {}
 
 
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return (len(payload) << 8 | kind).to_bytes(4, "big") + bytes((flags,)) + stream_id.to_bytes(4, "big") + payload
+def py_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    """A frame: its 9-byte head packed in one call (one per relayed message, so it is kept cheap), then the payload.
+    The reference of ``_grpc_frames.frame`` (``frame`` is whichever runs)."""
+    return _HEAD.pack(len(payload) << 8 | kind, flags, stream_id) + payload
 
 
 def settings_frame(values: dict[int, int]) -> bytes:
@@ -78,8 +87,20 @@ def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
 
 
 def encode(headers: Iterable[Header]) -> bytes:
-    """A header block of literal fields without indexing (no dynamic table: nothing for the peer to track)."""
-    return b"".join(b"\x00" + _integer(len(n), 7) + n + _integer(len(v), 7) + v for n, v in headers)
+    """A header block of literal fields without indexing (no dynamic table: nothing for the peer to track).
+
+    Stateless, so a block is a function of its fields alone: the blocks of small field lists are remembered
+    (``ENCODED_ENTRIES`` of them, process-wide), since a replica's response heads and trailers repeat call after
+    call."""
+    key = tuple(headers)
+    block = _encoded.get(key)
+    if block is None:
+        block = b"".join(b"\x00" + _integer(len(n), 7) + n + _integer(len(v), 7) + v for n, v in key)
+        if len(block) <= ENCODED_LARGEST:
+            if len(_encoded) >= ENCODED_ENTRIES:
+                del _encoded[next(iter(_encoded))]
+            _encoded[key] = block
+    return block
 
 
 def headers_frames(stream_id: int, block: bytes, end_stream: bool) -> bytes:
@@ -114,13 +135,15 @@ def status_name(code: int | None) -> str:
     return STATUS_NAMES[code] if code is not None and 0 <= code < len(STATUS_NAMES) else "UNKNOWN"
 
 
-def split_frames(buffer: bytearray, limit: int, head_work: int = 1) -> tuple[list[tuple[int, int, int, bytes]], int, bool]:
+def py_split_frames(buffer: bytearray, limit: int, head_work: int = 1
+                    ) -> tuple[list[tuple[int, int, int, bytes]], int, bool]:
     """The complete frames at the start of ``buffer`` worth at most ``limit`` units of work (a HEADERS or
     CONTINUATION frame ``head_work``, any other 1): (type, flags, stream id, payload), the bytes consumed, and
     whether the limit was what stopped it.
 
     A frame longer than we advertised is returned with its type as -1 (the
-    caller closes the connection: FRAME_SIZE_ERROR).
+    caller closes the connection: FRAME_SIZE_ERROR). The reference of
+    ``_grpc_frames.split_frames`` (``split_frames`` is whichever runs).
     """
     frames: list[tuple[int, int, int, bytes]] = []
     offset, size, work = 0, len(buffer), 0
@@ -154,3 +177,29 @@ def unpad(flags: int, payload: bytes) -> bytes | None:
     if not payload or payload[0] >= len(payload):
         return None
     return payload[1:len(payload) - payload[0]]
+
+
+def _engine() -> ModuleType | None:
+    """The compiled frame engine's module, None where it is not built (imported by name: mypy has no stub of it)."""
+    try:
+        return importlib.import_module(f"{__package__}._grpc_frames")
+    except ImportError:
+        return None
+
+
+def engine_unavailable() -> str | None:
+    """Why the compiled frame engine does not run here (None: it does): not built, built from other sources than
+    those beside it, or turned off (``ROLLOUT_ROUTER_GRPC_FRAMES=python``, how the tests run the reference)."""
+    if os.environ.get("ROLLOUT_ROUTER_GRPC_FRAMES") == "python":
+        return "ROLLOUT_ROUTER_GRPC_FRAMES=python"
+    engine = _engine()
+    if engine is None:
+        return "the compiled gRPC frame engine is not built (installing needs Cython and a C compiler)"
+    current = source_hash()
+    if current is not None and current != engine.SOURCE_HASH:
+        return "the compiled gRPC frame engine is older than its sources (run `make native`, or reinstall)"
+    return None
+
+
+_compiled = _engine() if engine_unavailable() is None else None
+frame, split_frames = (_compiled.frame, _compiled.split_frames) if _compiled is not None else (py_frame, py_split_frames)
