@@ -18,6 +18,7 @@ from rollout_router.proxy.attempts import route
 from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
 from rollout_router.proxy.http.delegated import Delegated, LaneAsked
 from rollout_router.proxy.http.upstream import ReplicaPool
+from rollout_router.proxy.outcome import Routing, put_back
 from rollout_router.proxy.turns import Turn
 from rollout_router.settings import HealthSettings, RouterSettings
 from tests.support import ScriptedReplica, running_router, wait_for
@@ -27,38 +28,44 @@ SIBLING = "http://127.0.0.1:9"
 
 
 class Lease:
+    """One routed replica's hold, as the fake replica set sees it: how many times it was put back."""
+
     def __init__(self, replica: str) -> None:
-        self.replica = type("Replica", (), {"id": replica})()
+        self.id = replica
         self.released = 0
 
-    def release(self) -> None:
-        self.released += 1
+
+class Replicas:
+    """The owner's replica set, counting what is put back."""
+
+    def put(self, lease: Lease) -> None:
+        lease.released += 1
 
 
 class ScriptedService(DecisionService):
     """Routes every key to ``replica`` (None: "decide it yourself"); records what it is told."""
 
     def __init__(self, replica: str | None = "http://replica-a") -> None:
-        super().__init__(None)  # type: ignore[arg-type]  # the context is only read by the methods replaced here
+        super().__init__(type("Context", (), {"replicas": Replicas()})())  # type: ignore[arg-type]  # all it reads
         self.replica = replica
         self.leases: list[Lease] = []
         self.asked: list[tuple[str, str | None]] = []
-        self.ended: list[tuple[str, bool, int, str | None]] = []
+        self.ended: list[tuple[str | None, bool, int, str | None, bool] | tuple[str, str]] = []
 
     def decide(self, key, group):
         self.asked.append((key, group))
         if self.replica is None:
             return None
         self.leases.append(Lease(self.replica))
-        return object(), self.leases[-1], Turn("kept", None, True)
+        return Routing(key, group, object(), self.leases[-1], Turn("kept", None, True))  # type: ignore[arg-type]
 
-    def finished(self, key, routed, accepted, status, failure, refused=False):
-        routed[1].release()
-        self.ended.append((key, accepted, status, failure, refused))
+    def finished(self, routing, accepted, status, failure, refused=False):
+        put_back(self.context.replicas, routing)
+        self.ended.append((routing.key, accepted, status, failure, refused))
 
-    def abandoned(self, routed):
-        routed[1].release()
-        self.ended.append(("abandoned", routed[1].replica.id))
+    def abandoned(self, routing):
+        put_back(self.context.replicas, routing)
+        self.ended.append(("abandoned", routing.replica.id))
 
 
 class Clock:
@@ -211,7 +218,7 @@ async def test_a_message_the_channel_does_not_know_closes_it(socket_path):
 
 async def test_the_owner_told_of_an_ending_counts_it_in_passive_health_releases_and_forgets_as_its_own():
     """``DecisionService`` on a real router: what a sibling says of its attempt does what this router's own
-    attempt would (``attempts.settle``, ``relay.verdict``)."""
+    attempt would (``outcome.settled``)."""
     replica = await ScriptedReplica("127.0.0.20").start()
     health = HealthSettings(probe_interval_seconds=None, consecutive_5xx=2, max_ejection_percent=100)
     settings = RouterSettings(backends=[replica.url], health=health)
@@ -220,12 +227,12 @@ async def test_the_owner_told_of_an_ending_counts_it_in_passive_health_releases_
             service = DecisionService(runtime)
             assert service.decide("conversation-1", None) is None  # no fleet: nothing to own, the relay decides
             routed = route(runtime, "conversation-2")
-            service.finished("conversation-2", routed, False, 0, None)  # not accepted: the new pin is handed back
+            service.finished(routed, False, 0, None)  # not accepted: the new pin is handed back
             assert runtime.balancer.pinned("conversation-2") is None
             for status in (200, 503, 503):
                 routed = route(runtime, "conversation-1")
                 assert runtime.replicas.total_inflight() == 1  # the lease a sibling's request holds
-                service.finished("conversation-1", routed, status < 400, status, None)
+                service.finished(routed, status < 400, status, None)
                 assert runtime.replicas.total_inflight() == 0
             assert runtime.balancer.pinned("conversation-1") == replica.url  # accepted once: the pin stays
             assert runtime.replicas.why_unroutable(replica.url) == "ejected"  # two 5xx in a row
@@ -242,7 +249,7 @@ async def test_a_decision_answered_too_late_ends_its_lease_and_leaves_the_pin_th
             relayed = route(runtime, "conversation")  # which relayed the request: decided again, on that pin
             service.abandoned(late)
             assert runtime.replicas.total_inflight() == 1  # the relayed request's lease alone
-            relayed[1].release()
+            put_back(runtime.replicas, relayed)
             assert runtime.balancer.pinned("conversation") == replica.url  # the pin the relayed turn used stays
     finally:
         await replica.stop()
@@ -251,9 +258,9 @@ async def test_a_decision_answered_too_late_ends_its_lease_and_leaves_the_pin_th
 def test_an_abandoned_decision_is_counted_as_such():
     """It stays in the decision counters (the relayed request is decided again), so the overcount is counted."""
     fleet = type("Fleet", (), {"abandoned": 0})()
-    service = DecisionService(type("Context", (), {"fleet": fleet})())  # type: ignore[arg-type]
-    lease = Lease("http://replica-a")
-    service.abandoned((object(), lease, Turn("new", None, False)))  # type: ignore[arg-type]
+    replicas, lease = Replicas(), Lease("http://replica-a")
+    service = DecisionService(type("Context", (), {"fleet": fleet, "replicas": replicas})())  # type: ignore[arg-type]
+    service.abandoned(Routing("k", None, object(), lease, Turn("new", None, False)))  # type: ignore[arg-type]
     assert lease.released == 1 and fleet.abandoned == 1
 
 
@@ -264,7 +271,7 @@ async def test_an_owner_told_its_replica_refused_the_connection_marks_it_down_an
         async with running_router(settings) as (_, runtime):
             service = DecisionService(runtime)
             routed = route(runtime, "conversation-1")
-            service.finished("conversation-1", routed, False, 0, None, refused=True)
+            service.finished(routed, False, 0, None, refused=True)
             assert runtime.replicas.why_unroutable(replica.url) == "down"
             assert runtime.replicas.total_inflight() == 0 and runtime.balancer.pinned("conversation-1") is None
             assert f'rolloutrouter_upstream_retries_total{{backend="{replica.url}"}} 1.0' in await metrics_text(runtime)

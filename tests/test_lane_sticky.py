@@ -67,7 +67,7 @@ def route(runtime: Runtime, session: str | None, now: float):
 
 def finish(runtime: Runtime, token, answer: str, now: float) -> None:
     code, status, failure = ANSWERS[answer]
-    measured = token[2][2] is not None and token[2][2].measure
+    measured = token.turn is not None and token.turn.measure
     runtime.http_proxy.lane.native.finish(token, code, status, failure, now - 0.001 if status else 0.0,
                                           USAGE if measured and status else None, now)
 
@@ -105,8 +105,10 @@ def decision(routed) -> tuple | None:
     """What a routing returned, but a moved pin's age (each router's own clock)."""
     if routed is None:
         return None
-    pool, measure, (session, group, (made, replica, turn), _) = routed
-    return pool.replica, measure, session, group, made.replica, made.outcome, made.previous, replica.id, turn is None
+    pool, measure, routing = routed
+    made = routing.decision
+    return (pool.replica, measure, routing.key, routing.group, made.replica, made.outcome, made.previous,
+            routing.replica.id, routing.turn is None, routing.held)
 
 
 STEP = st.one_of(
@@ -242,7 +244,7 @@ def test_an_answer_recorded_after_its_replica_failed_its_http_probe_leaves_its_g
     tokens = [route(runtime, "s", now)[2] for _ in range(3)]  # a pin, its first hit, a sticky hit
     for token in tokens[:2]:
         finish(runtime, token, "ok", now)
-    replica = tokens[2][2][1]
+    replica = tokens[2].replica
     assert replica.grpc_target is not None and runtime.replicas.loads(grpc=True)[replica.id] == 1
     runtime.replicas.set_healthy(replica.id, False)
     finish(runtime, tokens[2], "ok", now)

@@ -4,8 +4,8 @@
 
 ``--route hash`` (the floor): the session header's CRC-32 picks the replica, as benchmarks/raw_proxy.py does.
 ``--route ours``: each request is routed and finished by the router's own Python, the calls its HTTP fast path
-makes (``attempts.route``, the turn's start; then the request metrics, passive health, the lease's release and
-``attempts.settle``), on a ``Runtime`` with the default settings (sticky), so the arm costs what a native data path
+makes (``attempts.route``, the turn's start; then ``outcome.answered``: the request metrics, passive health, the
+replica put back, the turn), on a ``Runtime`` with the default settings (sticky), so the arm costs what a native data path
 calling our policy would. Neither is a proxy to run (native_floor.c says what it leaves out).
 """
 from __future__ import annotations
@@ -58,25 +58,20 @@ def ours(pools: dict[str, list]) -> tuple[Route, Callable[[object], None]]:
     """Our routing and bookkeeping per request, as ``HttpProxy._fast`` and ``Forwarding.done`` call them."""
     from rollout_router.app import Runtime
     from rollout_router.proxy.attempts import route as routed_by
-    from rollout_router.proxy.attempts import settle
+    from rollout_router.proxy.outcome import answered
     from rollout_router.settings import RouterSettings
     runtime = Runtime(RouterSettings(backends=list(pools)))
     runtime.apply(runtime.settings)
-    metrics, outliers, monotonic = runtime.metrics, runtime.outliers, time.monotonic
+    monotonic = time.monotonic
 
     def route(key: bytes | None) -> tuple[list, object]:
-        text = key.decode() if key else None
-        decision, lease, turn = routed = routed_by(runtime, text)
-        started = monotonic()
-        turn.begin(started)
-        return pools[lease.replica.id], (text, routed, started)
+        routing = routed_by(runtime, key.decode() if key else None)
+        routing.start = monotonic()
+        routing.turn.begin(routing.start)  # type: ignore[union-attr]  # ``route`` measures every turn
+        return pools[routing.replica.id], routing
 
     def finish(token: Any) -> None:
-        key, (decision, lease, turn), started = token
-        metrics.observe(lease.replica.id, 200, monotonic() - started)
-        outliers.answered(lease.replica, 200)
-        lease.release()
-        settle(runtime, key, decision, turn, True)
+        answered(runtime, token, 200, 200, None, True, monotonic())
     return route, finish
 
 

@@ -1,12 +1,12 @@
 """The protocol of forwarding one request, shared by the HTTP and gRPC listeners.
 
-Route, take a lease, send one attempt, release the lease; if the replica
+Route (the replica counted in flight), send one attempt; if the replica
 refused before a byte was exchanged, mark it down for a while and try another.
-A listener supplies only ``send``: one attempt on the leased replica, which
-returns whether the replica accepted the request and raises ``Refused`` when
+A listener supplies only ``send``: one attempt on the routed replica, which
+records how it ended (``outcome.answered``) and raises ``Refused`` when
 retrying elsewhere is safe; it stamps the attempt's ``Turn`` (turns.py: first
-byte, prefill), counted once the replica accepted the request. The lease is
-released exactly once whatever ends the attempt. An attempt the replica did
+byte, prefill), counted once the replica accepted the request. The replica is
+put back exactly once whatever ends the attempt. An attempt the replica did
 not accept (refused, an error status, no answer) hands its decision back to
 the policy (``Policy.forget``), so a rejected request leaves the session's pin
 as it was.
@@ -16,14 +16,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from .. import descriptors
-from ..policy import Decision, Outcome
-from ..replicas import Lease, Replica
+from ..policy import Outcome
 from .context import RouterContext
+from .outcome import Routing, put_back, refused
 from .turns import KEPT, Turn, turn_for
 
 
 class Refused(Exception):
-    """The replica refused the request before any byte was exchanged: safe to retry elsewhere."""
+    """The replica refused the request before any byte was exchanged: safe to retry elsewhere (``failure``: what
+    passive health hears of it, e.g. a connect that timed out)."""
+
+    def __init__(self, detail: str, failure: str | None = None):
+        super().__init__(detail)
+        self.failure = failure
 
 
 class OutOfDescriptors(Exception):
@@ -47,15 +52,13 @@ class AllRefused(Exception):
         super().__init__(f"replicas refused the connection on all {attempts} attempts")
 
 
-Routed = tuple[Decision, Lease, Turn]  # one attempt's routing (``route``)
-Taken = tuple[Decision, Replica, Turn | None]  # the same without a lease, and a kept turn unmeasured (``taken``)
-
-
-async def forward(context: RouterContext, key: str | None, send: Callable[[Lease, Turn], Awaitable[bool]],
+async def forward(context: RouterContext, key: str | None, send: Callable[[Routing], Awaitable[None]],
                   grpc: bool = False, prefix: Sequence[int] | str | None = None, group: str | None = None,
-                  first: Routed | None = None) -> None:
+                  first: Routing | None = None) -> None:
     """``send`` on a routed replica, retried on others while replicas refuse (``group``: its GRPO group key).
 
+    ``send`` records how its attempt ended (``outcome.answered``); a refusal is recorded here
+    (``outcome.refused``), and the replica is put back once whatever ends the attempt.
     While dispatch is paused (``/v1/rl/pause``) it waits its turn, or raises ``Paused``. ``first``: the
     first attempt's routing, already done (the HTTP fast path's, handed over when it could not finish).
     Raises ``NoReplicaError`` when none can take the request, ``AllRefused``
@@ -64,56 +67,46 @@ async def forward(context: RouterContext, key: str | None, send: Callable[[Lease
     rl = context.rl
     if rl.paused and first is None:  # the only cost of the RL pause while dispatch runs: this check
         await rl.wait_turn()
-    settings = context.settings  # one snapshot for every attempt of this request
-    attempts = settings.connect_retries + 1
+    attempts = context.settings.connect_retries + 1
     for _ in range(attempts):
-        decision, lease, turn = first or route(context, key, prefix, grpc, group)
+        routing = first or route(context, key, prefix, grpc, group)
         first = None
         try:
-            accepted = await send(lease, turn)
+            await send(routing)
         except OutOfDescriptors:
-            context.balancer.forget(key, decision)
+            refused(context, routing, down=False)
             raise
-        except Refused:
-            context.replicas.mark_down(lease.replica_id, settings.down_seconds)
-            context.metrics.retried(lease.replica_id)
-            context.balancer.forget(key, decision)
+        except Refused as refusal:
+            refused(context, routing, refusal.failure)
             continue
         finally:
-            lease.release()
-        settle(context, key, decision, turn, accepted)
+            put_back(context.replicas, routing)
         return
     raise AllRefused(attempts)
 
 
 def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str | None = None, grpc: bool = False,
-          group: str | None = None) -> Routed:
-    """One attempt's routing: the decision, its lease (counted in flight) and its ``Turn`` (its clock started by
-    ``Turn.begin``); NoReplicaError."""
-    return leased(context, taken(context, key, prefix, grpc, group))
+          group: str | None = None) -> Routing:
+    """One attempt's routing, counted in flight, with its ``Turn`` (its clock started by ``Turn.begin``);
+    NoReplicaError."""
+    return measured(taken(context, key, prefix, grpc, group))
 
 
-def leased(context: RouterContext, routing: Taken, started: float = 0.0) -> Routed:
-    """``taken``'s routing under a ``Lease``, with a ``Turn`` for the kept turn it left unmeasured: the Python
-    path's attempt stamps a turn on every request (``started``: the attempt's start, if it has one)."""
-    decision, replica, turn = routing
-    return decision, Lease(context.replicas, replica), turn or Turn(KEPT, None, False, started)
+def measured(routing: Routing, started: float = 0.0) -> Routing:
+    """``taken``'s routing with a ``Turn`` for the kept turn it left unmeasured: the Python path's attempt stamps
+    a turn on every request (``started``: the attempt's start, if it has one)."""
+    if routing.turn is None:
+        routing.turn = Turn(KEPT, None, False, started)
+    return routing
 
 
 def taken(context: RouterContext, key: str | None, prefix: Sequence[int] | str | None = None, grpc: bool = False,
-          group: str | None = None, started: float = 0.0) -> Taken:
-    """``route`` for the native lane, which puts the replica back itself, once (no ``Lease`` per request), and
-    records a kept turn that is not measured, most requests, with no ``Turn`` made: None in its place, its first
-    byte observed alone (``MarginMeter.kept_first_byte``)."""
+          group: str | None = None, started: float = 0.0) -> Routing:
+    """``route`` for the native lane, which records a kept turn that is not measured, most requests, with no
+    ``Turn`` made: None in its place, its first byte observed alone (``outcome.recorded``)."""
     decision, replica = context.balancer.take(key, prefix, grpc, group)
     if decision.outcome is Outcome.KEPT:  # most turns: nothing moved to say why, and a share of them is measured
-        return decision, replica, Turn(KEPT, None, True, started) if context.metrics.margin.sample() else None
-    return decision, replica, turn_for(decision, context.balancer.why_moved(decision, grpc), started)
-
-
-def settle(context: RouterContext, key: str | None, decision: Decision, turn: Turn, accepted: bool) -> None:
-    """An attempt answered (its lease released): count its turn, or hand a rejected decision back."""
-    if accepted:
-        context.metrics.turn(turn)
+        turn = Turn(KEPT, None, True, started) if context.metrics.margin.sample() else None
     else:
-        context.balancer.forget(key, decision)
+        turn = turn_for(decision, context.balancer.why_moved(decision, grpc), started)
+    return Routing(key, group, decision, replica, turn, started)

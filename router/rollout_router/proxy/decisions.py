@@ -31,10 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from ..policy import Decision
-from ..replicas import Lease
+from . import outcome
 from .attempts import route
 from .context import RouterContext
+from .outcome import Routing, put_back
 from .turns import Turn
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class DecisionService:
         if self._server is not None:
             self._server.close()
 
-    def decide(self, key: str, group: str | None) -> tuple[Decision, Lease, Turn] | None:
+    def decide(self, key: str, group: str | None) -> Routing | None:
         """The routing of a sibling's request for ``key``, or None when it must be decided by relay: this
         worker is leaving or paused, the key's pin must be fetched first, or nothing can take it."""
         context = self.context
@@ -169,29 +169,20 @@ class DecisionService:
         except Exception:  # noqa: BLE001  # no replica, or a bug: the relay meets it again and answers it
             return None
 
-    def finished(self, key: str, routed: tuple[Decision, Lease, Turn], accepted: bool, status: int,
-                 failure: str | None, refused: bool = False) -> None:
-        """A delegated attempt ended: passive health hears what the replica did, a refused connection marks the
-        replica down, the lease is released, and a rejected decision goes back to the policy (as
-        ``attempts.forward`` and ``attempts.settle`` do for this worker's own)."""
-        decision, lease, _ = routed
-        context = self.context
-        if failure is not None:
-            context.outliers.failure(lease.replica, failure)
-        elif status:
-            context.outliers.answered(lease.replica, status)
+    def finished(self, routing: Routing, accepted: bool, status: int, failure: str | None,
+                 refused: bool = False) -> None:
+        """A delegated attempt ended: the owner's half of its record (``outcome.settled``; a refused connection:
+        ``outcome.refused``), as this worker's own attempt would record it. The sibling records its half."""
         if refused:
-            context.replicas.mark_down(lease.replica_id, context.settings.down_seconds)
-            context.metrics.retried(lease.replica_id)
-        lease.release()
-        if not accepted:
-            context.balancer.forget(key, decision)
+            outcome.refused(self.context, routing, failure)
+        else:
+            outcome.settled(self.context, routing, status, failure, accepted)
 
-    def abandoned(self, routed: tuple[Decision, Lease, Turn]) -> None:
+    def abandoned(self, routing: Routing) -> None:
         """A decision the sibling gave up waiting for (it relayed the request): nothing reached the replica
-        through it, so only its lease ends. It stays in the decision counters (the relayed request is decided
-        again): counted, so that overcount is known."""
-        routed[1].release()
+        through it, so only its replica is put back. It stays in the decision counters (the relayed request is
+        decided again): counted, so that overcount is known."""
+        put_back(self.context.replicas, routing)
         if self.context.fleet is not None:
             self.context.fleet.abandoned += 1
 
@@ -202,32 +193,32 @@ class _OwnerEnd(Channel):
     def __init__(self, service: DecisionService) -> None:
         super().__init__()
         self.service = service
-        self.pending: dict[int, tuple[str, tuple[Decision, Lease, Turn]]] = {}
+        self.pending: dict[int, Routing] = {}
 
     def received(self, kind: int, ident: int, fields: Fields) -> None:
         if kind == DECIDE and len(fields) == 2 and fields[0] is not None:
             key = untext(fields[0])
             assert key is not None
-            routed = None if len(self.pending) >= MAX_PENDING else self.service.decide(key, untext(fields[1]))
-            if routed is None:
+            routing = None if len(self.pending) >= MAX_PENDING else self.service.decide(key, untext(fields[1]))
+            if routing is None:
                 self.send(message(NOT_HERE, ident))
                 return
-            self.pending[ident] = (key, routed)
-            decision, lease, turn = routed
-            self.send(message(ROUTED, ident, text(lease.replica.id), text(turn.outcome), text(turn.reason),
+            self.pending[ident] = routing
+            turn = routing.turn
+            assert turn is not None  # ``route`` measures every turn
+            self.send(message(ROUTED, ident, text(routing.replica.id), text(turn.outcome), text(turn.reason),
                               b"1" if turn.measure else b""))
         elif kind == FINISHED and len(fields) == 4:
             held = self.pending.pop(ident, None)
-            if held is None:  # an attempt asked on a channel that closed since: its lease went with it
+            if held is None:  # an attempt asked on a channel that closed since: its replica was put back with it
                 log.debug("a sibling worker finished decision %d, which this channel did not give", ident)
                 return
-            key, routed = held
-            self.service.finished(key, routed, fields[0] == b"1", int(fields[1] or b"0"), untext(fields[2]),
+            self.service.finished(held, fields[0] == b"1", int(fields[1] or b"0"), untext(fields[2]),
                                   fields[3] == b"1")
         elif kind == ABANDONED and not fields:
             abandoned = self.pending.pop(ident, None)
             if abandoned is not None:
-                self.service.abandoned(abandoned[1])
+                self.service.abandoned(abandoned)
         else:
             log.error("a sibling worker sent a message the decision channel does not know (kind %r): closing it", kind)
             if self.transport is not None:
@@ -235,16 +226,16 @@ class _OwnerEnd(Channel):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The sibling is gone: what it was answering is over, so its leases are (pins stay as they are)."""
-        for _, (_, lease, _) in self.pending.values():
-            lease.release()
+        for routing in self.pending.values():
+            put_back(self.service.context.replicas, routing)
         self.pending.clear()
 
 
-Routing = tuple[str, Turn]  # a delegated decision: the replica and the turn to stamp
-Answer = Callable[[int, Routing | None], None]  # called with the id and the routing, or None: relay
+Delegation = tuple[str, Turn]  # a delegated decision, as the entry worker hears it: the replica and the turn to stamp
+Answer = Callable[[int, Delegation | None], None]  # called with the id and the routing, or None: relay
 
 
-def _call(answer: Answer, ident: int, routing: Routing | None) -> None:
+def _call(answer: Answer, ident: int, routing: Delegation | None) -> None:
     """Hand an answer to its request; a bug there is logged, not left to cut the channel of every other."""
     try:
         answer(ident, routing)

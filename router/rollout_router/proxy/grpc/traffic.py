@@ -13,9 +13,9 @@ from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_o
 from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
+from ..outcome import Routing, answered
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, header_key
-from ..turns import Turn
 from . import h2
 from .call import REFUSED, Call
 from .outbound import flush_dirty
@@ -164,8 +164,8 @@ class GrpcProxy(Listener):
         if call.finished:
             return
 
-        async def send(lease, turn) -> bool:
-            return await self._attempt(call, lease, turn)
+        async def send(routing: Routing) -> None:
+            await self._attempt(call, routing)
 
         try:
             await forward(self.context, key, send, grpc=True, group=group)
@@ -182,30 +182,27 @@ class GrpcProxy(Listener):
             self.refused(paused.reason)
             call.answer(h2.UNAVAILABLE, f"{paused.message} (in {paused.retry_after} s)")
 
-    async def _attempt(self, call: Call, lease, turn: Turn) -> bool:
-        """One attempt on the leased replica; whether it accepted the call. Raises ``Refused`` to retry elsewhere."""
-        replica = lease.replica
-        assert replica.grpc_target is not None  # acquire(grpc=True) only leases gRPC replicas
-        started = time.monotonic()
-        turn.begin(started)
+    async def _attempt(self, call: Call, routing: Routing) -> None:
+        """One attempt on the routed replica, its end recorded (``outcome.answered``). Raises ``Refused`` to retry
+        elsewhere."""
+        replica, turn = routing.replica, routing.turn
+        assert replica.grpc_target is not None and turn is not None  # routed with grpc=True, every turn measured
+        routing.start = time.monotonic()
+        turn.begin(routing.start)
         call.turn, call.last = turn, LastMessage() if turn.measure and call.path == self.generate else None
         try:
             outcome = await call.attempt(replica.grpc_target, replica.id, False)
         except TimeoutError:  # before OSError, its base class
-            self.context.outliers.failure(replica, TIMEOUT)
-            raise Refused(f"connecting to {replica.id} timed out") from None
+            raise Refused(f"connecting to {replica.id} timed out", TIMEOUT) from None
         except OSError as error:
             raise refused_or_short(error, str(error)) from None
         if outcome == REFUSED:
             raise Refused(f"{replica.id} closed the connection before answering")
-        self.context.metrics.observe(replica.id, h2.status_name(call.code), time.monotonic() - started)
-        if call.failure is not None:
-            self.context.outliers.failure(replica, call.failure)
-        elif call.answered:
-            self.context.outliers.answered(replica, SERVER_ERROR_CODES.get(call.code or 0, 200))
         if call.last is not None and call.code == h2.OK:
             turn.prefill = call.last.prefill()
-        return call.accepted()
+        status = SERVER_ERROR_CODES.get(call.code or 0, 200) if call.answered else 0
+        answered(self.context, routing, h2.status_name(call.code), status, call.failure, call.accepted(),
+                 time.monotonic())
 
     def _keys(self, metadata: list[h2.Header]) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key from the metadata their headers name (gRPC has no JSON

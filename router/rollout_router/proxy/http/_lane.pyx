@@ -6,7 +6,8 @@ left in it is dominant. This lane takes the request most traffic is (a keep-aliv
 with its body whole, a forwarded path, a key in a header, an idle pooled connection to its replica) and
 does in C what ``server.py``, ``relay.py`` and ``upstream.py`` do for it, calling the router's Python
 twice: ``route`` when the request is whole (the policy, the lease, the checks ``HttpProxy._fast`` makes)
-and ``finish`` when its answer has ended (the metrics, passive health, the lease's release), unless the request
+and ``finish`` when its answer has ended (``outcome.answered``: the metrics, passive health, the replica put
+back), its ``outcome.Routing`` handed back as the token ``route`` returned, unless the request
 is a sticky hit the lane routes and records itself (``_lane_sticky.pxi``). Everything
 else goes to the Python path, which stays the reference: the lane hands the connection over
 (``Lane.hand_over``: the bytes it holds from the current request on, and when it had routed the request,

@@ -21,7 +21,7 @@ cdef class Sticky:
     """The sticky hit's state: the router's long-lived objects, read once (``LaneGlue`` builds it)."""
 
     cdef object context, rl, balancer, metrics, margin, kept_first_byte, http, grpc
-    cdef object pool_of, sampled
+    cdef object pool_of, sampled, routing_type  # ``routing_type``: ``outcome.Routing``, the token of each request
     cdef dict live, paths, pools, http_moved, grpc_moved
     cdef object down                     # ``ReplicaSet``'s replicas marked down (a dict: empty, or it declines)
     cdef object policy_type, clock, slot_bits, slot_mask, used_mask, unused
@@ -45,8 +45,8 @@ cdef class Sticky:
         self.http, self.grpc = replicas._http, replicas._grpc
         self.http_moved, self.grpc_moved = self.http._moved, self.grpc._moved
         self.paths, self.pools, self.pool_of = glue._paths, glue.pools, glue.pool
-        (self.policy_type, self.clock, self.sampled, self.scanned, self.slot_bits, self.slot_mask, self.used_mask,
-         self.unused) = parts
+        (self.policy_type, self.clock, self.sampled, self.routing_type, self.scanned, self.slot_bits, self.slot_mask,
+         self.used_mask, self.unused) = parts
 
     cdef bint _adopt(self, object policy) except -1:
         """A policy not seen before (a reload built one): its table's parts, when it is one ``route`` knows."""
@@ -146,22 +146,22 @@ cdef class Sticky:
             margin._credit = credit
         self.answering += 1
         self.hits += 1
-        return pool, turn is not None, (session, None, (decision, replica, turn), now)
+        return pool, turn is not None, self.routing_type(session, None, decision, replica, turn, now)
 
     cdef bint finish(self, object token, object code, int status, object failure, double first_at, object tail,
                      double now) except -1:
-        """``LaneGlue.finish`` for a request routed here or by ``LaneGlue`` and answered below 400 (its turn, when
-        it has one, recorded by the turn's own methods); False: ``LaneGlue.finish`` records it."""
+        """``outcome.answered`` for a request routed here or by ``LaneGlue`` (an ``outcome.Routing``, read through its
+        declared fields) and answered below 400 (its turn, when it has one, recorded by the turn's own methods);
+        False: ``LaneGlue.finish`` records it."""
         cdef PyObject* found
         cdef long inflight
         cdef double started
-        if type(token) is not tuple or failure is not None or not 0 < status < 400 or code is None:
+        if type(token) is not self.routing_type or failure is not None or not 0 < status < 400 or code is None:
             return False
-        routing = (<tuple>token)[2]
-        if type(routing) is not tuple:
+        if not token.held:  # put back already (``outcome.put_back``): nothing to give back
             return False
-        turn = (<tuple>routing)[2]
-        replica = (<tuple>routing)[1]
+        turn = token.turn
+        replica = token.replica
         replica_id = replica.id
         found = PyDict_GetItem(self.live, replica_id)
         inflight = replica.inflight
@@ -171,7 +171,7 @@ cdef class Sticky:
         if found == NULL:  # the series not looked up yet (``Metrics.observe``)
             return False
         children = <tuple>(<object>found)
-        started = (<tuple>token)[3]
+        started = token.start
         if turn is not None:
             turn.ended(first_at, tail, replica_id)
         replica.failures = 0  # OutlierDetector.answered, below 500
@@ -180,6 +180,7 @@ cdef class Sticky:
         _observe(children[1], now - started)
         inflight -= 1
         replica.inflight = inflight
+        token.held = False
         _move(replica, replica_id, inflight, self.http, self.http_moved, self.grpc, self.grpc_moved)
         if turn is not None:
             self.metrics.turn(turn)

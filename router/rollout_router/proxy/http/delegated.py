@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ... import descriptors
 from ...health import TIMEOUT
-from ..decisions import DecisionClient, EntryEnd, Routing
+from ..decisions import DecisionClient, Delegation, EntryEnd
+from ..outcome import recorded
 from ..turns import Turn
 from .heads import lines
 from .relay import CLIENT_CLOSED, STALE, Exchange, accepted, request_bytes
@@ -50,7 +51,7 @@ class Asked:
         self.end = decisions.ask(owner, key, group, self.decided)
         return self.end is not None
 
-    def decided(self, ident: int, routing: Routing | None) -> None:
+    def decided(self, ident: int, routing: Delegation | None) -> None:
         """The owner's answer: its replica and turn, the attempt's clock started; None: relay through the owner."""
         self.ident = ident
         if routing is None:
@@ -76,13 +77,11 @@ class Asked:
             self.end.finished(self.ident, ok, status, failure, refused)
 
     def _record(self, code: int | None, ok: bool, now: float) -> None:
-        """This worker's metrics of the request, ended at ``now``, and its turn."""
-        metrics, turn = self.proxy.context.metrics, self.turn
+        """This worker's half of the request's record, ended at ``now`` (``outcome.recorded``): its metrics and
+        its turn; the owner records the other half (``_finished``)."""
+        turn = self.turn
         assert turn is not None  # decided
-        if code is not None:
-            metrics.observe(self.replica, code, now - turn.started)
-        if ok:
-            metrics.turn(turn)
+        recorded(self.proxy.context.metrics, self.replica, turn, code, ok, turn.started, now)
 
     def _counted(self) -> None:
         """Answered here on the owner's decision: counted as delegated (one that relays after all is counted

@@ -1,10 +1,11 @@
 """The router's side of the native lane (``_lane.pyx``): what the lane calls, and the hand-over both ways.
 
 The lane parses, forwards and relays the common request in C and calls here twice per request: ``route``
-(the checks ``HttpProxy._fast`` makes, the policy, the lease) and ``finish`` (what ``Forwarding.done``
-records). Anything it does not take goes to the Python path whole: ``hand_over`` gives the connection to a
-``ClientConnection`` with the bytes the lane held (and, for a request the lane had routed, its routing,
-so it is routed once either way), and ``take_back`` gives it back once the Python path is idle on it.
+(the checks ``HttpProxy._fast`` makes, the policy, the replica counted in flight: an ``outcome.Routing``) and
+``finish`` (``outcome.answered``, as ``Forwarding.done`` records). Anything it does not take goes to the Python
+path whole: ``hand_over`` gives the connection to a ``ClientConnection`` with the bytes the lane held (and, for a
+request the lane had routed, its routing, so it is routed once either way), and ``take_back`` gives it back once
+the Python path is idle on it.
 ``available`` says whether the lane was built and is as new as its sources.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ...policy.affinity import AffinityPolicy
 from ...policy.loads import SCANNED
 from ...policy.sessions import PIN_LAYOUT
-from ..attempts import Taken, leased, taken
+from ..attempts import Refused, measured, taken
+from ..outcome import Routing, answered, refused
 from ..session_key import header_key
 from ..turns import KEPT, Turn
 from . import server, upstream
@@ -48,8 +50,6 @@ PATHS_KEPT = 1024  # paths whose verdict (forwarded, keyed) is remembered; clear
 KEYED, UNKEYED = 1, 2  # a forwarded path whose session key is read, or one routed without (``routes.unkeyed``)
 LANE_REQUEST = HttpRequest(0)  # what a lane request is to the Python path's heads: keep-alive HTTP/1.1, no HEAD
 
-Token = tuple[str | None, str | None, Taken, float]  # key, group, routing (no lease: ``finish`` puts it back), start
-
 
 @functools.cache
 def unavailable() -> str | None:
@@ -73,8 +73,6 @@ class LaneGlue:
     def __init__(self, proxy: HttpProxy) -> None:
         self.proxy, self.context = proxy, proxy.context
         context = proxy.context
-        self._metrics, self._outliers, self._replicas = context.metrics, context.outliers, context.replicas
-        self._kept_first_byte = context.metrics.margin.kept_first_byte
         self.native = _lane.Lane(self, proxy, proxy.active, proxy.context.rl.versions)
         self.native.write_high_water = server.WRITE_HIGH_WATER
         self.pools: dict[str, Any] = {}
@@ -85,7 +83,7 @@ class LaneGlue:
         # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``):
         # CLOCK_MONOTONIC is ``time.monotonic`` on Linux only (elsewhere no clock matches, and it declines all)
         clock = time.monotonic if sys.platform.startswith("linux") else None
-        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, SCANNED, *PIN_LAYOUT))
+        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, Routing, SCANNED, *PIN_LAYOUT))
         # at debug level every decision goes through the balancer, which logs a sample of them (decisionlog.py)
         self.native.sticky = self.sticky if context.balancer.decisions is None else None
         self._sync()
@@ -116,7 +114,7 @@ class LaneGlue:
 
     # what the lane calls
     def route(self, client: Any, path: bytes, size: int, key_at: int, key: bytes | None, group_at: int,
-              group: bytes | None, now: float) -> tuple[Any, bool, Token] | tuple[()] | None:
+              group: bytes | None, now: float) -> tuple[Any, bool, Routing] | tuple[()] | None:
         """``HttpProxy._fast``'s checks and routing for a whole request (``size``: its body's bytes; ``now``: the
         attempt's start); None hands it to the Python path."""
         context = self.context
@@ -141,15 +139,16 @@ class LaneGlue:
                     group_key = self._key(group_at, group, "group")
             if fleet is not None and session_key is not None and not fleet.decided_here(session_key, False):
                 return self._ask(client, session_key, group_key)  # a sibling worker's key: its owner decides
-            routed = taken(context, session_key, None, False, group_key, now)
+            routing = taken(context, session_key, None, False, group_key, now)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
             return None
         self.proxy.answering_here += 1
-        pool = self.pools.get(routed[1].id)
+        replica = routing.replica.id
+        pool = self.pools.get(replica)
         if pool is None:
-            pool = self.pool(routed[1].id)
-        turn = routed[2]
-        return pool, turn is not None and turn.measure, (session_key, group_key, routed, now)
+            pool = self.pool(replica)
+        turn = routing.turn
+        return pool, turn is not None and turn.measure, routing
 
     def _ask(self, client: Any, key: str, group: str | None) -> tuple[()] | None:
         """A key a sibling worker owns: ask it for the replica (``LaneAsked``; an empty tuple tells the lane to
@@ -193,29 +192,17 @@ class LaneGlue:
                                                     model.port, model.ssl)
         return pool
 
-    def finish(self, token: Token, code: int | None, status: int, failure: str | None, first_at: float,
-               tail: bytes | None, now: float) -> None:
-        """``Forwarding.done`` for a lane request ended at ``now``: passive health, the metrics, the lease, the turn
-        (a request a sibling worker routed: ``LaneAsked.finish``)."""
+    def finish(self, token: Routing | LaneAsked, code: int | None, status: int, failure: str | None,
+               first_at: float, tail: bytes | None, now: float) -> None:
+        """A lane request ended at ``now``: recorded as every path records (``outcome.answered``); a request a
+        sibling worker routed: ``LaneAsked.finish``."""
         ok = status < 400 if status else failure is None and code == CLIENT_CLOSED  # ``relay.accepted``'s rule
         if type(token) is LaneAsked:
             return token.finish(code, status, failure, ok, first_at, tail, now)
-        key, _, (decision, replica, turn), started = token
-        if turn is not None:
-            turn.ended(first_at, tail, replica.id)
-        if failure is not None:
-            self._outliers.failure(replica, failure)
-        elif status:
-            self._outliers.answered(replica, status)
-        if code is not None:
-            self._metrics.observe(replica.id, code, now - started)
-        self._replicas.put(replica)
-        if not ok:  # ``attempts.settle`` inlined: once a request
-            self.context.balancer.forget(key, decision)
-        elif turn is not None:
-            self._metrics.turn(turn)
-        elif first_at:  # a kept turn, not measured (``taken``): its first byte alone
-            self._kept_first_byte.observe(first_at - started)
+        assert isinstance(token, Routing)
+        if token.turn is not None:
+            token.turn.ended(first_at, tail, token.replica.id)
+        answered(self.context, token, code, status, failure, ok, now, first_at)
         self.proxy.answering_here -= 1
 
     def failed(self, replica: str, state: int, what: str, timed_out: bool, sse_chunked: bool
@@ -241,17 +228,12 @@ class LaneGlue:
             return
         client.connected(connection)
 
-    def abandon(self, token: Token | LaneAsked, error: OSError) -> None:
-        """Connecting failed and the client has gone: counted as ``attempts.forward`` counts a refusal."""
+    def abandon(self, token: Routing | LaneAsked, error: OSError) -> None:
+        """Connecting failed and the client has gone: recorded as ``attempts.forward`` records a refusal."""
         if isinstance(token, LaneAsked):
             return token.refused(error)
-        key, _, (decision, replica, _turn), _ = token
-        context = self.proxy.context
-        connect_failure(self.proxy, replica, error)
-        context.replicas.mark_down(replica.id, context.settings.down_seconds)
-        context.metrics.retried(replica.id)
-        context.balancer.forget(key, decision)
-        context.replicas.put(replica)
+        refusal = connect_failure(token.replica, error)
+        refused(self.context, token, refusal.failure if isinstance(refusal, Refused) else None)
         self.proxy.answering_here -= 1
 
     def opened(self, client: Any) -> bool:
@@ -267,7 +249,7 @@ class LaneGlue:
         log.error("the native HTTP lane's call into the router failed", exc_info=error)
 
     # the hand-over
-    def hand_over(self, native: Any, data: bytes, why: int, handed: tuple[Token | LaneAsked, OSError] | str | None
+    def hand_over(self, native: Any, data: bytes, why: int, handed: tuple[Routing | LaneAsked, OSError] | str | None
                   ) -> ClientConnection:
         """The lane gives its connection to the Python path, which reads ``data`` from the start."""
         proxy = self.proxy
@@ -285,15 +267,14 @@ class LaneGlue:
             client.check(proxy.now, proxy.limits())
         return client
 
-    def _refused(self, token: Token | LaneAsked, error: OSError) -> tuple | str:
+    def _refused(self, token: Routing | LaneAsked, error: OSError) -> tuple | str:
         """What the Python path is handed with a request whose replica refused the connection: one a sibling
         decided relays through its owner (as ``Delegated._open`` does); one routed here is retried elsewhere as
-        ``attempts.forward`` does, its routing now under a ``Lease`` (``HttpProxy._handed``)."""
+        ``attempts.forward`` does, its turn now measured (``HttpProxy._handed``)."""
         if isinstance(token, LaneAsked):
             token.refused(error)
             return _lane.RELAY
-        key, group, routing, started = token
-        return (key, group, leased(self.context, routing, started), started), error
+        return measured(token, token.start), error
 
     def take_back(self, client: ClientConnection) -> None:
         """The Python path is idle on ``client``'s connection: the lane serves it again."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
-from ...replicas import Lease, Replica
+from ...replicas import Replica
 from ..attempts import Refused, refused_or_short
 from ..errors import error_body
 from ..turns import TAIL_BYTES, Turn
@@ -33,6 +33,7 @@ from .heads import lines, remembered
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
+    from ..outcome import Routing
     from .server import ClientConnection, HttpRequest
     from .traffic import HttpProxy
 
@@ -342,55 +343,54 @@ def request_bytes(request: HttpRequest, pool: ReplicaPool, headers: bytes) -> by
                                                           pool.host_header, headers, length, body)
 
 
+Verdict = tuple[int | None, int, str | None, bool]  # an attempt's code, status, failure, accepted (``verdict``)
+GONE: Verdict = (CLIENT_CLOSED, 0, None, True)  # the client left before anything was sent: it rejects nothing
+
+
 async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpRequest, headers: bytes,
-                  lease: Lease, turn: Turn | None = None, fresh: bool = False) -> tuple[int | None, bool]:
-    """One attempt on the leased replica: the code to record (or None) and whether the replica accepted the
-    request (its response head said < 400, or the client left first). Raises ``Refused`` (retry elsewhere:
-    the connection was refused or timed out, nothing was sent).
+                  routing: Routing, fresh: bool = False) -> Verdict:
+    """One attempt on the routed replica: how it ended (``verdict``: its code to record or None, the replica's
+    status and failure, whether it accepted the request, its response head said < 400 or the client left first).
+    Raises ``Refused`` (retry elsewhere: the connection was refused or timed out, nothing was sent).
 
     A reused keep-alive connection that the replica closed before answering is
     retried once on a fresh connection to the same replica (``fresh``: that retry, after the fast path's
     pooled connection went stale).
     """
-    replica = lease.replica.id
+    replica = routing.replica.id
     if client.gone:
-        return CLIENT_CLOSED, True
+        return GONE
     pool = proxy.pools.get(replica)
 
-    async def send(conn: UpstreamConnection, reused: bool) -> tuple[int | None, bool] | None:
+    async def send(conn: UpstreamConnection, reused: bool) -> Verdict | None:
         if not reused and client.gone:
             conn.close()
-            return CLIENT_CLOSED, True
-        exchange = Exchange(proxy, client, request, replica, conn, reused, turn=turn)
+            return GONE
+        exchange = Exchange(proxy, client, request, replica, conn, reused, turn=routing.turn)
         exchange.start(request_bytes(request, pool, headers))
         assert exchange.done is not None
         if await exchange.done == STALE:
             return None
-        return verdict(proxy, lease, exchange)
+        return verdict(exchange)
 
     try:
         return await pool.exchange(send, fresh)
     except OSError as error:
-        raise connect_failure(proxy, lease.replica, error) from None
+        raise connect_failure(routing.replica, error) from None
 
 
-def connect_failure(proxy: HttpProxy, replica: Replica, error: OSError) -> Exception:
+def connect_failure(replica: Replica, error: OSError) -> Exception:
     """What a failed connect to the routed replica raises: ``Refused`` (nothing was sent: as safe to retry as a
     refusal; a timeout also counts against the replica's health), or the router's own descriptor shortage."""
     if isinstance(error, TimeoutError):
-        proxy.context.outliers.failure(replica, TIMEOUT)
-        return Refused(f"connecting to {replica.id} timed out")
+        return Refused(f"connecting to {replica.id} timed out", TIMEOUT)
     return refused_or_short(error, str(error))
 
 
-def verdict(proxy: HttpProxy, lease: Lease, exchange: Exchange) -> tuple[int | None, bool]:
-    """An ended exchange's code to record and whether the replica accepted the request, told to passive health
-    (a failure before a response head, or a 5xx head, counts towards ejection)."""
-    if exchange.failure is not None:
-        proxy.context.outliers.failure(lease.replica, exchange.failure)
-    elif exchange.status:
-        proxy.context.outliers.answered(lease.replica, exchange.status)
-    return exchange.code, accepted(exchange)
+def verdict(exchange: Exchange) -> Verdict:
+    """An ended exchange's code to record, the replica's status and failure for passive health (a failure before a
+    response head, or a 5xx head, counts towards ejection), and whether the replica accepted the request."""
+    return exchange.code, exchange.status, exchange.failure, accepted(exchange)
 
 
 def accepted(exchange: Exchange) -> bool:

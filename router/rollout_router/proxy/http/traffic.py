@@ -8,16 +8,15 @@ from typing import TYPE_CHECKING
 
 from ...fleet.rlstate import Paused
 from ...policy import NoReplicaError
-from ...replicas import Lease
 from .. import admin, rl_routes, workers
-from ..attempts import AllRefused, OutOfDescriptors, Routed, forward, route, settle
+from ..attempts import AllRefused, OutOfDescriptors, forward, route
 from ..context import RouterContext
 from ..decisions import DecisionClient
 from ..errors import RouterError
 from ..listener import Limits, traffic_limits
+from ..outcome import Routing, answered
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, body_key, decoded_body, header_key
-from ..turns import Turn
 from . import wire
 from .delegated import Delegated
 from .heads import lines
@@ -112,9 +111,9 @@ class HttpProxy(HttpListener):
         route it: ``handle`` relays it through its owner)."""
         if not isinstance(handed, tuple):
             return None
-        (key, group, routed, _), error = handed
+        routing, error = handed
         normalise(request)
-        forwarding = Forwarding(self, client, request, key, group, routed)
+        forwarding = Forwarding(self, client, request, routing.key, routing.group, routing)
         forwarding.refused = error
         return forwarding
 
@@ -135,20 +134,22 @@ class HttpProxy(HttpListener):
             if fleet is not None and key is not None and not fleet.decided_here(key, hopped := _hopped(fleet, request)):
                 # a sibling worker's key: ask it; else its owner router relays, or a pin to fetch first
                 return not hopped and self._delegate(client, request, key, group)
-            routed = route(context, key, group=group)
+            routing = route(context, key, group=group)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
             return False
         self.answering_here += 1
-        lease = routed[1]
-        forwarding = Forwarding(self, client, request, key, group, routed)
-        pool = self.pools.get(lease.replica.id)
+        forwarding = Forwarding(self, client, request, key, group, routing)
+        replica = routing.replica.id
+        pool = self.pools.get(replica)
         conn = pool.take()
         if conn is None:  # a connect to wait for
             client.answer_later(request, self.handle(client, request, forwarding))
             return True
-        forwarding.started = started = time.monotonic()
-        routed[2].begin(started)
-        Exchange(self, client, request, lease.replica.id, conn, True, turn=routed[2],
+        forwarding.started = routing.start = started = time.monotonic()
+        turn = routing.turn
+        assert turn is not None  # ``route`` measures every turn
+        turn.begin(started)
+        Exchange(self, client, request, replica, conn, True, turn=turn,
                  on_done=forwarding.done).start(request_bytes(request, pool, forwarding.headers))
         return True
 
@@ -208,18 +209,18 @@ class HttpProxy(HttpListener):
         """Forward to a replica, retrying on others as ``attempts.forward`` does, and refuse when none answers."""
         client, request = forwarding.client, forwarding.request
 
-        async def send(lease: Lease, turn: Turn) -> bool:
+        async def send(routing: Routing) -> None:
             if forwarding.refused is not None:  # the lane's connect to this replica failed
                 error, forwarding.refused = forwarding.refused, None
-                raise connect_failure(self, lease.replica, error)
+                raise connect_failure(routing.replica, error)
             started, forwarding.started = forwarding.started, None
             stale = started is not None  # the fast path's attempt, begun on a pooled connection that went stale
             if started is None:
-                started = time.monotonic()
-                turn.begin(started)
-            code, accepted = await attempt(self, client, request, forwarding.headers, lease, turn, fresh=stale)
-            self.observe(lease, code, started)
-            return accepted
+                routing.start = time.monotonic()
+                assert routing.turn is not None  # ``route`` measures every turn
+                routing.turn.begin(routing.start)
+            verdict = await attempt(self, client, request, forwarding.headers, routing, fresh=stale)
+            answered(self.context, routing, *verdict, time.monotonic())
 
         try:
             await forward(self.context, forwarding.key, send, group=forwarding.group, first=forwarding.routed)
@@ -232,11 +233,6 @@ class HttpProxy(HttpListener):
             self._refuse(client, request, RouterError(503, str(error)), "out_of_descriptors")
         except Paused as paused:
             self._refuse(client, request, RouterError(503, paused.message), paused.reason, paused.retry_after)
-
-    def observe(self, lease: Lease, code: int | None, started: float) -> None:
-        """An attempt's code and duration in the request metrics (None: nothing to record)."""
-        if code is not None:
-            self.context.metrics.observe(lease.replica.id, code, time.monotonic() - started)
 
     def _keys(self, request: HttpRequest) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key (``settings.group``): each from its headers, then its body
@@ -352,7 +348,7 @@ class Forwarding:
     __slots__ = ("proxy", "client", "request", "key", "group", "headers", "routed", "started", "refused")
 
     def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, key: str | None,
-                 group: str | None, routed: Routed | None = None) -> None:
+                 group: str | None, routed: Routing | None = None) -> None:
         self.proxy, self.client, self.request, self.key, self.group = proxy, client, request, key, group
         self.headers = lines(request.headers)  # once for every attempt
         self.routed = routed
@@ -367,11 +363,7 @@ class Forwarding:
             client.answer_later(request, proxy.handle(client, request, self))
             return
         assert self.routed is not None and self.started is not None
-        decision, lease, turn = self.routed
-        self.routed = None
-        code, accepted = verdict(proxy, lease, exchange)
-        proxy.observe(lease, code, self.started)
-        lease.release()
-        settle(proxy.context, self.key, decision, turn, accepted)
+        routing, self.routed = self.routed, None
+        answered(proxy.context, routing, *verdict(exchange), time.monotonic())
         proxy.answering_here -= 1
         client.answered(request)

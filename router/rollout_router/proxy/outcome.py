@@ -1,0 +1,93 @@
+"""One request's routing as a declared record, and the one place that records how the request ended.
+
+Every path (the coroutine path, the HTTP fast path, the native lane and its glue, gRPC, the sibling-worker
+delegation) routes into a ``Routing`` and ends it through ``answered`` or ``refused``: those are the only code
+that touches passive health, the request metrics, the turn, the replica's in-flight count and the pin after a
+request. (The lane's sticky hit, in C, records an answer below 400 on the same public state:
+``_lane_sticky.pxi``; tests/test_lane_sticky.py holds it to ``answered``.) A request whose decision a sibling
+worker made is ended in two halves, each where its state lives: the owner ``settled`` (passive health, the
+replica put back, the pin), the worker that forwarded it ``recorded`` (the metrics, the turn).
+Anchors: llm-d's request-control hooks with one end-of-stream hook; SMG's load guard released once when the
+response ends.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..observability import Metrics
+    from ..policy import Decision
+    from ..replicas import Replica, ReplicaSet
+    from .context import RouterContext
+    from .turns import Turn
+
+
+class Routing:
+    """One attempt's routing: the keys it was routed by, the policy's decision, the replica counted in flight
+    for it (``held`` until put back, once), its ``Turn`` (None: a kept turn the lane does not measure) and the
+    attempt's start (the monotonic clock: the request duration is measured from it)."""
+
+    __slots__ = ("key", "group", "decision", "replica", "turn", "start", "held")
+
+    def __init__(self, key: str | None, group: str | None, decision: Decision, replica: Replica,
+                 turn: Turn | None, start: float = 0.0) -> None:
+        self.key, self.group, self.decision, self.replica = key, group, decision, replica
+        self.turn, self.start, self.held = turn, start, True
+
+
+def put_back(replicas: ReplicaSet, routing: Routing) -> None:
+    """The replica's in-flight count taken for ``routing`` given back, once whatever ends the request."""
+    if routing.held:
+        routing.held = False
+        replicas.put(routing.replica)
+
+
+def answered(context: RouterContext, routing: Routing, code: int | str | None, status: int, failure: str | None,
+             accepted: bool, now: float, first_at: float = 0.0) -> None:
+    """The replica answered (or failed mid-answer, or the client left): both halves of the record.
+
+    ``code``: the code to count (a gRPC status's name; None: nothing); ``status``: the replica's status for passive health (0: no head,
+    a gRPC call's mapped one); ``failure``: what failed before a head; ``accepted``: whether the replica took it
+    (a rejected decision goes back to the policy); ``first_at``: the first body byte (lane, kept turn unmeasured)."""
+    settled(context, routing, status, failure, accepted)
+    recorded(context.metrics, routing.replica.id, routing.turn, code, accepted, routing.start, now, first_at)
+
+
+def settled(context: RouterContext, routing: Routing, status: int, failure: str | None, accepted: bool) -> None:
+    """The owner's half: passive health hears what the replica did, the replica is put back, and a rejected
+    decision is handed back to the policy (``Policy.forget``), so the session's pin stays as it was."""
+    if failure is not None:
+        context.outliers.failure(routing.replica, failure)
+    elif status:
+        context.outliers.answered(routing.replica, status)
+    put_back(context.replicas, routing)
+    if not accepted:
+        context.balancer.forget(routing.key, routing.decision)
+
+
+def recorded(metrics: Metrics, replica: str, turn: Turn | None, code: int | str | None, accepted: bool,
+             start: float, now: float, first_at: float = 0.0) -> None:
+    """The forwarding worker's half: the request counted by code and duration, an accepted turn's outcome (a
+    kept turn with no ``Turn``: its first byte alone, ``MarginMeter.kept_first_byte``)."""
+    if code is not None:
+        metrics.observe(replica, code, now - start)
+    if not accepted:
+        return
+    if turn is not None:
+        metrics.turn(turn)
+    elif first_at:
+        metrics.margin.kept_first_byte.observe(first_at - start)
+
+
+def refused(context: RouterContext, routing: Routing, failure: str | None = None, down: bool = True) -> None:
+    """The replica refused before a byte was exchanged (safe to retry elsewhere): passive health hears a
+    ``failure`` (a connect timed out), the replica is marked down for ``downSeconds`` and the retry counted
+    (``down``: not when the router ran out of descriptors, its own shortage), the decision is handed back and the
+    replica put back."""
+    if failure is not None:
+        context.outliers.failure(routing.replica, failure)
+    if down:
+        context.replicas.mark_down(routing.replica.id, context.settings.down_seconds)
+        context.metrics.retried(routing.replica.id)
+    context.balancer.forget(routing.key, routing.decision)
+    put_back(context.replicas, routing)
