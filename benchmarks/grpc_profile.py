@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import re
 import shlex
 import subprocess
@@ -30,6 +31,8 @@ from pathlib import Path
 import grpc_cost
 from peer_arms import tool
 from proxy_cost import cpu_seconds
+
+from rollout_router.proxy.grpc.outbound import H2Output
 
 # (category, pattern on a py-spy frame "function (file:line)"), first match from the leaf up wins
 CATEGORIES = [
@@ -50,7 +53,15 @@ CATEGORIES = [
     ("connections and calls opened (server, upstream, traffic)", r"proxy/grpc/(server|upstream|traffic|rules)\.py"),
     ("asyncio: the call's task, futures", r"asyncio/(tasks|futures|base_events|events)\.py|asyncio/timeouts"),
 ]
-SYSCALL_SITE = re.compile(r"^H2Output\.flush \(.*outbound\.py:83\)$")  # transport.write(): uvloop's write(2)
+
+
+def _write_line() -> int:
+    """The line of ``H2Output.flush``'s ``transport.write`` (found, not written down: edits move it)."""
+    lines, first = inspect.getsourcelines(H2Output.flush)
+    return first + next(i for i, line in enumerate(lines) if "transport.write(" in line)
+
+
+SYSCALL_SITE = re.compile(rf"^H2Output\.flush \(.*outbound\.py:{_write_line()}\)$")  # uvloop's write(2)
 LOOP = re.compile(r"^Runner\.run \(")  # the innermost Python frame is the loop itself: uvloop's C (reads, dispatch)
 FRAME = re.compile(r"^(.*) (\d+)$")
 SYSCALL = "write(2) called from flush"

@@ -101,6 +101,8 @@ class H2Connection(H2Output):
 
     # frames in
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if kind == h2.DATA and stream_id and self._block is None:  # a relayed message: none of the checks below apply
+            return self._data(flags, stream_id, payload)
         if self._block is not None and kind != h2.CONTINUATION:
             return self.fail(h2.PROTOCOL_ERROR, "a header block was interrupted")
         if kind == -1:
@@ -130,7 +132,7 @@ class H2Connection(H2Output):
         stream = self.streams.get(stream_id)
         if stream is None:
             return self._closed_frame(stream_id, "DATA")
-        data = h2.unpad(flags, payload)
+        data = h2.unpad(flags, payload) if flags & h2.PADDED else payload
         if data is None:
             return self.fail(h2.PROTOCOL_ERROR, "bad padding")
         if stream.ended:
