@@ -43,6 +43,43 @@ async def test_connections_queued_as_the_listener_closes_are_served():
             assert refused
 
 
+KEPT_ALIVE = REQUEST.replace(b"Connection: close\r\n", b"")
+
+
+async def test_a_connection_used_since_the_last_sweep_stays_open_however_late_the_sweep():
+    """Stopping closes a client connection once idle, but not one used since the last sweep, even when this sweep
+    comes late (a busy loop): its last use is read on the sweep's coarse clock, one sweep behind. A client that
+    sent its next turn at that moment once found the connection closed under it (a broken pipe)."""
+    async with scripted_replicas(61, 1) as replicas:
+        async with running_router(RouterSettings(backends=[replicas[0].url])) as (base, runtime):
+            proxy = runtime.http_proxy
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+            assert (await _turn(reader, writer)).startswith(b"HTTP/1.1 200")
+            swept = proxy.now
+            while proxy.now == swept:  # a sweep: the next turn is read on its clock
+                await asyncio.sleep(0.01)
+            assert (await _turn(reader, writer)).startswith(b"HTTP/1.1 200")
+            proxy.stop_accepting()
+            swept = proxy.now
+            time.sleep(1.5)  # the loop busy: the next sweep runs half a second late
+            while proxy.now == swept:
+                await asyncio.sleep(0.01)
+            answer = await _turn(reader, writer)
+            assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower(), answer[:200]
+            writer.close()
+
+
+async def _turn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One request on a kept-alive connection: its answer's head and body (b"" if the connection was closed)."""
+    writer.write(KEPT_ALIVE)
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError) as error:
+        return getattr(error, "partial", b"")
+    length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length")))
+    return head + await reader.readexactly(length)
+
+
 def _refused(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()

@@ -79,6 +79,7 @@ class Listener:
         self.context = context
         self.clients: set = set()  # ClientConnection (HTTP) or the gRPC listener's connections
         self.now = time.monotonic()  # the sweep's coarse clock
+        self.swept = self.now  # that clock at the sweep before: what a connection used since then has read
         self.budget = budget or Budget()  # bounded by ``Limits.max_buffered_bytes``
         self.buffered = 0  # this listener's share of the budget (its metric)
         self._server: asyncio.AbstractServer | None = None
@@ -205,7 +206,7 @@ class Listener:
         logged and the sweep goes on: ended, it would take every timeout, idle close and 408 with it."""
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
-            self.now = time.monotonic()
+            self.swept, self.now = self.now, time.monotonic()
             try:
                 self.tick(SWEEP_SECONDS)
             except Exception:

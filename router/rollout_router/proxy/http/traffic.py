@@ -296,9 +296,10 @@ class HttpProxy(HttpListener):
         client connections idle a moment."""
         self.pools.close_idle(self.now - KEEPALIVE_SECONDS)
         self.expire_silent(elapsed)
-        if self.closing:
+        if self.closing:  # a connection's last use is on the sweep's clock, one sweep behind: what was used since
+            idle_before = min(self.swept, self.now - CLOSING_IDLE_SECONDS)  # the last sweep reads ``swept``
             for client in list(self.clients):
-                client.close_if_idle(self.now - CLOSING_IDLE_SECONDS)
+                client.close_if_idle(idle_before)
         if self.lane is not None:
             self.lane.tick(self.now, self.now - KEEPALIVE_SECONDS)
         if self.decisions is not None:
