@@ -159,7 +159,7 @@ lint: install-test
 PYTHON_PATH_TESTS := $(addprefix tests/,test_http_wire.py test_http_fast.py test_http_bounds.py test_hardening.py \
   test_proxy.py test_end_to_end.py test_fuzz_http.py test_connect_timeout.py test_turns.py test_margin_paying.py \
   test_health.py test_first_contact.py test_descriptors.py test_group_routing.py test_session_conventions.py \
-  test_stopping.py test_decision_log.py)
+  test_stopping.py test_stopping_units.py test_decision_log.py)
 test: system-deps install-test native typecheck lint
 	$(BIN)/python -m pytest
 	ROLLOUT_ROUTER_DATA_PATH=python $(BIN)/python -m pytest -q $(PYTHON_PATH_TESTS)
