@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -341,7 +342,7 @@ def test_ctrl_c_ends_quietly_and_leaves_no_replica_running():
 @pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
                          ids=["ctrl-c to the terminal's group", "sigterm to the demo"])
 def test_interrupted_mid_rollout_the_demo_ends_quietly_and_stops_every_child(signum, to_group):
-    """Once the rounds run (the progress bar says "round 1"): a terminal's Ctrl-C (SIGINT to the whole group) or a
+    """Once the rounds run (the progress bar counts the first round's turns): a terminal's Ctrl-C (SIGINT to the whole group) or a
     SIGTERM to the demo ends it with exit 130 and no traceback, and no replica or router is left running. (Routers
     that got the Ctrl-C themselves would drain under the demo's feet: its requests would fail with tracebacks.)"""
     proc = subprocess.Popen([*SIGINT_DEFAULT, SCRIPT, "demo", "--replicas", "2", "--prompts", "2", "--samples", "2",
@@ -349,7 +350,7 @@ def test_interrupted_mid_rollout_the_demo_ends_quietly_and_stops_every_child(sig
                             start_new_session=True)
     try:
         seen = ""
-        while "round 1" not in seen:  # tqdm's bar on stderr: the first round is running
+        while not re.search(r"round 1: .*\| *[1-9]\d*/\d+", seen):  # tqdm's bar on stderr: turns are answered
             chunk = proc.stderr.read(1)
             assert chunk, f"the demo ended before its rounds: {seen}"
             seen += chunk

@@ -81,7 +81,8 @@ def fleet(replicas: int, arms: Sequence[Sequence[str]], fake_args: Sequence[str]
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    """SIGTERM or SIGHUP: what Ctrl-C does (inside a round, asyncio's own handler cancels the round cleanly)."""
+    signal.raise_signal(signal.SIGINT)
 
 
 def arms(margins: Sequence[float]) -> dict[str, list[str]]:
