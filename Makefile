@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test check native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study seed-study seed-report install install-sim install-test system-deps clean
+.PHONY: demo test check native typecheck lint test-vllm test-k8s test-dashboards test-h2spec bench-deps image image-podman study verl-study seed-study seed-report seed-rekey install install-sim install-test system-deps clean
 
 # apt-get as root, else through sudo; the package lists are fetched once per make run.
 APT := $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -132,6 +132,17 @@ seed-study: install-sim
 	  --cache benchmarks/results/seed-cache.jsonl --json-out out/seed-study.json
 seed-report: install-sim
 	$(BIN)/python -m rollout_router.sim.seedreport --docs docs/simulator.md --readme README.md
+
+# After a change to the model's source that must keep every result (a refactor of the simulator or of the policies
+# and their hot state in core/), which changes every cached step's key: `make seed-rekey FROM=<the commit before
+# it>` re-runs VERIFY of the steps the model at FROM computed, JOBS processes, and only if each is identical appends
+# them all to benchmarks/results/seed-cache.jsonl under the current source's key (sim/rekey.py); if one differs it
+# writes nothing and fails.
+VERIFY ?= 12
+seed-rekey: install-sim
+	$(if $(FROM),,$(error seed-rekey needs FROM=<git revision>, e.g. make seed-rekey FROM=HEAD~1))
+	nice -n 10 $(BIN)/python -m rollout_router.sim.rekey --cache benchmarks/results/seed-cache.jsonl \
+	  --from $(FROM) --grid seed --verify $(VERIFY) --jobs $(JOBS)
 
 # The fast tier, under a minute: the linter, the layering contract and the tests of the pure parts (the policies,
 # the wire parsers, the Kubernetes rendering and the CRD, the settings, the tallies), no server started; for the
