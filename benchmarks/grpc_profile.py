@@ -32,6 +32,7 @@ import grpc_cost
 from peer_arms import tool
 from proxy_cost import cpu_seconds
 
+from rollout_router.proxy.grpc.conn import H2Connection
 from rollout_router.proxy.grpc.outbound import H2Output
 
 # (category, pattern on a py-spy frame "function (file:line)"), first match from the leaf up wins
@@ -55,16 +56,22 @@ CATEGORIES = [
 ]
 
 
-def _write_line() -> int:
-    """The line of ``H2Output.flush``'s ``transport.write`` (found, not written down: edits move it)."""
-    lines, first = inspect.getsourcelines(H2Output.flush)
-    return first + next(i for i, line in enumerate(lines) if "transport.write(" in line)
+def _line(function: object, text: str) -> int:
+    """The line of ``function`` that holds ``text`` (found, not written down: edits move it)."""
+    lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
+    return first + next(i for i, line in enumerate(lines) if text in line)
 
 
-SYSCALL_SITE = re.compile(rf"^H2Output\.flush \(.*outbound\.py:{_write_line()}\)$")  # uvloop's write(2)
+# uvloop's write(2) from ``H2Output.flush`` (frames written outside a read) ...
+SYSCALL_SITE = re.compile(rf"^H2Output\.flush \(.*outbound\.py:{_line(H2Output.flush, 'transport.write(')}\)$")
+# ... and where a read is handled: with the compiled frame engine, a sample there is in its C (the DATA relay, the
+# windows) or in the socket writes it makes at the read's end, not in the interpreter (the Python it calls back
+# into shows as deeper frames); without it, the deeper frames are always there
+ENGINE_SITE = re.compile(rf"^H2Connection\._work \(.*conn\.py:{_line(H2Connection._work, 'h2.read(')}\)$")
 LOOP = re.compile(r"^Runner\.run \(")  # the innermost Python frame is the loop itself: uvloop's C (reads, dispatch)
 FRAME = re.compile(r"^(.*) (\d+)$")
 SYSCALL = "write(2) called from flush"
+ENGINE = "the compiled frame engine's C and the socket writes it makes"
 KERNEL_ENTRY = re.compile(r"\[k\] (__x64_sys_\w+|ksys_\w+|do_syscall_64|tcp_sendmsg|tcp_recvmsg|sock_\w+_iter|"
                           r"schedule|asm_sysvec_\w+|asm_common_interrupt|net_rx_action|__do_softirq)$")
 
@@ -72,7 +79,8 @@ KERNEL_ENTRY = re.compile(r"\[k\] (__x64_sys_\w+|ksys_\w+|do_syscall_64|tcp_send
 def by_category(stacks: str) -> tuple[collections.Counter[str], int]:
     """Samples per category from py-spy's raw (collapsed) stacks, and the total. A sample whose innermost frame
     is the socket write is the kernel's (perf counts that CPU, py-spy also the time the process was preempted
-    there, which on shared cores is most of it): it is counted as ``SYSCALL``, left out of the user split."""
+    there, which on shared cores is most of it): it is counted as ``SYSCALL``, left out of the user split, as is a
+    sample in the compiled frame engine (``ENGINE``: its C, and the socket writes it makes)."""
     counts: collections.Counter[str] = collections.Counter()
     total = 0
     rules = [(name, re.compile(pattern)) for name, pattern in CATEGORIES]
@@ -84,6 +92,9 @@ def by_category(stacks: str) -> tuple[collections.Counter[str], int]:
         total += samples
         if SYSCALL_SITE.match(frames[-1]):
             counts[SYSCALL] += samples
+            continue
+        if ENGINE_SITE.match(frames[-1]):
+            counts[ENGINE] += samples
             continue
         if LOOP.match(frames[-1]):
             counts["uvloop's own C (the loop, reads, callbacks), under no Python frame"] += samples
@@ -150,11 +161,12 @@ def main() -> int:
                 args.stacks.write_text(Path(raw).read_text())
         python = libraries.get("libpython3.11.so.1.0", 0.0) or next(
             (v for k, v in libraries.items() if k.startswith("libpython")), 0.0)
-        kept = {k: v for k, v in counts.items() if k != SYSCALL and not k.startswith("uvloop")}
+        kept = {k: v for k, v in counts.items() if k not in (SYSCALL, ENGINE) and not k.startswith("uvloop")}
         kept_total = sum(kept.values())
         print(f"\npy-spy window: {out['ok']} calls, router CPU {out['router_s'] * 1e6 / out['ok']:.0f} µs per call "
-              f"(/proc); {total} samples holding the GIL, {counts[SYSCALL]} of them in the socket write's syscall "
-              f"and {total - kept_total - counts[SYSCALL]} in uvloop's C: the other {kept_total} split perf's "
+              f"(/proc); {total} samples holding the GIL, {counts[SYSCALL]} of them in the socket write's syscall, "
+              f"{counts[ENGINE]} in the compiled frame engine (its C and its socket writes) "
+              f"and {total - kept_total - counts[SYSCALL] - counts[ENGINE]} in uvloop's C: the other {kept_total} split perf's "
               f"libpython ({python:.0f} µs per call) by where the Python stack was:")
         print("| where (innermost known frame) | share | µs per call | µs per message |\n|---|---|---|---|")
         for name, samples in sorted(kept.items(), key=lambda item: -item[1]):

@@ -62,3 +62,182 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
         view = payload
         memcpy(head + 9, &view[0], length)
     return out
+
+
+# The relay: what conn.H2Connection._work does with a read, with the two frames a call's answer is made of handled
+# here whole (a replica stream's DATA passed to its client stream, a WINDOW_UPDATE) and every other frame handed to
+# the connection's ``_frame`` as before. What is handled here is exactly what the Python methods would have done
+# (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
+# conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
+# stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
+# error) goes to Python. h2.py_work is the reference: the same loop with every frame given to ``_frame``.
+cdef enum:
+    DATA = 0
+    WINDOW_UPDATE = 8
+    END_STREAM = 0x1
+    PADDED = 0x8
+    MAX_WINDOW = 0x7FFFFFFF
+
+CONNECTION_HALF = 8 << 20  # conn.CONNECTION_WINDOW // 2: the connection's window is returned in halves of it
+cdef Py_ssize_t _CONNECTION_HALF = CONNECTION_HALF
+
+
+cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char* payload, Py_ssize_t length):
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, 9 + length)
+    cdef unsigned char* head = <unsigned char*> PyBytes_AS_STRING(out)
+    head[0], head[1], head[2], head[3] = (length >> 16) & 0xFF, (length >> 8) & 0xFF, length & 0xFF, kind
+    head[4] = 0
+    head[5], head[6], head[7], head[8] = (stream_id >> 24) & 0xFF, (stream_id >> 16) & 0xFF, (stream_id >> 8) & 0xFF, \
+        stream_id & 0xFF
+    if length:
+        memcpy(head + 9, payload, length)
+    return out
+
+
+cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsigned char* payload,
+                      Py_ssize_t length, list dirty, type relay) except -1:
+    """A replica stream's DATA frame passed to its client's stream (True), or nothing done (False: Python's turn)."""
+    if flags & (END_STREAM | PADDED) or length == 0:
+        return False
+    cdef dict streams = conn.streams
+    stream = streams.get(stream_id)
+    if stream is None or stream.ended or stream.expected is not None:
+        return False
+    call = stream.owner
+    if type(call) is not relay or call.ustream is not stream or call.upstream is not conn:
+        return False
+    turn = call.turn
+    if turn is not None and turn.first_byte is None:  # the first message stamps the turn: Python
+        return False
+    client, out = call.client, call.stream
+    if out.owner is not call or out.pending is not None or client.write_paused or client.closed:
+        return False
+    cdef Py_ssize_t stream_window = out.window, window = client.window
+    cdef Py_ssize_t unacked = conn._unacked + length
+    if length > stream_window or length > window or unacked >= _CONNECTION_HALF:
+        return False
+    # conn.H2Connection._data: the connection's window (returned in halves, never here: checked above), the
+    # empty-frame guard (not empty), the stream's count
+    conn._unacked = unacked
+    conn.guard.empty = 0
+    stream.got += length
+    # call.Call.on_data: the replica's message; ``backlog`` grows by ``length`` and shrinks by it in on_written below
+    call.first = True
+    call.relayed = True
+    call.heard += 1
+    last = call.last
+    if last is not None:
+        last.feed(PyBytes_FromStringAndSize(<const char*> payload, length))
+    # outbound: send_data, _push and emit (within a read: written by flush_dirty)
+    cdef list pending = client._out
+    if not pending:
+        dirty.append(client)
+    pending.append(_framed(DATA, out.id, payload, length))
+    out.window = stream_window - length
+    client.window = window - length
+    # call.Call.on_written: the client's connection took the bytes, so the replica may send more (consume)
+    cdef Py_ssize_t returned = stream.unacked + length
+    cdef unsigned char increment[4]
+    if returned >= conn.stream_window // 2:
+        increment[0], increment[1], increment[2], increment[3] = (returned >> 24) & 0xFF, (returned >> 16) & 0xFF, \
+            (returned >> 8) & 0xFF, returned & 0xFF
+        conn.emit(_framed(WINDOW_UPDATE, stream_id, increment, 4))
+        returned = 0
+    stream.unacked = returned
+    return True
+
+
+cdef bint _window_update(object conn, unsigned int stream_id, const unsigned char* payload) except -1:
+    """conn.H2Connection._window_update when the increment is valid and the stream known (True), else False."""
+    cdef Py_ssize_t increment = ((<Py_ssize_t> payload[0] & 0x7F) << 24) | (<Py_ssize_t> payload[1] << 16) | \
+        (<Py_ssize_t> payload[2] << 8) | payload[3]
+    cdef Py_ssize_t window
+    if increment == 0:
+        return False
+    if stream_id == 0:
+        window = conn.window
+        if window + increment > MAX_WINDOW:
+            return False
+        conn.window = window + increment
+    else:
+        stream = (<dict> conn.streams).get(stream_id)
+        if stream is None:
+            return False
+        window = stream.window
+        if window + increment > MAX_WINDOW:
+            return False
+        stream.window = window + increment
+    if conn._blocked:
+        conn._drain()
+    return True
+
+
+cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay):
+    """h2.py_work: handle the complete frames at the start of ``buffer`` worth at most ``limit`` units of work,
+    removing them from it; whether the limit was what stopped it. Called within a read (outbound.begin_read)."""
+    cdef Py_ssize_t offset = 0, size, work = 0, length, end
+    cdef const unsigned char* data
+    cdef int kind, flags
+    cdef unsigned int stream_id
+    cdef bint more = False, dropping = False
+    _frame = conn._frame
+    try:
+        while True:
+            dropping = dropping or conn.closed  # frames after one that closed it are consumed, not handled
+            size = PyByteArray_GET_SIZE(buffer)  # (read again after each call into Python)
+            if size - offset < 9:
+                break
+            if work >= limit:
+                more = not dropping
+                break
+            data = <const unsigned char*> PyByteArray_AS_STRING(buffer) + offset
+            length = (<Py_ssize_t> data[0] << 16) | (<Py_ssize_t> data[1] << 8) | data[2]
+            if length > FRAME_SIZE:
+                offset = size
+                if not dropping:
+                    _frame(-1, 0, 0, b"")
+                break
+            end = offset + 9 + length
+            if end > size:
+                break
+            kind = data[3]
+            flags = data[4]
+            stream_id = ((<unsigned int> data[5] & 0x7F) << 24) | (<unsigned int> data[6] << 16) | \
+                (<unsigned int> data[7] << 8) | data[8]
+            work += head_work if kind == HEADERS or kind == CONTINUATION else 1
+            offset = end
+            if dropping:
+                continue
+            if kind == DATA and stream_id and conn._block is None:
+                if _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
+                    continue
+            elif kind == WINDOW_UPDATE and length == 4 and conn._block is None:
+                if _window_update(conn, stream_id, data + 9):
+                    continue
+            _frame(kind, flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+    finally:
+        del buffer[:offset]
+    return more
+
+
+cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
+                type relay):
+    """h2.py_read: one read handled (``work``, with ``reading[0]`` set, as outbound.begin_read does), then what it
+    produced written, one write per connection (outbound.flush_dirty, H2Output.flush); whether frames are left
+    for the next turn (the limit stopped it and ``conn`` is still open)."""
+    cdef bint more = False
+    cdef list out
+    reading[0] = True
+    try:
+        more = work(conn, buffer, limit, head_work, dirty, relay)
+    finally:
+        reading[0] = False
+        while dirty:
+            written = dirty.pop()
+            out = written._out
+            if out and not written.closed:
+                transport = written.transport
+                if transport is not None:
+                    transport.write(out[0] if len(out) == 1 else b"".join(out))
+            del out[:]
+    return more and not conn.closed

@@ -10,8 +10,15 @@ its writer on the other; the connection-level window is returned on receipt,
 since every stream's own window already bounds what it can make us hold.
 
 Frames built while one read is handled are written together when it ends
-(``flush_dirty``), so messages that arrive together leave in one write; frames
+(``h2.read``), so messages that arrive together leave in one write; frames
 written from elsewhere leave on the next turn of the event loop.
+
+A read is handled by ``h2.read``: in the compiled frame engine
+(``_grpc_frames.pyx``) a replica stream's DATA is passed to its client stream
+and WINDOW_UPDATE frames are applied there, without a Python call per frame,
+whenever no branch of the methods here but the plain one could be taken; every
+other frame comes to ``_frame``. ``h2.py_read`` (the reference, and what runs
+without the engine) gives every frame to ``_frame``.
 """
 from __future__ import annotations
 
@@ -23,8 +30,9 @@ import hpack
 from . import guard as budgets
 from . import h2
 from .blocks import BlockDecoder
+from .call import Call
 from .guard import Guard
-from .outbound import H2Output, Stream, begin_read, flush_dirty
+from .outbound import DIRTY, READING, H2Output, Stream
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +90,7 @@ class H2Connection(H2Output):
         """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
         ``head_work``); with more waiting, stop reading and go on next turn (one connection's burst cannot hold the
         event loop)."""
-        frames, used, more = h2.split_frames(self._buffer, budgets.FRAMES_PER_TURN, self.guard.head_work)
-        del self._buffer[:used]
-        begin_read()
-        try:
-            for kind, flags, stream_id, payload in frames:
-                if self.closed:
-                    break
-                self._frame(kind, flags, stream_id, payload)
-        finally:
-            flush_dirty()
-        more = more and not self.closed
+        more = h2.read(self, self._buffer, budgets.FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call)
         if more != self._yielding and self.transport is not None:
             self._yielding = more
             (self.transport.pause_reading if more else self.transport.resume_reading)()

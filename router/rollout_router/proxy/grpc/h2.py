@@ -13,6 +13,7 @@ import os
 import struct
 from collections.abc import Iterable
 from types import ModuleType
+from typing import Protocol
 from urllib.parse import quote
 
 from .frame_sources import source_hash
@@ -170,6 +171,46 @@ def py_split_frames(buffer: bytearray, limit: int, head_work: int = 1
     return frames, offset, False
 
 
+class _Reader(Protocol):
+    closed: bool
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None: ...
+    def flush(self) -> None: ...
+
+
+def py_work(conn: _Reader, buffer: bytearray, limit: int, head_work: int, dirty: list, relay: type) -> bool:
+    """Handle the complete frames at the start of ``buffer`` worth at most ``limit`` units of work (as
+    ``split_frames`` counts it), each by ``conn._frame``, removing them from ``buffer``; whether the limit was
+    what stopped it (the connection goes on next turn). Frames after one that closed ``conn`` are dropped.
+
+    The reference of ``_grpc_frames.work`` (``work`` is whichever runs), which handles a replica stream's DATA
+    relayed to its client stream (``relay``, the call class, owning both; ``dirty``, the connections written at
+    the read's end) and WINDOW_UPDATE frames itself, exactly as ``_frame`` would, and gives ``_frame`` the rest."""
+    frames, used, more = py_split_frames(buffer, limit, head_work)
+    del buffer[:used]
+    for kind, flags, stream_id, payload in frames:
+        if conn.closed:
+            return False
+        conn._frame(kind, flags, stream_id, payload)
+    return more and not conn.closed
+
+
+def py_read(conn: _Reader, buffer: bytearray, limit: int, head_work: int, dirty: list, reading: list[bool],
+            relay: type) -> bool:
+    """One read of ``conn`` handled: ``reading[0]`` set while ``work`` handles it (so what is emitted waits for
+    the read's end: outbound.begin_read), then the connections in ``dirty`` written (outbound.flush_dirty);
+    whether frames are left for the next turn. The reference of ``_grpc_frames.read`` (``read`` is whichever
+    runs)."""
+    reading[0] = True
+    try:
+        more = py_work(conn, buffer, limit, head_work, dirty, relay)
+    finally:
+        reading[0] = False
+        while dirty:
+            dirty.pop().flush()
+    return more and not conn.closed
+
+
 def unpad(flags: int, payload: bytes) -> bytes | None:
     """A DATA or HEADERS payload without its padding; None when the padding is malformed."""
     if not flags & PADDED:
@@ -202,4 +243,5 @@ def engine_unavailable() -> str | None:
 
 
 _compiled = _engine() if engine_unavailable() is None else None
-frame, split_frames = (_compiled.frame, _compiled.split_frames) if _compiled is not None else (py_frame, py_split_frames)
+frame, split_frames, work, read = (_compiled.frame, _compiled.split_frames, _compiled.work, _compiled.read) \
+    if _compiled is not None else (py_frame, py_split_frames, py_work, py_read)

@@ -18,7 +18,9 @@ from . import h2
 STREAM_WINDOW = 1 << 20  # what a peer may send on one stream before we pass it on
 CLOSED_MEMORY = 256  # closed streams remembered, to tell a peer's late frames from its errors
 _dirty: list[H2Output] = []
-_reading = [False]  # a read is being handled: its ``flush_dirty`` writes what it emits (no callback needed)
+DIRTY = _dirty  # the connections with frames to write at the read's end (h2.work appends to it)
+_reading = [False]  # a read is being handled (``h2.read``): it writes what it emits at its end (no callback needed)
+READING = _reading
 
 
 class Owner(Protocol):
@@ -47,14 +49,8 @@ class Stream:
         self.got = 0  # DATA bytes from the peer
 
 
-def begin_read() -> None:
-    """A read is handled from here to its ``flush_dirty``: what it emits is written there, so ``emit`` schedules no
-    callback of its own for it (one event loop callback per relayed message saved)."""
-    _reading[0] = True
-
-
 def flush_dirty() -> None:
-    """Write what the read just handled produced, one write per connection."""
+    """Write what was emitted, one write per connection (``h2.read`` does this at a read's end itself)."""
     _reading[0] = False
     while _dirty:
         _dirty.pop().flush()
