@@ -63,11 +63,12 @@ $(VENV)/.installed-peers: Makefile | $(VENV)/.installed-test
 	$(BIN)/pip install --quiet $(PEER_ROUTERS)
 	touch $@
 
-# The traffic port's native HTTP lane (docs/architecture.md), rebuilt in place when its sources change; the
-# installs above build it too (hatch_build.py, pyproject.toml's build hook). Without a C compiler the router runs
+# The traffic port's native HTTP lane and the core it calls (docs/architecture.md), rebuilt in place when their
+# sources change; the installs above build them too (hatch_build.py, pyproject.toml's build hook). Without a C compiler the router runs
 # its Python data path and the lane's tests say why they cannot run.
 LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/_lane*.p*) router/rollout_router/proxy/http/lane_sources.py hatch_build.py \
-	$(wildcard router/rollout_router/proxy/grpc/_grpc_frames.p*) router/rollout_router/proxy/grpc/frame_sources.py
+	$(wildcard router/rollout_router/proxy/grpc/_grpc_frames.p*) router/rollout_router/proxy/grpc/frame_sources.py \
+	$(wildcard router/rollout_router/core/*.py router/rollout_router/core/*.p*)
 $(VENV)/.lane: $(LANE_SOURCES) | $(VENV)/.installed-test
 	@$(BIN)/python hatch_build.py || { cc="$$($(BIN)/python -c 'import sysconfig; print((sysconfig.get_config_var("CC") or "cc").split()[0])')"; \
 	  ! command -v "$$cc" >/dev/null || exit 1; echo "make: no C compiler ($$cc): the router runs its Python data path"; }
@@ -144,10 +145,15 @@ seed-rekey: install-sim
 	nice -n 10 $(BIN)/python -m rollout_router.sim.rekey --cache benchmarks/results/seed-cache.jsonl \
 	  --from $(FROM) --grid seed --verify $(VERIFY) --jobs $(JOBS)
 
-# The fast tier, under a minute: the linter, the layering contract and the tests of the pure parts (the policies,
-# the wire parsers, the Kubernetes rendering and the CRD, the settings, the tallies), no server started; for the
-# edit-test loop. `make test` runs all of it too.
-CHECK_TESTS := $(addprefix tests/,test_policy.py test_policy_cost.py test_policy_groups.py test_http_wire.py \
+# The core's tests and those of the policies and tallies built on it, which run once more on the core's Python
+# source (ROLLOUT_ROUTER_CORE=python; router/rollout_router/core/__init__.py): both builds under one suite.
+CORE_TESTS := $(addprefix tests/,test_core.py test_policy.py test_policy_cost.py test_policy_groups.py test_loads.py \
+  test_tallies.py test_turns.py)
+
+# The fast tier, under a minute: the linter, the layering contract and the tests of the pure parts (the core on
+# both builds, the policies, the wire parsers, the Kubernetes rendering and the CRD, the settings, the tallies),
+# no server started; for the edit-test loop. `make test` runs all of it too.
+CHECK_TESTS := $(addprefix tests/,test_core.py test_loads.py test_policy.py test_policy_cost.py test_policy_groups.py test_http_wire.py \
   test_lane_parse.py test_render.py test_render_fleet.py test_render_monitoring.py test_render_security.py \
   test_render_workers.py test_render_cli.py test_crd.py test_tallies.py test_stopping_units.py test_fleet_units.py \
   test_health_units.py test_backend_urls.py test_registry.py)
@@ -155,6 +161,7 @@ check: install-test native
 	$(BIN)/ruff check
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q $(CHECK_TESTS)
+	ROLLOUT_ROUTER_CORE=python $(BIN)/python -m pytest -q $(CORE_TESTS)
 
 # The quick tier: the type check (mypy, both packages), the linter and the layering contract
 # (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.
@@ -166,14 +173,16 @@ lint: install-test
 	$(BIN)/lint-imports --no-cache
 
 # The suite runs the traffic port on its native lane where it is built (the default, --data-path auto); the data
-# path's own modules run once more on the Python data path alone, which the lane hands every other request to.
+# path's own modules run once more on the Python data path alone, which the lane hands every other request to,
+# over the core's Python source, with the core's own tests (CORE_TESTS).
 PYTHON_PATH_TESTS := $(addprefix tests/,test_http_wire.py test_http_fast.py test_http_bounds.py test_hardening.py \
   test_proxy.py test_end_to_end.py test_fuzz_http.py test_connect_timeout.py test_turns.py test_margin_paying.py \
   test_health.py test_first_contact.py test_descriptors.py test_group_routing.py test_session_conventions.py \
   test_stopping.py test_stopping_units.py test_decision_log.py)
 test: system-deps install-test native typecheck lint
 	$(BIN)/python -m pytest
-	ROLLOUT_ROUTER_DATA_PATH=python $(BIN)/python -m pytest -q $(PYTHON_PATH_TESTS)
+	ROLLOUT_ROUTER_DATA_PATH=python ROLLOUT_ROUTER_CORE=python $(BIN)/python -m pytest -q $(PYTHON_PATH_TESTS) \
+	  $(CORE_TESTS)
 
 # The chart's dashboards against Grafana's own types (tests/grafana: grafana-foundation-sdk's strict decoder,
 # a Go module); needs Go, so it is a tier of its own, run by .ci/run. `make test` checks them in Python.

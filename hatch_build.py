@@ -1,6 +1,7 @@
-"""Builds the HTTP traffic port's native lane (router/rollout_router/proxy/http/_lane.pyx) at install time.
+"""Builds the HTTP traffic port's native lane (router/rollout_router/proxy/http/_lane.pyx) and the hot state it
+calls (router/rollout_router/core: plain Python modules with ``.pxd`` interfaces) at install time.
 
-Cython turns the lane into C and the machine's C compiler builds it. Without either the install goes on
+Cython turns the lane and the core into C and the machine's C compiler builds it. Without either the install goes on
 without the lane, and the router runs its pure-Python data path, which it always keeps (``lane.py`` says
 which one a router runs; ``--data-path native`` refuses to start without the lane). hatchling runs this as
 its build hook (pyproject.toml ``[tool.hatch.build.hooks.custom]``): an editable install builds the module in
@@ -22,6 +23,7 @@ PACKAGE = ROOT / "router" / "rollout_router" / "proxy" / "http"
 MODULE = "rollout_router.proxy.http._lane"
 GRPC = ROOT / "router" / "rollout_router" / "proxy" / "grpc"
 FRAMES = "rollout_router.proxy.grpc._grpc_frames"  # the gRPC relay's frame engine, built beside the lane
+CORE = ROOT / "router" / "rollout_router" / "core"  # compiled first: the lane cimports its .pxd
 
 
 def _sources(path: Path = PACKAGE / "lane_sources.py") -> ModuleType:
@@ -41,12 +43,21 @@ def build(work: Path, target: Path | None = None, flags: tuple[str, ...] = ()) -
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
 
-    extensions = [Extension(name, [str(source)], extra_compile_args=["-O2", *flags], extra_link_args=list(flags))
-                  for name, source in ((MODULE, PACKAGE / "_lane.pyx"), (FRAMES, GRPC / "_grpc_frames.pyx"))]
+    def extension(name: str, source: Path) -> Extension:
+        return Extension(name, [str(source)], extra_compile_args=["-O2", *flags], extra_link_args=list(flags))
+
+    core = _sources(CORE / "sources.py")
     hashes = {"LANE_SOURCE_HASH": _sources().source_hash(PACKAGE),
-              "GRPC_FRAMES_SOURCE_HASH": _sources(GRPC / "frame_sources.py").source_hash(GRPC)}
-    modules = cythonize(extensions, build_dir=str(work / "cython"), quiet=True, language_level=3,
-                        compile_time_env=hashes, force=True)
+              "GRPC_FRAMES_SOURCE_HASH": _sources(GRPC / "frame_sources.py").source_hash(GRPC),
+              "CORE_SOURCE_HASH": core.source_hash(CORE)}
+    options = {"build_dir": str(work / "cython"), "quiet": True, "language_level": 3, "force": True,
+               "include_path": [str(ROOT / "router")], "compile_time_env": hashes}
+    # the core's annotations are for mypy: its .pxd files alone say what Cython types
+    modules = cythonize([extension(f"rollout_router.core.{name}", CORE / f"{name}.py") for name in core.COMPILED]
+                        + [extension("rollout_router.core._built", CORE / "_built.pyx")],
+                        compiler_directives={"annotation_typing": False}, **options)
+    modules += cythonize([extension(MODULE, PACKAGE / "_lane.pyx"), extension(FRAMES, GRPC / "_grpc_frames.pyx")],
+                         **options)
     distribution = Distribution({"ext_modules": modules, "package_dir": {"": "router"}})
     command = distribution.get_command_obj("build_ext")
     command.inplace = target is None
@@ -91,6 +102,9 @@ class LaneBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
             build_data["force_include"][str(built)] = f"rollout_router/proxy/http/{built.name}"
             frames = GRPC / built.name.replace("_lane", "_grpc_frames", 1)
             build_data["force_include"][str(frames)] = f"rollout_router/proxy/grpc/{frames.name}"
+            for name in (*_sources(CORE / "sources.py").COMPILED, "_built"):
+                module = CORE / built.name.replace("_lane", name, 1)
+                build_data["force_include"][str(module)] = f"rollout_router/core/{module.name}"
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
 

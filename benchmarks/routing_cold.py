@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import statistics
 import sys
 import time
@@ -36,7 +35,7 @@ from typing import Any
 from lane_floor import Stubbed
 
 from rollout_router.app import Runtime
-from rollout_router.policy import sessions
+from rollout_router.core.pins import replica_slot, used_now
 from rollout_router.policy.affinity import AffinityPolicy
 from rollout_router.proxy.http.lane import LaneGlue, unavailable
 from rollout_router.proxy.turns import KEPT, Turn
@@ -54,23 +53,20 @@ def fused(glue: LaneGlue) -> Calls:
     policy = context.balancer.policy
     assert isinstance(policy, AffinityPolicy) and policy.margin is None and context.fleet is None
     table, counters, replicas, metrics, proxy = policy.table, policy.counters, context.replicas, context.metrics, glue.proxy
-    pins, slots, live, loads, pools = table._pins, table._replicas, replicas._live, replicas._http, glue.pools
-    ttfb, clock = metrics.margin._ttfb[KEPT], context.balancer._clock
-    unused, slot_mask, used_shift = sessions._UNUSED, sessions._SLOT_MASK, sessions._SLOT_BITS
+    pins, slots, live, loads, pools = table.pins, table.replicas, replicas.members, replicas.indexes[0], glue.pools
+    ttfb, clock = metrics.margin.kept_first_byte, context.balancer.clock
 
     def route(_client: Any, _path: bytes, _size: int, _key_at: int, key: bytes, _group_at: int, _group: Any,
               now: float) -> tuple[Any, bool, tuple[Any, ...]]:
         session = key.decode()
         packed = pins[session]
-        replica_id = slots[packed & slot_mask]
-        pins[session] = packed & unused | math.ceil(clock() * 1000) << used_shift  # the policy's clock
+        replica_id = slots[replica_slot(packed)]
+        pins[session] = used_now(packed, clock())  # the policy's clock
         pins.move_to_end(session)
         counters.affinity_kept += 1
         replica = live[replica_id]
         replica.inflight += 1
-        before = loads[replica_id]
-        dict.__setitem__(loads, replica_id, replica.inflight + replica.external)
-        loads._moved.setdefault(replica_id, before)
+        loads.move(replica_id, replica.inflight + replica.external)
         turn = Turn(KEPT, None, False)
         turn.started = now
         proxy.answering_here += 1
@@ -81,14 +77,12 @@ def fused(glue: LaneGlue) -> Calls:
         replica, turn, started = token
         turn.first_byte = first_at - started
         replica.failures = replica.server_errors = 0
-        count, spread = metrics._children[(replica.id, code)]
+        count, spread = metrics.series[(replica.id, code)]
         count.value += 1
         spread.counts[bisect_left(spread.bounds, now - started)] += 1
         spread.sum += now - started
         replica.inflight -= 1
-        before = loads[replica.id]
-        dict.__setitem__(loads, replica.id, replica.inflight + replica.external)
-        loads._moved.setdefault(replica.id, before)
+        loads.move(replica.id, replica.inflight + replica.external)
         ttfb.counts[bisect_left(ttfb.bounds, turn.first_byte)] += 1
         ttfb.sum += turn.first_byte
         proxy.answering_here -= 1

@@ -13,8 +13,8 @@ import logging
 import pytest
 
 from rollout_router.app import Runtime
+from rollout_router.core.pins import SessionTable
 from rollout_router.policy.base import Counters
-from rollout_router.policy.sessions import SessionTable
 from rollout_router.proxy.http import server
 from rollout_router.settings import MetricsSettings, RouterSettings, SessionSettings
 from tests.support import NO_PROBES, running_router, wait_for
@@ -286,7 +286,7 @@ async def test_the_runtime_expires_pins_in_batches_and_lets_the_loop_run(monkeyp
     monkeypatch.setattr(app, "EXPIRY_BATCH", 10)
     clock = [0.0]
     runtime = Runtime(RouterSettings(session=SessionSettings(idle_timeout_seconds=5)))
-    runtime.balancer._clock = lambda: clock[0]
+    runtime.balancer.clock = lambda: clock[0]
     for index in range(25):
         runtime.balancer.policy.table.pin(f"k{index}", "r", now=0.0)
     clock[0] = 100.0

@@ -49,9 +49,9 @@ async def test_the_common_request_is_forwarded_by_the_lane_and_leaves_nothing_he
             assert runtime.metrics.status()["affinity_kept"] == 4
             path = runtime.metrics.status()["data_path"]
             assert path["http"] == "native" and path["lane_requests"] == 5 and not any(path["lane_handovers"].values())
-            # one session: a new pin (a measured turn: LaneGlue), its first hit (the policy's: its replica's kept
-            # decision is made), three sticky hits routed in C; the four kept turns' answers are recorded in C
-            assert path["lane_sticky"] == {"routed": 3, "recorded": 4}
+            # one session: a new pin (a measured turn: LaneGlue), then four sticky hits routed in C (the replica's
+            # kept decision made on the first); the four kept turns' answers are recorded in C
+            assert path["lane_sticky"] == {"routed": 4, "recorded": 4}
             [(_, _, body)] = await exchange(runtime.admin_url, b"GET /metrics HTTP/1.1\r\nHost: r\r\n\r\n")
             assert b"rolloutrouter_http_lane_requests_total 5.0" in body
         async with running_router(RouterSettings(backends=[url], health=NO_PROBES), data_path="python") as (_, runtime):

@@ -186,11 +186,11 @@ def test_a_kept_turn_is_routed_and_recorded_by_the_sticky_hit_with_its_pins_last
     started = time.monotonic()
     first = route(runtime, "s", started)  # a new session: the policy places it (LaneGlue)
     finish(runtime, first[2], "ok", started + 0.01)
-    route(runtime, "s", started + 1)  # its first hit: LaneGlue (the replica's kept decision is made)
-    assert (sticky.hits, sticky.answers) == (0, 0)  # a new session's turn is measured: LaneGlue records it
+    route(runtime, "s", started + 1)  # its first hit: kept here (the replica's kept decision made on first use)
+    assert (sticky.hits, sticky.answers) == (1, 0)  # a new session's turn is measured: LaneGlue records it
     then = started + 5.5
     kept = route(runtime, "s", then)
-    assert sticky.hits == 1 and decision(kept)[5].value == "kept" and decision(kept)[4] == decision(first)[4]
+    assert sticky.hits == 2 and decision(kept)[5].value == "kept" and decision(kept)[4] == decision(first)[4]
     assert runtime.balancer.policy.table.used("s", then) == math.ceil(then * 1000) / 1000
     assert runtime.replicas.get(decision(kept)[4]).inflight == 2 and runtime.http_proxy.answering == 2
     finish(runtime, kept[2], "ok", then + 0.02)
@@ -207,16 +207,16 @@ def test_the_sticky_hit_declines_what_it_does_not_decide():
         finish(runtime, token, "ok", now)
     runtime.balancer.policy.configure(LiveConfig(margin=0))
     held = route(runtime, "s", now)  # within the margin (every replica idle): kept here, and held
-    assert sticky.hits == 1
+    assert sticky.hits == 2  # (its first hit was kept here too)
     moved = route(runtime, "s", now)  # its replica one ahead of the least loaded: the policy breaks the pin
-    assert decision(moved)[5].value == "broken" and sticky.hits == 1
+    assert decision(moved)[5].value == "broken" and sticky.hits == 2
     for token in (held[2], moved[2]):
         finish(runtime, token, "ok", now)
     hits = sticky.hits
-    runtime.balancer.policy.configure(LiveConfig(margin=None, full_determinism=True))  # every pin kept: here,
-    for _ in range(2):  # once the policy has made its new replica's kept decision
+    runtime.balancer.policy.configure(LiveConfig(margin=None, full_determinism=True))  # every pin kept: here
+    for _ in range(2):
         finish(runtime, route(runtime, "s", now)[2], "ok", now)
-    assert sticky.hits == hits + 1
+    assert sticky.hits == hits + 2
     runtime.balancer.policy.configure(LiveConfig(margin=None))
     hits = sticky.hits
     runtime.rl.paused = True  # paused: LaneGlue declines too, and the Python path waits its turn
@@ -229,8 +229,8 @@ def test_the_sticky_hit_declines_what_it_does_not_decide():
             finish(runtime, route(runtime, "s", now)[2], "ok", now)
     runtime.balancer.apply("affinity", LiveConfig())
     finish(runtime, route(runtime, "s", now)[2], "ok", now)  # a new pin (the policy changed)
-    runtime.replicas.mark_down(URLS[0], 30)  # a replica down: the Python path looks at when it comes back
-    finish(runtime, route(runtime, "s", now)[2], "ok", now)
+    runtime.replicas.mark_down(URLS[0], 30)  # a replica down, its time over by the lane's clock: the Python path
+    finish(runtime, route(runtime, "s", now + 31)[2], "ok", now + 31)  # brings it back (``ReplicaSet.loads``)
     assert sticky.hits == hits
     assert runtime.replicas.total_inflight() == 0
 

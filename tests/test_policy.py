@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollout_router.core.kept import kept
 from rollout_router.policy import (
     AffinityPolicy,
     Counters,
@@ -228,8 +229,9 @@ def test_rendezvous_moves_only_keys_of_a_removed_replica(keys, removed):
 @given(steps=st.lists(st.tuples(st.sampled_from("abc"), st.floats(0, 50)), max_size=30),
        ttl=st.none() | st.floats(0.5, 20))
 def test_a_sticky_hit_is_get_then_keep(steps, ttl):
-    """``SessionTable.hit`` (the router's sticky hit) leaves the table as ``get`` then ``keep`` would: the same
-    answers, pins, last uses, LRU order and expiry counts, whatever the keys, times and TTL."""
+    """``core.kept`` (the sticky hit of the policy and of the native lane), keeping every routable pin, then
+    ``get`` where it declines (as ``AffinityPolicy.decide`` does), leaves the table as ``get`` then ``keep``
+    would: the same answers, pins, last uses, LRU order and expiry counts, whatever the keys, times and TTL."""
     counted, fused = Counters(), Counters()
     apart, together = SessionTable(counted, idle_ttl=ttl), SessionTable(fused, idle_ttl=ttl)
     now = 0.0
@@ -238,7 +240,10 @@ def test_a_sticky_hit_is_get_then_keep(steps, ttl):
         found = apart.get(key, now)
         if found is not None:
             apart.keep(key, now)
-        assert together.hit(key, now) == found
+        hit = kept(together, {"r0": 0}, key, now, None)
+        assert hit == found
+        if hit is None:
+            together.get(key, now)  # the policy's next step: an idle pin expires, counted
         if found is None:  # a new pin, on both
             apart.pin(key, "r0", now)
             together.pin(key, "r0", now)

@@ -7,10 +7,10 @@ import json
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
 from rollout_router.balancer import Balancer
+from rollout_router.core.pins import SessionTable
 from rollout_router.observability import OTHER, Metrics
 from rollout_router.policy import LiveConfig, Outcome
 from rollout_router.policy.base import Counters
-from rollout_router.policy.sessions import SessionTable
 from rollout_router.proxy.grpc.usage import LastMessage
 from rollout_router.proxy.turns import TAIL_BYTES, prefill_of
 from rollout_router.replicas import ReplicaSet

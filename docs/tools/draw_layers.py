@@ -29,7 +29,7 @@ ROLES = {
     "addresses": "worker address policy", "tallies": "metrics read at scrape",
     "multicore": "--workers N parent", "multicore_admin": "pod admin, summed",
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
-    "listening": "sockets",
+    "listening": "sockets", "core": "hot state (C or Python)",
 }
 
 

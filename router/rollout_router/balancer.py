@@ -22,7 +22,7 @@ class Balancer:
     def __init__(self, replicas: ReplicaSet, policy: str, config: LiveConfig,
                  clock: Callable[[], float] = time.monotonic):
         self.replicas = replicas
-        self._clock = clock
+        self.clock = clock  # the policy's clock (the native lane's sticky hit routes only on the same one)
         self.policy: Policy = _build(policy, config)
         self.repinned: collections.Counter[str] = collections.Counter()  # re-pins by why the replica was out
         # Told of each break: the load gap the margin saw (pinned minus lowest) and the pin's age (metrics).
@@ -45,7 +45,7 @@ class Balancer:
              grpc: bool = False, group: str | None = None) -> tuple[Decision, Replica]:
         """``acquire`` for a caller that puts the replica back itself, once (``ReplicaSet.take``)."""
         loads = self.replicas.loads(grpc)
-        decision = self.policy.decide(key, loads, self._clock(), prefix, group)
+        decision = self.policy.decide(key, loads, self.clock(), prefix, group)
         if self.decisions is not None:
             self.decisions.record(key, decision, loads)
         previous = decision.previous  # None unless the session moved (a sticky hit: most requests)
@@ -67,38 +67,38 @@ class Balancer:
     def forget(self, key: str | None, decision: Decision) -> None:
         """The replica did not accept the request ``decision`` routed: undo what it did to the pin."""
         if key is not None:
-            self.policy.forget(key, decision, self._clock())
+            self.policy.forget(key, decision, self.clock())
 
     def release_session(self, key: str) -> bool:
         return self.policy.release(key)
 
     def pinned(self, key: str) -> str | None:
-        return self.policy.pinned(key, self._clock())
+        return self.policy.pinned(key, self.clock())
 
     def adopt(self, key: str, replica: str, idle: float = 0.0) -> None:
         """A pin handed over by the session's previous owner (another router, or this one before a restart), last
         used ``idle`` seconds ago."""
-        self.policy.adopt(key, replica, max(0.0, self._clock() - idle))
+        self.policy.adopt(key, replica, max(0.0, self.clock() - idle))
 
     def last_used(self, key: str) -> float | None:
         """When ``key``'s pin was last used (this router's clock), if it has one."""
-        return self.policy.last_used(key, self._clock())
+        return self.policy.last_used(key, self.clock())
 
     def pin_age(self, key: str) -> float | None:
         """How long ``key`` has been pinned to its replica (seconds), if it has a pin."""
-        return self.policy.pin_age(key, self._clock())
+        return self.policy.pin_age(key, self.clock())
 
     def pins(self) -> list[tuple[str, str, float]]:
         """Every pin held, as (key, replica, last use on this router's clock)."""
-        return self.policy.pins(self._clock())
+        return self.policy.pins(self.clock())
 
     def surrender(self, key: str) -> str | None:
         """Give ``key``'s pin to its new owner; the replica it was pinned to, if any."""
-        return self.policy.surrender(key, self._clock())
+        return self.policy.surrender(key, self.clock())
 
     def expire_idle(self, limit: int | None = None) -> int:
         """Drop at most ``limit`` idle pins (None: all); returns how many."""
-        return self.policy.expire(self._clock(), limit)
+        return self.policy.expire(self.clock(), limit)
 
     def apply(self, policy: str, config: LiveConfig) -> None:
         """Apply new settings live. Pins survive unless the policy itself changes; counters always do."""

@@ -17,8 +17,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import descriptors
+from .core.tallies import CounterChild, HistogramChild, Sampler
 from .replicas import grpc_only
-from .tallies import CounterChild, HistogramChild, Spread, Tally
+from .tallies import Spread, Tally
 
 if TYPE_CHECKING:
     from .balancer import Balancer
@@ -210,8 +211,9 @@ class Metrics:
         self.rl: RlState | None = None  # the RL step's state (app.py sets it): /status's "rl"
         # the traffic port's data path and its lane's counts (app.py sets it): /status's "data_path"
         self.data_path: Callable[[], dict] = lambda: {"http": "python"}
-        # (replica, code) -> its series, for replicas with a backend label of their own (``observe``)
-        self._children: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
+        # (replica, code) -> its series, for replicas with a backend label of their own (``observe``; the native
+        # lane's answer counts into the ones found here)
+        self.series: dict[tuple[str, int | str], tuple[CounterChild, HistogramChild]] = {}
         self._labels: dict[str, str] = {}  # the replicas with a backend label of their own (at most the cap)
         self._scanned = -1  # ``replicas.departures`` when ``_reclaim`` last looked the labels over
         # (replica, code) -> the ``other`` series, for replicas without a label of their own: good until a label
@@ -226,7 +228,7 @@ class Metrics:
     def configure(self, settings: MetricsSettings) -> None:
         """Take new metrics settings (on start and on every reload): the kept-turn sample rate, and a new
         ``maxBackendLabels`` for the replicas under ``other``, which ask for a label again."""
-        self.margin.rate = settings.kept_prefill_sample_rate
+        self.margin.sampler.rate = settings.kept_prefill_sample_rate
         self._scanned = -1
 
     def backend_label(self, backend: str) -> str:
@@ -260,7 +262,8 @@ class Metrics:
             for family in self._per_backend:
                 for values in [v for v in family.children if v[0] in gone]:
                     del family.children[values]
-            self._children = {key: value for key, value in self._children.items() if key[0] not in gone}
+            for key in [key for key in self.series if key[0] in gone]:  # in place: the native lane holds the dict
+                del self.series[key]
         return len(self._labels)
 
     def per_backend(self, value: Callable[[Replica], int], grpc: bool = False,
@@ -289,7 +292,7 @@ class Metrics:
 
     def observe(self, backend: str, code: int | str, seconds: float) -> None:
         """Count one finished request; a replica's series are looked up once per (replica, code)."""
-        children = self._children.get((backend, code))
+        children = self.series.get((backend, code))
         if children is None:
             children = self._series(backend, code)
         children[0].value += 1
@@ -304,7 +307,7 @@ class Metrics:
         label = self.backend_label(backend)
         children = self.requests.child(label, str(code)), self.duration.child(label)
         if label == backend:
-            self._children[(backend, code)] = children
+            self.series[(backend, code)] = children
         else:  # ``other``: ``backend_label`` has just looked the labels over, or knows none has freed
             if len(self._shared) >= SHARED_KEPT:
                 self._shared.clear()
@@ -394,19 +397,12 @@ class MarginMeter:
         self._ttfb = {outcome: self.ttfb.child(outcome) for outcome in OUTCOMES}  # also /status's TTFB sums
         # A kept turn not measured has no ``Turn`` on the native lane (``attempts.taken``): its first byte goes here.
         self.kept_first_byte: HistogramChild = self._ttfb["kept"]
-        self._credit = 0.0  # kept-turn sampling: every 1/rate-th kept turn, deterministic
-        self.rate = 0.0  # settings.metrics.keptPrefillSampleRate: ``Metrics.configure`` sets it
+        # kept-turn sampling (settings.metrics.keptPrefillSampleRate, which ``Metrics.configure`` sets here: read per
+        # request from the settings, it cost two pydantic lookups); the native lane's sticky hit samples it too
+        self.sampler = Sampler()
+        self.sample = self.sampler.sample  # whether this kept turn's answer is read
         self.prefill: dict[str, list[int]] = {"moved": [0, 0], "kept": [0, 0]}  # [turns, tokens]
         self.breaks: list[float] = [0, 0.0]  # [count, gap sum]
-
-    def sample(self) -> bool:
-        """Whether this kept turn's answer is read, at ``rate`` (settings.metrics.keptPrefillSampleRate, which
-        ``Metrics.configure`` sets here: read per request from the settings, it cost two pydantic lookups)."""
-        self._credit += self.rate
-        if self._credit >= 1:
-            self._credit -= 1
-            return True
-        return False
 
     def broke(self, gap: float, age: float | None) -> None:
         self.gap.observe(gap)

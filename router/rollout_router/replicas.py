@@ -34,9 +34,10 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from .policy.loads import LoadIndex
+from .core import ledger
+from .core.loads import LoadIndex
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,24 @@ class ReplicaSet:
 
     def __len__(self) -> int:
         return len(self._live)
+
+    # What the native lane's sticky hit reads, held as long as the set lives (these objects are never replaced):
+    # the live replicas by id, the ones marked down, and the load indexes (``loads`` revives the marked down
+    # whose time is over: the lane declines once one is, and the Python path asks ``loads``).
+    @property
+    def members(self) -> Mapping[str, Replica]:
+        """The live replicas by id (a live view: do not keep a copy)."""
+        return self._live
+
+    @property
+    def marked_down(self) -> Deadlines:
+        """Live replicas out of rotation -> until when (a live view: do not change it)."""
+        return self._down
+
+    @property
+    def indexes(self) -> tuple[LoadIndex, LoadIndex]:
+        """The HTTP and the gRPC load index, for ``ledger`` (live views: only the ledger and the set change them)."""
+        return self._http, self._grpc
 
     def replicas(self, source: str | None = None) -> list[Replica]:
         """Live replicas, or those ``source`` names."""
@@ -233,11 +252,7 @@ class ReplicaSet:
         """Count one request in flight on a live replica, for a caller that ``put``s it back exactly once (the
         native lane, whose finish is called once per request: no ``Lease`` made per request)."""
         replica = self._live[replica_id]
-        replica.inflight += 1
-        load = replica.inflight + replica.external  # ``_recount`` inlined, a live replica's: once per request
-        self._http.move(replica_id, load)
-        if replica.grpc_target is not None:
-            self._grpc.move(replica_id, load)
+        ledger.take(replica, self._http, self._grpc)
         return replica
 
     def get(self, replica_id: str) -> Replica | None:
@@ -327,25 +342,19 @@ class ReplicaSet:
         if replica.inflight <= 0:  # a bug somewhere: never let routing see a negative load
             log.error("in-flight count of %s would go negative; kept at 0", replica.id)
             return
-        replica.inflight -= 1
         replica_id = replica.id
-        if self._live.get(replica_id) is replica:  # ``_recount`` inlined: once per request
-            load = replica.inflight + replica.external
-            self._http.move(replica_id, load)
-            if replica.grpc_target is not None:
-                self._grpc.move(replica_id, load)
-        elif replica.inflight == 0 and self._draining.get(replica_id) is replica:
+        if self._live.get(replica_id) is replica:
+            ledger.put(replica, self._http, self._grpc)
+            return
+        replica.inflight -= 1
+        if replica.inflight == 0 and self._draining.get(replica_id) is replica:
             del self._draining[replica_id]
             self.departures += 1
 
     def _recount(self, replica: Replica) -> None:
         """Move a replica whose count changed within the indexes that hold it."""
-        if self._live.get(replica.id) is not replica:
-            return
-        load = replica.inflight + replica.external
-        self._http.move(replica.id, load)
-        if replica.grpc_target is not None:  # else not in the gRPC index (``_index``, after every change of it)
-            self._grpc.move(replica.id, load)
+        if self._live.get(replica.id) is replica:
+            ledger.recount(replica, self._http, self._grpc)
 
     def _index(self, replica: Replica) -> None:
         """Put a replica in (or out of) each protocol's index by its state: down, probe verdicts, addresses."""

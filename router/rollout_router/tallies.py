@@ -9,8 +9,6 @@ a request later than its neighbour: each sample is still a value the counter had
 """
 from __future__ import annotations
 
-import time
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -19,31 +17,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-
-class CounterChild:
-    """One labelled series of a ``Tally``: ``value`` is what the request path adds to."""
-
-    __slots__ = ("value", "created")
-
-    def __init__(self) -> None:
-        self.value = 0
-        self.created = time.time()
-
-    def inc(self, amount: int = 1) -> None:
-        self.value += amount
-
-
-class HistogramChild:
-    """One labelled series of a ``Spread``: per-bucket counts (not cumulative) and the sum of what was observed."""
-
-    __slots__ = ("bounds", "counts", "sum", "created")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds, self.counts, self.sum, self.created = bounds, [0] * (len(bounds) + 1), 0.0, time.time()
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # bucket i counts values <= bounds[i]; the last is +Inf
-        self.sum += value
+from .core.tallies import CounterChild, HistogramChild
 
 
 class Tally(Collector):

@@ -1,12 +1,13 @@
 """Replica loads indexed by load, so "least loaded" costs the same at 16 replicas as at 1,024.
 
 ``LoadIndex`` is the mapping of replica -> load the policies read (``Request.loads``), which the replica set
-keeps up to date as requests start and end. It is a ``dict``, so a policy's ``in``, ``[]`` and ``len``
-(several per routed request) run in C rather than through Python methods; policies are handed it as a
-read-only ``Mapping`` and only the replica set changes it, through ``set``, ``move`` and ``discard``. It adds
-``min()``, ``least(key)``, ``total()`` and ``ordered()``; ``lowest``, ``least_loaded``, ``total`` and
-``ordered`` in ``hashing`` use them when given an index and fall back to a scan for a plain dict (the
-simulator and the tests), so a policy reads the same either way.
+keeps up to date as requests start and end (``ledger``). It is a ``dict``, so a policy's ``in``, ``[]`` and
+``len`` (several per routed request) run in C rather than through Python methods; policies are handed it as a
+read-only ``Mapping`` and only the ledger and the replica set change it, through ``set``, ``move`` and
+``discard``. It adds ``min()``, ``tied()``, ``total()`` and ``ordered()``; ``lowest`` here and
+``least_loaded``, ``total`` and ``ordered`` in ``policy.hashing`` use them when given an index and fall back to
+a scan for a plain dict (the simulator and the tests), so a policy reads the same either way. Its declared
+interface is ``loads.pxd`` (compiled, the native lane calls ``move`` in C; ``core`` says when).
 
 By load, each replica is filed under the load it had when ``min``, ``least`` or ``total`` last read the
 index: a move (two per request) updates the mapping and notes the replica, and the next read files the
@@ -17,12 +18,12 @@ only for new sessions, most moves are never filed one by one.
 """
 from __future__ import annotations
 
-from .hashing import tie_break
+from collections.abc import Mapping
 
 SCANNED = 32  # replicas up to which ``min`` scans the loads rather than filing them by load
 
 
-class LoadIndex(dict[str, int]):
+class LoadIndex(dict):  # a plain base (not dict[str, int]): Cython compiles it (loads.pxd)
     """Integer loads of the replicas that can take a request now, by replica and by load."""
 
     __slots__ = ("_at", "_sorted", "_min", "_total", "_ordered", "_moved")
@@ -46,17 +47,18 @@ class LoadIndex(dict[str, int]):
             self._settle()
         return self._min
 
-    def least(self, key: str) -> str:
-        """A replica at the lowest load, tied replicas chosen as ``hashing.least_loaded`` chooses them."""
+    def tied(self) -> list[str]:
+        """The replicas at the lowest load, sorted by name (``policy.hashing.least_loaded`` breaks the tie): the
+        same list until one of them moves; do not change it."""
         if not self:
-            raise ValueError("least() of an empty LoadIndex")
+            raise ValueError("tied() of an empty LoadIndex")
         if self._moved:
             self._settle()
         low = self._min
         tied = self._sorted.get(low)
         if tied is None:
             tied = self._sorted[low] = sorted(self._at[low])
-        return tie_break(key, tied)
+        return tied
 
     def total(self) -> int:
         """The sum of the loads (kept as replicas are filed: what moved since the last read is filed first)."""
@@ -138,3 +140,9 @@ class LoadIndex(dict[str, int]):
             del self._at[load]
         if load in self._sorted:
             del self._sorted[load]
+
+
+def lowest(loads: Mapping[str, float]) -> float:
+    """The lowest load (O(1) from a ``LoadIndex``, a scan of a plain mapping: the simulator's, the tests')."""
+    low = getattr(loads, "min", None)
+    return low() if low is not None else min(loads.values())

@@ -4,14 +4,15 @@
 session key or a replica; each policy lives in its own file; ``registry`` names
 them.
 """
+from ..core.loads import LoadIndex
+from ..core.pins import SessionTable
 from .affinity import AffinityPolicy
 from .base import Counters, Decision, LiveConfig, NoReplicaError, Outcome, Policy, PolicyOptions, Request
 from .hashing import least_loaded, lowest, rendezvous, stable_hash
 from .least_loaded import LeastLoadedPolicy
-from .loads import LoadIndex
 from .registry import POLICIES, create
 from .round_robin import RoundRobinPolicy
-from .sessions import SessionPolicy, SessionTable
+from .sessions import SessionPolicy
 
 __all__ = [
     "AffinityPolicy", "Counters", "Decision", "LeastLoadedPolicy", "LiveConfig", "LoadIndex", "NoReplicaError", "Outcome",

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from ..core.kept import kept, within
 from .base import Decision, LiveConfig, NoReplicaError, Outcome, Request
 from .groups import GroupTable
-from .hashing import least_loaded, lowest, rendezvous
+from .hashing import least_loaded, rendezvous
 from .sessions import SessionPolicy
 from .unkeyed import NO_REPLICA
 
@@ -37,7 +38,8 @@ class AffinityPolicy(SessionPolicy):
     ):
         super().__init__(max_sessions, idle_ttl)
         self.margin: float | None = None
-        self.full_determinism = self._every_pin_kept = False
+        self.full_determinism = self._plain = False
+        self.keep_margin: float | None = None  # the margin ``kept`` is given: None keeps every routable pin
         self.groups = GroupTable(self.counters, max_groups)
         self.configure(LiveConfig(margin, full_determinism, max_sessions, idle_ttl, max_groups=max_groups))
 
@@ -50,7 +52,11 @@ class AffinityPolicy(SessionPolicy):
         super().configure(config)
         self.groups.resize(config.max_groups)
         self.margin, self.full_determinism = margin, config.full_determinism
-        self._every_pin_kept = self._keeps_every_pin()  # read per request by ``decide``: settings change rarely
+        # read per request by ``decide`` (settings change rarely): whether the rule is ``core.kept``'s, every
+        # routable pin kept or the margin's own (a subclass may decide on the request too: ``_keeps``)
+        every = self._keeps_every_pin()
+        self._plain = every or type(self)._keeps is AffinityPolicy._keeps
+        self.keep_margin = None if every else margin
 
     def route(self, request: Request) -> Decision:
         return self.decide(request.key, request.loads, request.now, request.prefix, request.group)
@@ -64,11 +70,12 @@ class AffinityPolicy(SessionPolicy):
                                                            Outcome.UNKEYED)
         if not loads:
             raise NoReplicaError(NO_REPLICA)
-        if self._every_pin_kept:  # a routable pin is kept: found and kept in one call (most requests)
-            pinned = self.table.hit(key, now)
-            if pinned is not None and pinned in loads:
+        if self._plain:  # the kept-pin rule, which the native lane's sticky hit calls too (most requests)
+            replica = kept(self.table, loads, key, now, self.keep_margin)
+            if replica is not None:
                 self.counters.affinity_kept += 1
-                return self._kept[pinned]
+                return self.kept_decisions[replica]
+            pinned = self.table.get(key, now)
         else:
             pinned = self.table.get(key, now)
             if pinned is not None and pinned in loads and self._keeps(key, loads, pinned, now, prefix):
@@ -87,7 +94,7 @@ class AffinityPolicy(SessionPolicy):
         (a subclass decides on the request too: its key, prefix and time). Not asked when ``_keeps_every_pin``."""
         if self.margin is None or self.full_determinism:
             return True
-        return loads[pinned] - lowest(loads) <= self.margin
+        return within(loads, loads[pinned], self.margin)
 
     def _keeps_every_pin(self) -> bool:
         """Whether ``_keeps`` is True for every routable pin under these settings (then ``decide`` does not ask

@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
+from ..core.loads import lowest as lowest  # with the readers below: the policies read loads through this module
+
 
 def stable_hash(*parts: str) -> int:
     """A 64-bit hash of ``parts`` that is the same in every process and run."""
@@ -25,9 +27,9 @@ def least_loaded(loads: Mapping[str, float], key: str) -> str:
     Given a ``LoadIndex`` (the router's live loads) this is O(log n); given a
     plain mapping (the simulator, the tests) it scans. Both choose the same replica.
     """
-    least = getattr(loads, "least", None)
-    if least is not None:
-        return least(key)
+    tied = getattr(loads, "tied", None)
+    if tied is not None:
+        return tie_break(key, tied())
     low = min(loads.values())
     return tie_break(key, sorted(replica for replica, load in loads.items() if load == low))
 
@@ -35,12 +37,6 @@ def least_loaded(loads: Mapping[str, float], key: str) -> str:
 def tie_break(key: str, tied: Sequence[str]) -> str:
     """One of ``tied`` (sorted by name), chosen by a stable hash of ``key``."""
     return tied[0] if len(tied) == 1 else tied[stable_hash(key) % len(tied)]
-
-
-def lowest(loads: Mapping[str, float]) -> float:
-    """The lowest load (O(1) from a ``LoadIndex``, a scan of a plain mapping)."""
-    low = getattr(loads, "min", None)
-    return low() if low is not None else min(loads.values())
 
 
 

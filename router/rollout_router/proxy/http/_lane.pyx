@@ -22,10 +22,9 @@ The readers of a request head (``_lane_requests.pxi``) and of a response head an
 ``error_bytes``), the same bounds.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem, PyDict_Size
+from cpython.dict cimport PyDict_GetItem, PyDict_Size
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
-from libc.math cimport ceil
 from libc.string cimport memcmp, memcpy, memmove
 
 

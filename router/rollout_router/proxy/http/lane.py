@@ -17,9 +17,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from ... import core
 from ...policy.affinity import AffinityPolicy
-from ...policy.loads import SCANNED
-from ...policy.sessions import PIN_LAYOUT
 from ..attempts import Refused, measured, taken
 from ..outcome import Routing, answered, refused
 from ..session_key import header_key
@@ -33,10 +32,12 @@ from .routes import forwarded, unkeyed
 from .server import ClientConnection, HttpRequest
 from .upstream import ReplicaPool
 
-try:
-    from . import _lane
-except ImportError:  # not built (no C compiler or Cython at install): the Python data path only
-    _lane = None  # type: ignore[assignment]
+_lane: Any = None
+if core.COMPILED:  # the lane calls the core's compiled modules in C: with the core's Python source, no lane
+    try:
+        from . import _lane
+    except ImportError:  # not built (no C compiler or Cython at install): the Python data path only
+        pass
 
 if TYPE_CHECKING:
     from .traffic import HttpProxy
@@ -55,6 +56,8 @@ LANE_REQUEST = HttpRequest(0)  # what a lane request is to the Python path's hea
 def unavailable() -> str | None:
     """Why the lane cannot run here (None: it can): not built, or built from other sources than those beside it
     (read once: a process runs the module it imported)."""
+    if not core.COMPILED:
+        return f"the router's core runs its Python source ({core.WHY_PYTHON}), which the native HTTP lane cannot call"
     if _lane is None:
         return "the native HTTP lane is not built (installing needs Cython and a C compiler)"
     if (FOLDER / "_lane.pyx").exists() and source_hash() != _lane.SOURCE_HASH:  # a checkout, edited since the build
@@ -76,14 +79,14 @@ class LaneGlue:
         self.native = _lane.Lane(self, proxy, proxy.active, proxy.context.rl.versions)
         self.native.write_high_water = server.WRITE_HIGH_WATER
         self.pools: dict[str, Any] = {}
-        self._paths: dict[bytes, int] = {}  # path -> 0 (not forwarded), KEYED or UNKEYED
+        self.paths: dict[bytes, int] = {}  # path -> 0 (not forwarded), KEYED or UNKEYED (the sticky hit reads it)
         self._settings: object = None  # the settings the lane's limits and key names were read from (``_sync``)
         self._kept: frozenset[bytes] = frozenset()  # the key names the lane looks for (``proxy.key_names``)
         self._limits: object = None
         # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``):
         # CLOCK_MONOTONIC is ``time.monotonic`` on Linux only (elsewhere no clock matches, and it declines all)
         clock = time.monotonic if sys.platform.startswith("linux") else None
-        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, Routing, SCANNED, *PIN_LAYOUT))
+        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, Routing))
         # at debug level every decision goes through the balancer, which logs a sample of them (decisionlog.py)
         self.native.sticky = self.sticky if context.balancer.decisions is None else None
         self._sync()
@@ -123,7 +126,7 @@ class LaneGlue:
             return None
         if context.settings is not self._settings and self._changed(size):
             return None
-        kind = self._paths.get(path)
+        kind = self.paths.get(path)
         if kind is None:
             kind = self._kind(path)
         if not kind:
@@ -166,9 +169,9 @@ class LaneGlue:
     def _kind(self, path: bytes) -> int:
         text = path.decode("ascii")  # the lane takes printable ASCII targets only
         kind = (UNKEYED if unkeyed(text) else KEYED) if forwarded(text) else 0
-        if len(self._paths) >= PATHS_KEPT:
-            self._paths.clear()
-        self._paths[path] = kind
+        if len(self.paths) >= PATHS_KEPT:
+            self.paths.clear()
+        self.paths[path] = kind
         return kind
 
     def _key(self, at: int, value: bytes | None, kind: str) -> str | None:

@@ -1,0 +1,16 @@
+# The tallies' declared interface: the native lane's answer counts into them in C.
+cdef class CounterChild:
+    cdef public object value
+    cdef public double created
+    cpdef inc(self, object amount=*)
+
+cdef class HistogramChild:
+    cdef public tuple bounds
+    cdef public list counts
+    cdef public double sum
+    cdef public double created
+    cpdef observe(self, double value)
+
+cdef class Sampler:
+    cdef public double rate, credit
+    cpdef bint sample(self) except -1
