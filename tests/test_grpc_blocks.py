@@ -106,3 +106,81 @@ def test_random_traffic_from_an_indexing_encoder(seed: int) -> None:
             block = block + bytes((rng.randrange(256),))
         blocks += [block] * rng.randrange(1, 4)
     _both(blocks)
+
+
+# The compiled HPACK decoder (_grpc_frames.HeaderDecoder) against plain hpack: the same fields, sizes, errors and
+# dynamic table after every block.
+
+def _compiled_decoder():
+    from rollout_router.proxy.grpc import h2
+    reason = h2.engine_unavailable()
+    if reason is not None and reason != "ROLLOUT_ROUTER_GRPC_FRAMES=python":
+        pytest.skip(reason)
+    import importlib
+    return importlib.import_module("rollout_router.proxy.grpc._grpc_frames").HeaderDecoder
+
+
+def _against_hpack(blocks: list[bytes], max_list: int = MAX_LIST) -> int:
+    """Decode ``blocks`` with both; how many failed (in both)."""
+    compiled, plain = _compiled_decoder()(max_list), hpack.Decoder(max_list)
+    failed = 0
+    for block in blocks:
+        try:
+            expected: object = [tuple(h) for h in plain.decode(block, raw=True)]
+        except hpack.HPACKError:
+            expected = "error"
+        try:
+            got: object
+            got, size = compiled.decode(block)
+            assert size == decoded_size(got)  # type: ignore[arg-type]
+            assert all(type(n) is bytes and type(v) is bytes for n, v in got)  # type: ignore[union-attr]
+        except ValueError:
+            got = "error"
+        assert got == expected, block
+        failed += got == "error"
+        if got == "error":  # the connection ends on an error: a table after one is not compared, nor used
+            compiled, plain = _compiled_decoder()(max_list), hpack.Decoder(max_list)
+            continue
+        assert compiled.table() == _table(plain)
+    return failed
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_compiled_decoder_matches_hpack(seed: int) -> None:
+    """Blocks from hpack's encoder (indexing, Huffman on and off, table size changes, sizes that evict), repeated,
+    and corrupted: a byte changed, cut short, or random bytes appended."""
+    rng = random.Random(seed)
+    encoder = hpack.Encoder()
+    blocks: list[bytes] = []
+    for _ in range(150):
+        if rng.random() < 0.1:
+            encoder.header_table_size = rng.choice([0, 40, 64, 256, 1000, 4096])
+        head = [(b":method", b"POST"), (b":path", b"/vllm.grpc.engine.VllmEngine/Generate")]
+        head += [(f"x-{rng.randrange(30)}".encode(), bytes(rng.randrange(33, 127) for _ in range(rng.randrange(0, 90))))
+                 for _ in range(rng.randrange(0, 6))]
+        if rng.random() < 0.2:
+            head.append((b"x-big", b"v" * rng.choice([3000, 4100, 5000])))
+        block = encoder.encode(head, huffman=rng.random() < 0.7)
+        roll = rng.random()
+        if roll < 0.1 and block:
+            block = bytearray(block)
+            block[rng.randrange(len(block))] = rng.randrange(256)
+            block = bytes(block)
+        elif roll < 0.15:
+            block = block[:rng.randrange(len(block) + 1)]
+        elif roll < 0.2:
+            block += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
+        blocks += [block] * rng.randrange(1, 3)
+    _against_hpack(blocks)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_compiled_decoder_on_random_bytes(seed: int) -> None:
+    """Bytes no encoder wrote (every representation, indexes past the table, Huffman padding and EOS, integers
+    too long), and a small header list limit: whatever hpack accepts or refuses, so does the compiled decoder."""
+    rng = random.Random(seed)
+    blocks = [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))) for _ in range(200)]
+    blocks += [bytes((rng.choice([0x00, 0x10, 0x40]), 0x80 | n)) + bytes(rng.randrange(256) for _ in range(n)) +
+               b"\x01a" for n in range(1, 12)]  # a Huffman name of random bits
+    blocks += [b"\x3f\xe1\x1f", b"\x3f\xe1\xff\xff\xff\xff\x0f", b"\x20\x82", b"\x82\x20", b"\x3f\xff\xff\xff\xff\xff"]
+    assert _against_hpack(blocks, max_list=rng.choice([100, MAX_LIST])) > 0

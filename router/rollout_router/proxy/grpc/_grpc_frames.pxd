@@ -6,3 +6,14 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=*)
 cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay)
 cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
                 type relay)
+
+
+cdef class HeaderDecoder:
+    cdef list entries  # the dynamic table, oldest first
+    cdef Py_ssize_t size, maxsize, max_allowed, max_list
+    cpdef tuple decode(self, bytes block)
+    cdef tuple _get(self, long long index)
+    cdef tuple _literal(self, const unsigned char* data, Py_ssize_t size, Py_ssize_t at, bint indexing)
+    cdef void _add(self, tuple header, Py_ssize_t size)
+    cdef void _shrink(self)
+    cdef void _resize(self, Py_ssize_t maxsize)

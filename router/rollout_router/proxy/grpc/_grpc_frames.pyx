@@ -8,7 +8,13 @@ pure-Python reference, which runs where this module is not built and which tests
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
+
+from time import monotonic
+
+from hpack.huffman_table import HUFFMAN_TABLE
+from hpack.table import HeaderTable
 
 cdef enum:
     FRAME_SIZE = 16384  # h2.FRAME_SIZE: what we advertise, so a longer frame is the peer's error
@@ -107,8 +113,6 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     if type(call) is not relay or call.ustream is not stream or call.upstream is not conn:
         return False
     turn = call.turn
-    if turn is not None and turn.first_byte is None:  # the first message stamps the turn: Python
-        return False
     client, out = call.client, call.stream
     if out.owner is not call or out.pending is not None or client.write_paused or client.closed:
         return False
@@ -122,6 +126,8 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     conn.guard.empty = 0
     stream.got += length
     # call.Call.on_data: the replica's message; ``backlog`` grows by ``length`` and shrinks by it in on_written below
+    if turn is not None and turn.first_byte is None:
+        turn.first(monotonic())  # the first response message (a stream's first tokens)
     call.first = True
     call.relayed = True
     call.heard += 1
@@ -241,3 +247,196 @@ cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
                     transport.write(out[0] if len(out) == 1 else b"".join(out))
             del out[:]
     return more and not conn.closed
+
+
+
+# HPACK (RFC 7541) decoding: what hpack.Decoder(max_header_list_size).decode(block, raw=True) returns, raises (as a
+# HeaderBlockError, a ValueError, where it raises an HPACKError) and leaves in its dynamic table, in C. Huffman
+# strings are decoded by hpack's own state machine (its table of 4-bit transitions, read here at import); the static
+# table is hpack's. blocks.BlockDecoder (hpack behind a memo) is the reference, and what runs without this module.
+cdef enum:
+    HUFFMAN_COMPLETE = 1
+    HUFFMAN_EMIT_SYMBOL = 2
+    HUFFMAN_FAIL = 4
+    VARINT_MAX_LENGTH = 5  # hpack's bound on an integer's bytes
+    DEFAULT_TABLE_SIZE = 4096  # SETTINGS_HEADER_TABLE_SIZE: we never announce another
+
+cdef unsigned char _huffman_state[4096]
+cdef unsigned char _huffman_flags[4096]
+cdef unsigned char _huffman_symbol[4096]
+for _index, (_state, _flags, _symbol) in enumerate(HUFFMAN_TABLE):
+    _huffman_state[_index], _huffman_flags[_index], _huffman_symbol[_index] = _state, _flags, _symbol
+cdef tuple _STATIC = tuple((bytes(name), bytes(value)) for name, value in HeaderTable.STATIC_TABLE)
+cdef Py_ssize_t _STATIC_LENGTH = len(_STATIC)
+
+
+class HeaderBlockError(ValueError):
+    """A header block hpack would refuse (its HPACKDecodingError and the errors derived from it)."""
+
+
+cdef bytes _huffman(const unsigned char* data, Py_ssize_t length):
+    """hpack.huffman.decode_huffman: the nibble state machine, failing where it fails."""
+    if length == 0:
+        return b""
+    cdef unsigned char* out = <unsigned char*> PyMem_Malloc(length * 2)  # a symbol is 5 bits at least
+    cdef Py_ssize_t i, count = 0
+    cdef unsigned int state = 0, flags = 0, index
+    if out == NULL:
+        raise MemoryError()
+    try:
+        for i in range(length):
+            index = state * 16 + (data[i] >> 4)
+            state, flags = _huffman_state[index], _huffman_flags[index]
+            if flags & HUFFMAN_FAIL:
+                raise HeaderBlockError("Invalid Huffman string")
+            if flags & HUFFMAN_EMIT_SYMBOL:
+                out[count] = _huffman_symbol[index]
+                count += 1
+            index = state * 16 + (data[i] & 0x0F)
+            state, flags = _huffman_state[index], _huffman_flags[index]
+            if flags & HUFFMAN_FAIL:
+                raise HeaderBlockError("Invalid Huffman string")
+            if flags & HUFFMAN_EMIT_SYMBOL:
+                out[count] = _huffman_symbol[index]
+                count += 1
+        if not flags & HUFFMAN_COMPLETE:
+            raise HeaderBlockError("Incomplete Huffman string")
+        return PyBytes_FromStringAndSize(<const char*> out, count)
+    finally:
+        PyMem_Free(out)
+
+
+cdef Py_ssize_t _integer(const unsigned char* data, Py_ssize_t size, Py_ssize_t at, int prefix_bits,
+                         long long* number) except -1:
+    """hpack.decode_integer at ``at``: the number, and where the next field begins."""
+    cdef long long limit = (1 << prefix_bits) - 1, value
+    cdef Py_ssize_t index = 1
+    cdef int shift = 0
+    cdef unsigned char byte
+    if at >= size:
+        raise HeaderBlockError("Unable to decode HPACK integer representation")
+    value = data[at] & limit
+    if value == limit:
+        while True:
+            if at + index >= size:
+                raise HeaderBlockError("Unable to decode HPACK integer representation")
+            byte = data[at + index]
+            index += 1
+            if byte >= 128:
+                value += <long long> (byte - 128) << shift
+            else:
+                value += <long long> byte << shift
+                break
+            shift += 7
+            if index > VARINT_MAX_LENGTH:
+                raise HeaderBlockError("Variable integer representation is too long")
+    number[0] = value
+    return at + index
+
+
+cdef class HeaderDecoder:
+    """One peer's header blocks decoded against its dynamic table (newest entry last in ``entries``)."""
+
+    def __cinit__(self, Py_ssize_t max_header_list_size):
+        self.entries = []
+        self.size = 0
+        self.maxsize = self.max_allowed = DEFAULT_TABLE_SIZE
+        self.max_list = max_header_list_size
+
+    cpdef tuple decode(self, bytes block):
+        """The block's fields, as a new list of (name, value) bytes pairs, and their size as RFC 7541 4.1 counts
+        it (guard.decoded_size); raises HeaderBlockError."""
+        cdef const unsigned char* data = <const unsigned char*> PyBytes_AS_STRING(block)
+        cdef Py_ssize_t size = len(block), at = 0, listed = 0
+        cdef long long number
+        cdef unsigned char first
+        cdef list headers = []
+        cdef tuple header
+        while at < size:
+            first = data[at]
+            if first & 0x80:
+                at = _integer(data, size, at, 7, &number)
+                header = self._get(number)
+            elif first & 0x40:
+                header, at = self._literal(data, size, at, True)
+            elif first & 0x20:
+                if headers:
+                    raise HeaderBlockError("Table size update not at the start of the block")
+                at = _integer(data, size, at, 5, &number)
+                if number > self.max_allowed:
+                    raise HeaderBlockError("Encoder exceeded max allowable table size")
+                self._resize(<Py_ssize_t> number)
+                continue
+            else:
+                header, at = self._literal(data, size, at, False)
+            headers.append(header)
+            listed += 32 + len(<bytes> header[0]) + len(<bytes> header[1])
+            if listed > self.max_list:
+                raise HeaderBlockError(f"A header list larger than {self.max_list} has been received")
+        if self.maxsize > self.max_allowed:
+            raise HeaderBlockError("Encoder did not shrink table size to within the max")
+        return headers, listed
+
+    def table(self):
+        """The dynamic table, newest entry first, and its maximum size (as hpack's HeaderTable holds them)."""
+        return list(reversed(self.entries)), self.maxsize
+
+    cdef tuple _get(self, long long index):
+        cdef Py_ssize_t dynamic
+        if 1 <= index <= _STATIC_LENGTH:
+            return <tuple> _STATIC[index - 1]
+        dynamic = len(self.entries)
+        if _STATIC_LENGTH < index <= _STATIC_LENGTH + dynamic:
+            return <tuple> self.entries[dynamic - 1 - (index - _STATIC_LENGTH - 1)]
+        raise HeaderBlockError(f"Invalid table index {index}")
+
+    cdef tuple _literal(self, const unsigned char* data, Py_ssize_t size, Py_ssize_t at, bint indexing):
+        """A literal field (with incremental indexing, or without / never indexed) and where the next begins."""
+        cdef long long number
+        cdef Py_ssize_t end
+        cdef bytes name, value
+        cdef int name_index = data[at] & (0x3F if indexing else 0x0F)
+        if name_index:
+            at = _integer(data, size, at, 6 if indexing else 4, &number)
+            name = <bytes> self._get(number)[0]
+        else:
+            at += 1
+            end = _integer(data, size, at, 7, &number)
+            if number > size - end:
+                raise HeaderBlockError("Truncated header block")
+            name = _huffman(data + end, number) if data[at] & 0x80 else \
+                PyBytes_FromStringAndSize(<const char*> data + end, number)
+            at = end + number
+        end = _integer(data, size, at, 7, &number)
+        if number > size - end:
+            raise HeaderBlockError("Truncated header block")
+        value = _huffman(data + end, number) if data[at] & 0x80 else \
+            PyBytes_FromStringAndSize(<const char*> data + end, number)
+        header = (name, value)
+        if indexing:
+            self._add(header, 32 + len(name) + len(value))
+        return header, end + number
+
+    cdef void _add(self, tuple header, Py_ssize_t size):
+        if size > self.maxsize:
+            del self.entries[:]
+            self.size = 0
+        else:
+            self.entries.append(header)
+            self.size += size
+            self._shrink()
+
+    cdef void _shrink(self):
+        cdef tuple evicted
+        while self.size > self.maxsize:
+            evicted = <tuple> self.entries.pop(0)
+            self.size -= 32 + len(<bytes> evicted[0]) + len(<bytes> evicted[1])
+
+    cdef void _resize(self, Py_ssize_t maxsize):
+        cdef Py_ssize_t old = self.maxsize
+        self.maxsize = maxsize
+        if maxsize <= 0:
+            del self.entries[:]
+            self.size = 0
+        elif old > maxsize:
+            self._shrink()

@@ -29,7 +29,6 @@ import hpack
 
 from . import guard as budgets
 from . import h2
-from .blocks import BlockDecoder
 from .call import Call
 from .guard import Guard
 from .outbound import DIRTY, READING, H2Output, Stream
@@ -56,7 +55,7 @@ class H2Connection(H2Output):
         self.peer_max_streams = h2.MAX_WINDOW
         self.last_peer_stream = 0
         self._buffer = bytearray()
-        self._decoder = BlockDecoder(MAX_HEAD)
+        self._decoder = h2.header_decoder(MAX_HEAD)
         self._unacked = 0
         self._block: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
         self._yielding = False  # reading paused while frames already read wait for the next turn

@@ -1,8 +1,9 @@
 """The little of HTTP/2 (RFC 9113) a gRPC relay needs: frames in and out, header blocks, gRPC statuses.
 
 Frames are parsed from one growing buffer per connection and built as bytes;
-header blocks are decoded with ``hpack`` (the peer's dynamic table lives in
-the connection's decoder) and encoded here without the dynamic table
+header blocks are decoded by the compiled engine's HPACK decoder, or by ``hpack``
+where it is not built (the peer's dynamic table lives in the connection's
+decoder: ``header_decoder``) and encoded here without the dynamic table
 (literal fields, never indexed), so our encoder keeps no state a peer must
 track. Names are lower-case bytes, as HTTP/2 requires.
 """
@@ -16,6 +17,7 @@ from types import ModuleType
 from typing import Protocol
 from urllib.parse import quote
 
+from .blocks import BlockDecoder
 from .frame_sources import source_hash
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -245,3 +247,5 @@ def engine_unavailable() -> str | None:
 _compiled = _engine() if engine_unavailable() is None else None
 frame, split_frames, work, read = (_compiled.frame, _compiled.split_frames, _compiled.work, _compiled.read) \
     if _compiled is not None else (py_frame, py_split_frames, py_work, py_read)
+# A peer's header blocks: decoded in C (``_grpc_frames.HeaderDecoder``), or by hpack behind the memo of blocks.py
+header_decoder = _compiled.HeaderDecoder if _compiled is not None else BlockDecoder
