@@ -21,8 +21,8 @@ The load generator is benchmarks/loadgen (Go, fixed rate, built into .cache/ on 
 requests that found every connection busy (the arm was not keeping up: lower the rate).
 
     .venv/bin/python benchmarks/proxy_cost.py [--rounds 5] [--seconds 5] [--rate 2000] [--stream-rate 500]
-        [--baseline-src OLD/router]   (also ours (sticky), and ours (2 workers) when it runs, from an older tree,
-                                       in the same rounds)
+        [--baseline-src OLD/router]   (also ours (sticky), and ours (2 workers) and ours (python data path) when
+                                       they run, from an older tree, in the same rounds)
         [--plot docs/img/proxy-cost.png]   (the table as a bar chart, issue 22's targets drawn in)
 """
 from __future__ import annotations
@@ -62,6 +62,7 @@ OURS = {"ours (sticky)": ours(), "ours (python data path)": ours("--data-path", 
 
 BASELINE = "ours (sticky, baseline src)"  # --baseline-src: runs whatever --arms says
 BASELINE_WORKERS = "ours (2 workers, baseline src)"  # --baseline-src with "ours (2 workers)" among the arms
+BASELINE_PYTHON = "ours (python data path, baseline src)"  # --baseline-src with "ours (python data path)" too
 
 
 def build_loadgen() -> Path:
@@ -149,6 +150,9 @@ def start_arms(backends: list[Service], names: set[str] | None, arms: list[Arm],
         if names is None or "ours (2 workers)" in names:
             starters[BASELINE_WORKERS] = lambda urls: start_ours(urls, tree, "--workers", "2")
             baselines.add(BASELINE_WORKERS)
+        if names is None or "ours (python data path)" in names:
+            starters[BASELINE_PYTHON] = lambda urls: start_ours(urls, tree, "--data-path", "python")
+            baselines.add(BASELINE_PYTHON)
     notes = []
     for name, start in starters.items():
         if names is not None and name not in names and name not in baselines:
