@@ -3,6 +3,7 @@
 
 cpdef tuple split_frames(bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work=*)
 cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=*)
+cpdef bytes encode(object headers)
 cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay)
 cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
                 type relay)

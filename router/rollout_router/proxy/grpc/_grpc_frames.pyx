@@ -440,3 +440,44 @@ cdef class HeaderDecoder:
             self.size = 0
         elif old > maxsize:
             self._shrink()
+
+
+
+cdef inline Py_ssize_t _put_length(unsigned char* out, Py_ssize_t at, Py_ssize_t value):
+    """HPACK's integer with a 7-bit prefix and the H bit clear (h2._integer(value, 7)) at ``at``; where it ends."""
+    if value < 127:
+        out[at] = <unsigned char> value
+        return at + 1
+    out[at] = 127
+    at += 1
+    value -= 127
+    while value >= 128:
+        out[at] = <unsigned char> ((value & 0x7F) | 0x80)
+        at += 1
+        value >>= 7
+    out[at] = <unsigned char> value
+    return at + 1
+
+
+cpdef bytes encode(object headers):
+    """h2.py_encode: a header block of literal fields without indexing (no dynamic table), from (name, value)
+    bytes pairs, in one allocation."""
+    cdef list fields = headers if type(headers) is list else list(headers)
+    cdef Py_ssize_t room = 0, at = 0
+    cdef bytes name, value, out
+    cdef unsigned char* data
+    for name, value in fields:
+        if len(name) >= 1 << 28 or len(value) >= 1 << 28:
+            raise ValueError("a header field of 256 MiB or more")
+        room += 1 + 5 + len(name) + 5 + len(value)  # a length takes 5 bytes at most below 2**28
+    out = PyBytes_FromStringAndSize(NULL, room)
+    data = <unsigned char*> PyBytes_AS_STRING(out)
+    for name, value in fields:
+        data[at] = 0
+        at = _put_length(data, at + 1, len(name))
+        memcpy(data + at, PyBytes_AS_STRING(name), len(name))
+        at += len(name)
+        at = _put_length(data, at, len(value))
+        memcpy(data + at, PyBytes_AS_STRING(value), len(value))
+        at += len(value)
+    return out[:at] if at != room else out

@@ -69,6 +69,18 @@ class Guard:
         return self.queued <= MAX_QUEUED_CONTROL
 
 
+class Unlimited(Bucket):
+    """A bucket that always has room (no clock read: a replica's heads pass here twice a call)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(math.inf, 0.0)
+
+    def take(self, amount: float = 1.0) -> bool:
+        return True
+
+
 class ReplicaGuard(Guard):
     """A replica's connection carries every call to it at once (thousands of heads a second), and the replica is
     ours: only the frame rules apply to it, not a client's budgets."""
@@ -78,7 +90,7 @@ class ReplicaGuard(Guard):
 
     def __init__(self) -> None:
         super().__init__()
-        self.resets = self.control = self.headers = Bucket(math.inf, 0.0)
+        self.resets = self.control = self.headers = Unlimited()
 
     def empty_ok(self, empty: bool) -> bool:
         return True

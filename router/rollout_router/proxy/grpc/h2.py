@@ -89,12 +89,13 @@ def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
     return bytes(out)
 
 
-def encode(headers: Iterable[Header]) -> bytes:
+def py_encode(headers: Iterable[Header]) -> bytes:
     """A header block of literal fields without indexing (no dynamic table: nothing for the peer to track).
 
     Stateless, so a block is a function of its fields alone: the blocks of small field lists are remembered
     (``ENCODED_ENTRIES`` of them, process-wide), since a replica's response heads and trailers repeat call after
-    call."""
+    call. The reference of ``_grpc_frames.encode`` (``encode`` is whichever runs), which builds every block (in C
+    that costs less than looking one up)."""
     key = tuple(headers)
     block = _encoded.get(key)
     if block is None:
@@ -245,7 +246,8 @@ def engine_unavailable() -> str | None:
 
 
 _compiled = _engine() if engine_unavailable() is None else None
-frame, split_frames, work, read = (_compiled.frame, _compiled.split_frames, _compiled.work, _compiled.read) \
-    if _compiled is not None else (py_frame, py_split_frames, py_work, py_read)
+frame, split_frames, work, read, encode = (
+    (_compiled.frame, _compiled.split_frames, _compiled.work, _compiled.read, _compiled.encode) if _compiled is not None
+    else (py_frame, py_split_frames, py_work, py_read, py_encode))
 # A peer's header blocks: decoded in C (``_grpc_frames.HeaderDecoder``), or by hpack behind the memo of blocks.py
 header_decoder = _compiled.HeaderDecoder if _compiled is not None else BlockDecoder

@@ -7,7 +7,8 @@ message (up to ``MESSAGE_LIMIT``), never the stream.
 """
 from __future__ import annotations
 
-from typing import Final
+import functools
+from typing import Any, Final
 
 from ..turns import tokens
 
@@ -22,6 +23,14 @@ def generate_path() -> bytes | None:
         return None
     service = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"]
     return f"/{service.full_name}/Generate".encode()
+
+
+@functools.cache
+def _protos() -> tuple[Any, type[Exception]]:
+    """vLLM's ``GenerateResponse`` and protobuf's ``DecodeError``, imported once (not on every measured call)."""
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+    from smg_grpc_proto.generated import vllm_engine_pb2
+    return vllm_engine_pb2.GenerateResponse, DecodeError
 
 
 class LastMessage:
@@ -63,11 +72,10 @@ class LastMessage:
         """``prompt_tokens - cached_tokens`` of the newest message, read as a ``GenerateResponse``."""
         if self.last is None:
             return None
-        from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-        from smg_grpc_proto.generated import vllm_engine_pb2
+        response_type, decode_error = _protos()
         try:
-            response = vllm_engine_pb2.GenerateResponse.FromString(self.last)
-        except DecodeError:  # not a GenerateResponse after all: not measured
+            response = response_type.FromString(self.last)
+        except decode_error:  # not a GenerateResponse after all: not measured
             return None
         which = response.WhichOneof("response")
         if which is None:
