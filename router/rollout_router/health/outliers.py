@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from ..core.answers import streaks_end
 from ..replicas import Replica, ReplicaSet
 from ..settings import HealthSettings
 
@@ -40,10 +41,10 @@ class OutlierDetector:
 
         Returns True when that streak ejected the replica.
         """
-        replica.failures = 0
         if status < 500:
-            replica.server_errors = 0
+            streaks_end(replica)
             return False
+        replica.failures = 0
         if replica.ejected_until > self._clock():
             return False
         replica.server_errors += 1

@@ -3,8 +3,8 @@
 Every path (the coroutine path, the HTTP fast path, the native lane and its glue, gRPC, the sibling-worker
 delegation) routes into a ``Routing`` and ends it through ``answered`` or ``refused``: those are the only code
 that touches passive health, the request metrics, the turn, the replica's in-flight count and the pin after a
-request. (The lane's sticky hit, in C, records an answer below 400 on the same public state:
-``_lane_sticky.pxi``; tests/test_lane_sticky.py holds it to ``answered``.) A request whose decision a sibling
+request. An answer below 400 is recorded by ``core.answers.answered_ok``, which the lane's sticky hit calls in C
+too (``_lane_sticky.pxi``). A request whose decision a sibling
 worker made is ended in two halves, each where its state lives: the owner ``settled`` (passive health, the
 replica put back, the pin), the worker that forwarded it ``recorded`` (the metrics, the turn).
 Anchors: llm-d's request-control hooks with one end-of-stream hook; SMG's load guard released once when the
@@ -13,6 +13,8 @@ response ends.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from ..core.answers import answered_ok
 
 if TYPE_CHECKING:
     from ..observability import Metrics
@@ -49,8 +51,25 @@ def answered(context: RouterContext, routing: Routing, code: int | str | None, s
     ``code``: the code to count (a gRPC status's name; None: nothing); ``status``: the replica's status for passive health (0: no head,
     a gRPC call's mapped one); ``failure``: what failed before a head; ``accepted``: whether the replica took it
     (a rejected decision goes back to the policy); ``first_at``: the first body byte (lane, kept turn unmeasured)."""
+    if accepted and failure is None and 0 < status < 400 and code is not None and _answered_ok(context, routing, code,
+                                                                                               now):
+        _turn(context.metrics, routing.turn, routing.start, first_at)
+        return
     settled(context, routing, status, failure, accepted)
     recorded(context.metrics, routing.replica.id, routing.turn, code, accepted, routing.start, now, first_at)
+
+
+def _answered_ok(context: RouterContext, routing: Routing, code: int | str, now: float) -> bool:
+    """Both halves for an answer below 400 in one call, ``core.answers.answered_ok`` (which the native lane's sticky
+    hit calls too), when its case holds: the replica live and counted for this request, its series looked up."""
+    replica, replicas = routing.replica, context.replicas
+    series = context.metrics.series.get((replica.id, code))
+    if series is None or not routing.held or replicas.members.get(replica.id) is not replica or replica.inflight <= 0:
+        return False
+    routing.held = False
+    http, grpc = replicas.indexes
+    answered_ok(replica, series[0], series[1], now - routing.start, http, grpc)
+    return True
 
 
 def settled(context: RouterContext, routing: Routing, status: int, failure: str | None, accepted: bool) -> None:
@@ -71,8 +90,12 @@ def recorded(metrics: Metrics, replica: str, turn: Turn | None, code: int | str 
     kept turn with no ``Turn``: its first byte alone, ``MarginMeter.kept_first_byte``)."""
     if code is not None:
         metrics.observe(replica, code, now - start)
-    if not accepted:
-        return
+    if accepted:
+        _turn(metrics, turn, start, first_at)
+
+
+def _turn(metrics: Metrics, turn: Turn | None, start: float, first_at: float) -> None:
+    """An accepted turn's outcome, or a kept turn's first byte alone when it has no ``Turn``."""
     if turn is not None:
         metrics.turn(turn)
     elif first_at:

@@ -4,15 +4,16 @@
 # some forty objects (benchmarks/lane_timed.py). A request whose session is pinned to a routable replica, under
 # the default policy (``AffinityPolicy``) keeping it, needs no choice: the kept-pin rule (``core.kept``, the
 # policy's own) moves its pin's last use, and the ledger (``core.ledger``) counts its replica one more in flight.
-# ``Sticky`` does that, and records the answer of such a request, through the core's declared interfaces
-# (``core/*.pxd``) and the public attributes of the router's objects, with no frame, holding the objects that
-# live as long as the router; a measured turn's answer is read by the turn's own methods. Anything else
-# declines before changing anything, and ``LaneGlue`` does it: a new session, a pin to move, a replica marked
+# ``Sticky`` does that, and records the answer of such a request (``core.answers``, as ``outcome.answered`` does),
+# through the core's declared interfaces (``core/*.pxd``) and the public attributes of the router's objects, with
+# no frame, holding the objects that live as long as the router; a measured turn's answer is read by the turn's
+# own methods. Anything else declines before changing anything, and ``LaneGlue`` does it: a new session, a pin to move, a replica marked
 # down, an error answer, a pause, a key another router or worker decides, new settings.
 # tests/test_lane_sticky.py routes the same requests both ways and compares what a user sees.
 
 from rollout_router.core.kept cimport kept
-from rollout_router.core.ledger cimport put, take
+from rollout_router.core.answers cimport answered_ok
+from rollout_router.core.ledger cimport take
 from rollout_router.core.loads cimport LoadIndex
 from rollout_router.core.pins cimport SessionTable
 from rollout_router.core.tallies cimport CounterChild, HistogramChild, Sampler
@@ -99,9 +100,9 @@ cdef class Sticky:
 
     cdef bint finish(self, object token, object code, int status, object failure, double first_at, object tail,
                      double now) except -1:
-        """``outcome.answered`` for a request routed here or by ``LaneGlue`` (an ``outcome.Routing``, read through its
-        declared fields) and answered below 400 (its turn, when it has one, recorded by the turn's own methods);
-        False: ``LaneGlue.finish`` records it."""
+        """``outcome.answered``'s case of an answer below 400 (``core.answers.answered_ok``) for a request routed here
+        or by ``LaneGlue`` (an ``outcome.Routing``, read through its declared fields; its turn, when it has one,
+        recorded by the turn's own methods); False: ``LaneGlue.finish`` records it."""
         cdef PyObject* found
         cdef double started
         if type(token) is not self.routing_type or failure is not None or not 0 < status < 400 or code is None:
@@ -121,13 +122,9 @@ cdef class Sticky:
         started = token.start
         if turn is not None:
             turn.ended(first_at, tail, replica_id)
-        replica.failures = 0  # ``OutlierDetector.answered``, below 500
-        replica.server_errors = 0
-        (<CounterChild>children[0]).value += 1
-        (<HistogramChild>children[1]).observe(now - started)
-        put(replica, self.http, self.grpc)
         token.held = False
-        if turn is not None:
+        answered_ok(replica, <CounterChild>children[0], <HistogramChild>children[1], now - started, self.http, self.grpc)
+        if turn is not None:  # ``outcome._turn``
             self.metrics.turn(turn)
         elif first_at:
             self.kept_first_byte.observe(first_at - started)
