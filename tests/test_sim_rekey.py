@@ -138,6 +138,8 @@ def test_the_fingerprint_at_a_revision_is_the_trees(tmp_path):
     assert fingerprint_at("HEAD", package) == moved and fingerprint_at("HEAD~1", package) == first
 
     (package / "sim" / "rekey.py").write_text("# presentation\n")
+    for chooser in ("__init__.py", "sources.py", "_built.pyx"):  # which core build runs, not what it computes
+        (core / chooser).write_text("# the build's choice\n")
     assert model_fingerprint(package) == moved
     (core / "sessions.pxd").write_text("cdef class SessionTable:\n    cdef dict pins\n")
     assert model_fingerprint(package) != moved

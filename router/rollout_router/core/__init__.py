@@ -40,7 +40,11 @@ def _why_python() -> str | None:
     built = _record()
     if built is None:
         return "not compiled (installing needs Cython and a C compiler)"
-    if (FOLDER / "pins.py").exists() and source_hash() != built.SOURCE_HASH:
+    try:
+        stale = source_hash() != built.SOURCE_HASH
+    except OSError:  # an install that ships the compiled modules without all their sources: nothing to compare
+        stale = False
+    if stale:
         return "compiled from other sources than those beside it (run `make native`, or reinstall)"
     return None
 

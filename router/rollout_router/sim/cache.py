@@ -32,6 +32,9 @@ _PRESENTATION = {"__init__.py", "__main__.py", "cache.py", "cli.py", "criterion.
 # A folder that does not exist contributes nothing. Its files are hashed under their names, core's with "core/".
 _DEPENDED_ON = (("policy", ("*.py",), ""), ("core", ("*.py", "*.pxd", "*.pyx"), "core/"))
 _FOLDERS = ("sim", *(folder for folder, _, _ in _DEPENDED_ON))
+# core's files that choose or record which build runs, not what it computes (both builds compute the same:
+# tests/test_core.py): editing them keeps the cache
+_BUILD_CHOICE = {("core", "__init__.py"), ("core", "sources.py"), ("core", "_built.pyx")}
 
 
 def _model_files(names: dict[str, list[str]]) -> list[tuple[str, str]]:
@@ -39,7 +42,8 @@ def _model_files(names: dict[str, list[str]]) -> list[tuple[str, str]]:
     file hashed, in the order hashed."""
     files = [("sim", n) for n in sorted(names.get("sim", ())) if fnmatch(n, "*.py") and n not in _PRESENTATION]
     for folder, patterns, _ in _DEPENDED_ON:
-        files += [(folder, n) for n in sorted(names.get(folder, ())) if any(fnmatch(n, p) for p in patterns)]
+        files += [(folder, n) for n in sorted(names.get(folder, ()))
+                  if any(fnmatch(n, p) for p in patterns) and (folder, n) not in _BUILD_CHOICE]
     return files
 
 
