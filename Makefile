@@ -66,7 +66,7 @@ $(VENV)/.installed-peers: Makefile | $(VENV)/.installed-test
 # The traffic port's native HTTP lane and the core it calls (docs/architecture.md), rebuilt in place when their
 # sources change; the installs above build them too (hatch_build.py, pyproject.toml's build hook). Without a C compiler the router runs
 # its Python data path and the lane's tests say why they cannot run.
-LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/_lane*.p*) router/rollout_router/proxy/http/lane_sources.py hatch_build.py \
+LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/lane/_lane*.p*) router/rollout_router/proxy/http/lane/sources.py hatch_build.py \
 	$(wildcard router/rollout_router/proxy/grpc/_grpc_frames.p*) router/rollout_router/proxy/grpc/frame_sources.py \
 	$(wildcard router/rollout_router/core/*.py router/rollout_router/core/*.p*)
 $(VENV)/.lane: $(LANE_SOURCES) | $(VENV)/.installed-test
