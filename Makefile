@@ -66,7 +66,7 @@ $(VENV)/.installed-peers: Makefile | $(VENV)/.installed-test
 # The traffic port's native HTTP lane and the core it calls (docs/architecture.md), rebuilt in place when their
 # sources change; the installs above build them too (hatch_build.py, pyproject.toml's build hook). Without a C compiler the router runs
 # its Python data path and the lane's tests say why they cannot run.
-LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/_lane*.p*) router/rollout_router/proxy/http/lane_sources.py hatch_build.py \
+LANE_SOURCES := $(wildcard router/rollout_router/proxy/http/lane/_lane*.p*) router/rollout_router/proxy/http/lane/sources.py hatch_build.py \
 	$(wildcard router/rollout_router/proxy/grpc/_grpc_frames.p*) router/rollout_router/proxy/grpc/frame_sources.py \
 	$(wildcard router/rollout_router/core/*.py router/rollout_router/core/*.p*)
 $(VENV)/.lane: $(LANE_SOURCES) | $(VENV)/.installed-test
@@ -150,7 +150,10 @@ seed-rekey: install-sim
 CORE_TESTS := $(addprefix tests/,test_core.py test_policy.py test_policy_cost.py test_policy_groups.py test_loads.py \
   test_tallies.py test_turns.py)
 
-# The fast tier, under a minute: the linter, the layering contract and the tests of the pure parts (the core on
+# proxy/http's packages by job, highest first, type-only imports counted (pyproject.toml's contracts leave them out)
+HTTP_CONTRACT := importlinter-http.toml
+
+# The fast tier, under a minute: the linter, the layering contracts and the tests of the pure parts (the core on
 # both builds, the policies, the wire parsers, the Kubernetes rendering and the CRD, the settings, the tallies),
 # no server started; for the edit-test loop. `make test` runs all of it too.
 CHECK_TESTS := $(addprefix tests/,test_core.py test_loads.py test_policy.py test_policy_cost.py test_policy_groups.py test_http_wire.py \
@@ -160,17 +163,20 @@ CHECK_TESTS := $(addprefix tests/,test_core.py test_loads.py test_policy.py test
 check: install-test native
 	$(BIN)/ruff check
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/lint-imports --no-cache $(HTTP_CONTRACT)
 	$(BIN)/python -m pytest -q $(CHECK_TESTS)
 	ROLLOUT_ROUTER_CORE=python $(BIN)/python -m pytest -q $(CORE_TESTS)
 
-# The quick tier: the type check (mypy, both packages), the linter and the layering contract
-# (pyproject.toml's [tool.ruff] and [tool.importlinter]; docs/architecture.md), then the test suite.
+# The quick tier: the type check (mypy, both packages), the linter and the layering contracts
+# (pyproject.toml's [tool.ruff] and [tool.importlinter], and proxy/http's own, HTTP_CONTRACT; docs/architecture.md),
+# then the test suite.
 typecheck: install-test
 	$(BIN)/mypy
 
 lint: install-test
 	$(BIN)/ruff check
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/lint-imports --no-cache $(HTTP_CONTRACT)
 
 # The suite runs the traffic port on its native lane where it is built (the default, --data-path auto); the data
 # path's own modules run once more on the Python data path alone, which the lane hands every other request to,

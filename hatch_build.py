@@ -1,13 +1,13 @@
-"""Builds the HTTP traffic port's native lane (router/rollout_router/proxy/http/_lane.pyx) and the hot state it
+"""Builds the HTTP traffic port's native lane (router/rollout_router/proxy/http/lane/_lane.pyx) and the hot state it
 calls (router/rollout_router/core: plain Python modules with ``.pxd`` interfaces) at install time.
 
 Cython turns the lane and the core into C and the machine's C compiler builds it. Without either the install goes on
-without the lane, and the router runs its pure-Python data path, which it always keeps (``lane.py`` says
+without the lane, and the router runs its pure-Python data path, which it always keeps (``lane/glue.py`` says
 which one a router runs; ``--data-path native`` refuses to start without the lane). hatchling runs this as
 its build hook (pyproject.toml ``[tool.hatch.build.hooks.custom]``): an editable install builds the module in
 place, next to its source, as ``make`` does after an edit (``python hatch_build.py``); a wheel carries it.
 The built module records a hash of its sources (``SOURCE_HASH``), so a router never runs a lane older than
-the sources beside it (``lane_sources.py`` computes it, for this file and for ``lane.py``).
+the sources beside it (``lane/sources.py`` computes it, for this file and for ``lane/glue.py``).
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent
-PACKAGE = ROOT / "router" / "rollout_router" / "proxy" / "http"
-MODULE = "rollout_router.proxy.http._lane"
+PACKAGE = ROOT / "router" / "rollout_router" / "proxy" / "http" / "lane"
+MODULE = "rollout_router.proxy.http.lane._lane"
 GRPC = ROOT / "router" / "rollout_router" / "proxy" / "grpc"
 FRAMES = "rollout_router.proxy.grpc._grpc_frames"  # the gRPC relay's frame engine, built beside the lane
 CORE = ROOT / "router" / "rollout_router" / "core"  # compiled first: the lane cimports its .pxd
 
 
-def _sources(path: Path = PACKAGE / "lane_sources.py") -> ModuleType:
-    """``lane_sources.py`` (or the frame engine's ``frame_sources.py``), loaded by its path: the package's
+def _sources(path: Path = PACKAGE / "sources.py") -> ModuleType:
+    """``lane/sources.py`` (or the frame engine's ``frame_sources.py``), loaded by its path: the package's
     dependencies need not be installed yet."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
@@ -71,7 +71,7 @@ def build(work: Path, target: Path | None = None, flags: tuple[str, ...] = ()) -
         command.run()
     finally:
         os.chdir(previous)
-    built = (PACKAGE if target is None else target / "rollout_router" / "proxy" / "http") / \
+    built = (PACKAGE if target is None else target / "rollout_router" / "proxy" / "http" / "lane") / \
         f"_lane{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not built.exists():
         raise RuntimeError(f"the build left no {built.name}")
@@ -99,7 +99,7 @@ class LaneBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
                                      "will run its pure-Python data path")
             return
         if version != "editable":
-            build_data["force_include"][str(built)] = f"rollout_router/proxy/http/{built.name}"
+            build_data["force_include"][str(built)] = f"rollout_router/proxy/http/lane/{built.name}"
             frames = GRPC / built.name.replace("_lane", "_grpc_frames", 1)
             build_data["force_include"][str(frames)] = f"rollout_router/proxy/grpc/{frames.name}"
             for name in (*_sources(CORE / "sources.py").COMPILED, "_built"):

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ("proxy/http/lane.py", "proxy/attempts.py", "proxy/outcome.py", "balancer.py", "policy/affinity.py",
+MODULES = ("proxy/http/lane/glue.py", "proxy/attempts.py", "proxy/outcome.py", "balancer.py", "policy/affinity.py",
            "policy/sessions.py", "replicas.py", "policy/loads.py", "observability.py", "tallies.py", "proxy/turns.py",
            "health/outliers.py")
 

@@ -2,7 +2,7 @@
 
     python benchmarks/lane_floor.py HOST PORT BACKEND_URL
 
-The traffic port runs the router's own lane (``proxy/http/_lane.pyx``), but ``LaneGlue.route`` sends every
+The traffic port runs the router's own lane (``proxy/http/lane/_lane.pyx``), but ``LaneGlue.route`` sends every
 request to the one backend and ``finish`` records nothing: no policy, in-flight count, metrics or passive health. Beside
 ``native floor (C protocols)`` (hand-written C) it shows what the lane costs as C; beside ``ours (sticky)``, what
 the router's routing and bookkeeping add. Not a router to run.

@@ -21,7 +21,7 @@ session id cycling over 256 (so they are sticky hits after the first lap). Count
                  the client's share is the same for every tree, so differences are the router's)
 
 On the native lane (``--data-path auto``, the default where it was built) the lane's own work is C and not counted
-here: what is counted is the router's Python it calls (``lane.py``'s route and finish, and what they call).
+here: what is counted is the router's Python it calls (``proxy/http/lane/glue.py``'s route and finish, and what they call).
 ``--data-path python`` counts the Python data path alone.
 
 The counts are deterministic for a given tree, so two trees compare exactly (``PYTHONPATH=OLD/router``

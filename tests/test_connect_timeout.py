@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rollout_router.proxy.http import upstream
+from rollout_router.proxy.http.connection import upstream
 from rollout_router.settings import HealthSettings, RouterSettings
 from tests.support import ScriptedReplica, running_router
 

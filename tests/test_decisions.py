@@ -16,8 +16,8 @@ import pytest
 from rollout_router.proxy import decisions
 from rollout_router.proxy.attempts import route
 from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
-from rollout_router.proxy.http.delegated import Delegated, LaneAsked
-from rollout_router.proxy.http.upstream import ReplicaPool
+from rollout_router.proxy.http.connection.upstream import ReplicaPool
+from rollout_router.proxy.http.forwarding.delegated import Delegated, LaneAsked
 from rollout_router.proxy.outcome import Routing, put_back
 from rollout_router.proxy.turns import Turn
 from rollout_router.settings import HealthSettings, RouterSettings

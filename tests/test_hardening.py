@@ -15,7 +15,7 @@ import pytest
 from rollout_router.app import Runtime
 from rollout_router.core.pins import SessionTable
 from rollout_router.policy.base import Counters
-from rollout_router.proxy.http import server
+from rollout_router.proxy.http.connection import client as server
 from rollout_router.settings import MetricsSettings, RouterSettings, SessionSettings
 from tests.support import NO_PROBES, running_router, wait_for
 from tests.test_http_wire import CHAT, OK, RawReplica, exchange, post, read_response

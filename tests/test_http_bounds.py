@@ -9,8 +9,8 @@ import tracemalloc
 
 import pytest
 
-from rollout_router.proxy.http.request import HttpRequest
-from rollout_router.proxy.http.server import HELD_PER_REQUEST, MAX_HEAD, MAX_HEADERS, ClientConnection
+from rollout_router.proxy.http.connection.client import HELD_PER_REQUEST, MAX_HEAD, MAX_HEADERS, ClientConnection
+from rollout_router.proxy.http.wire.request import HttpRequest
 from rollout_router.proxy.listener import Budget, Limits
 
 LIMITS = Limits(max_connections=100, max_body_bytes=32 << 20, max_buffered_bytes=256 << 20, header_timeout=30.0,

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from rollout_router.proxy.http.server import ClientConnection
+from rollout_router.proxy.http.connection.client import ClientConnection
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 from tests.test_http_wire import OK, RawReplica, exchange, post, read_response

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollout_router.proxy.http.relay import STREAMING, Exchange
-from rollout_router.proxy.http.server import MAX_HEAD, WRITE_HIGH_WATER
+from rollout_router.proxy.http.connection.client import MAX_HEAD, WRITE_HIGH_WATER
+from rollout_router.proxy.http.connection.relay import STREAMING, Exchange
 from rollout_router.settings import RouterSettings
 from tests.support import NO_PROBES, ScriptedReplica, running_router, wait_for
 
@@ -456,7 +456,7 @@ async def test_a_pipelining_client_that_never_reads_holds_one_answer_beyond_the_
 
 async def test_a_client_that_reads_nothing_for_the_stall_timeout_is_cut(monkeypatch):
     """Writes paused without any drain for WRITE_STALL_SECONDS: the connection is cut and counted."""
-    from rollout_router.proxy.http import server
+    from rollout_router.proxy.http.connection import client as server
     monkeypatch.setattr(server, "WRITE_STALL_SECONDS", 0.5)
     async with running_router(RouterSettings(backends=["http://127.0.0.30:9"], health=NO_PROBES)) as (base, runtime):
         _, writer = await never_reading_client(base)
@@ -476,7 +476,7 @@ async def test_a_client_that_reads_nothing_for_the_stall_timeout_is_cut(monkeypa
 async def test_remembered_response_heads_follow_each_answer_and_stay_bounded():
     """The client's head is built once per shape of the replica's head (heads.HEADS): an answer whose head
     differs (a new Date every request here) gets its own head, and the memory of shapes stays bounded."""
-    from rollout_router.proxy.http import heads
+    from rollout_router.proxy.http.wire import heads
     count = heads.HEADS_KEPT + 44
 
     def answer(index: int, connection: int) -> bytes:
@@ -497,7 +497,7 @@ async def test_remembered_response_heads_follow_each_answer_and_stay_bounded():
 async def test_answers_of_every_length_share_one_remembered_head():
     """A completion's length is its own: answers that differ only in Content-Length are one shape (heads.HEADS),
     each relayed with its own length and body."""
-    from rollout_router.proxy.http import heads
+    from rollout_router.proxy.http.wire import heads
 
     def answer(index: int, connection: int) -> bytes:
         body = b'{"n":"%s"}' % (b"t" * index)

@@ -1,4 +1,4 @@
-"""The traffic port's native lane (``_lane.pyx``, ``lane.py``): built where it can be, taking the common request,
+"""The traffic port's native lane (``lane/_lane.pyx``, ``lane/glue.py``): built where it can be, taking the common request,
 handing the rest to the Python path on the same connection and taking the connection back, and answering
 byte for byte what the Python path answers.
 
@@ -200,8 +200,9 @@ async def test_concurrent_requests_reuse_the_pooled_connections():
 def test_the_lane_stops_at_the_python_paths_bounds():
     """The lane's parsers hand over at the bounds the Python path enforces, and its relay holds, keeps and pools as
     much: one number each, compiled into the lane, checked against the Python constants here."""
-    from rollout_router.proxy.http import relay, server
-    from rollout_router.proxy.http import upstream as pools
+    from rollout_router.proxy.http.connection import client as server
+    from rollout_router.proxy.http.connection import relay
+    from rollout_router.proxy.http.connection import upstream as pools
     from rollout_router.proxy.turns import TAIL_BYTES
     assert lane._lane.BOUNDS == {"MAX_HEAD": server.MAX_HEAD, "MAX_HEADERS": server.MAX_HEADERS,
                                  "MAX_RESPONSE_HEAD": relay.MAX_RESPONSE_HEAD,

@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rollout_router.proxy.http import lane
-from rollout_router.proxy.http.routes import connection_tokens, normalise_path
+from rollout_router.proxy.http.wire.routes import connection_tokens, normalise_path
 
 pytestmark = pytest.mark.skipif(lane._lane is None, reason=f"{lane.unavailable()} (tests/test_lane.py says whether "
                                                             "it should have been)")

@@ -1,10 +1,11 @@
-"""Draw docs/img/layers.png: the router's layers as pyproject.toml's import-linter contract states them.
+"""Draw docs/img/layers.png and docs/img/layers-http.png: the router's layers as pyproject.toml's import-linter
+contract states them, and the HTTP proxy's packages as importlinter-http.toml's does.
 
-The picture is read from the contract that `make test` checks (``lint-imports``), so it cannot show a
+Each picture is read from the contract that `make lint` checks (``lint-imports``), so it cannot show a
 layering the code does not keep. Highest layer on top; a module imports only from its own box's
 joined neighbours (":") and from the rows below it. Needs matplotlib (the [sim] extra):
 
-    .venv/bin/python docs/tools/draw_layers.py [-o PNG]
+    .venv/bin/python docs/tools/draw_layers.py [-o PNG] [--http-output PNG]
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from matplotlib.patches import FancyBboxPatch
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "img" / "layers.png"
+HTTP_CONFIG = ROOT / "importlinter-http.toml"  # proxy/http's own contract (type-only imports counted)
+HTTP_OUT = ROOT / "docs" / "img" / "layers-http.png"
 
 # What each package holds, in a few words (docs/architecture.md says more).
 ROLES = {
@@ -31,11 +34,17 @@ ROLES = {
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
     "listening": "sockets", "core": "hot state (C or Python)",
 }
+HTTP_ROLES = {
+    "traffic": "HttpProxy: fast path, coroutine path", "admin_listener": "the admin port",
+    "lane": "native lane (C), its glue, the hand-over", "forwarding": "one request on its way, sibling, owner hop",
+    "connection": "client connection, upstream pools, relay", "wire": "bytes only: answers, heads, paths, request",
+}
 
 
-def layers() -> list[tuple[list[str], str]]:
-    """The layers contract's rows, highest first: (packages, separator)."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+def layers(source: Path = ROOT / "pyproject.toml") -> list[tuple[list[str], str]]:
+    """The one layers contract of ``source``'s import-linter configuration: its rows, highest first (packages,
+    separator)."""
+    config = tomllib.loads(source.read_text())["tool"]["importlinter"]
     (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
     rows = []
     for row in contract["layers"]:
@@ -44,8 +53,7 @@ def layers() -> list[tuple[list[str], str]]:
     return rows
 
 
-def draw(path: Path) -> None:
-    rows = layers()
+def draw(path: Path, rows: list[tuple[list[str], str]], roles: dict[str, str]) -> None:
     width, height = 10.0, 0.72 * len(rows) + 0.4
     figure, axes = plt.subplots(figsize=(width, height))
     axes.set_xlim(0, width)
@@ -60,7 +68,7 @@ def draw(path: Path) -> None:
             axes.add_patch(FancyBboxPatch((x + 0.06, y), box - 0.12, 0.5, boxstyle="round,pad=0.02",
                                           facecolor="#dbe8f5" if joined else "#eef3e2", edgecolor="#4a5a6a"))
             axes.text(x + box / 2, y + 0.32, name, ha="center", va="center", fontsize=10, weight="bold")
-            axes.text(x + box / 2, y + 0.13, ROLES.get(name, ""), ha="center", va="center", fontsize=7.5)
+            axes.text(x + box / 2, y + 0.13, roles.get(name, ""), ha="center", va="center", fontsize=7.5)
         if index < len(rows) - 1:
             axes.annotate("", xy=(0.25, y - 0.2), xytext=(0.25, y + 0.5),
                           arrowprops={"arrowstyle": "->", "color": "#888888"})
@@ -72,5 +80,8 @@ def draw(path: Path) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", type=Path, default=OUT, help=f"the PNG to write (default {OUT})")
-    draw(parser.parse_args().output)
+    parser.add_argument("-o", "--output", type=Path, default=OUT, help=f"the router's PNG (default {OUT})")
+    parser.add_argument("--http-output", type=Path, default=HTTP_OUT, help=f"proxy/http's PNG (default {HTTP_OUT})")
+    args = parser.parse_args()
+    draw(args.output, layers(), ROLES)
+    draw(args.http_output, layers(HTTP_CONFIG), HTTP_ROLES)

@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=22)
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("rollout_router.proxy.http._lane", args.module)
+    spec = importlib.util.spec_from_file_location("rollout_router.proxy.http.lane._lane", args.module)
     assert spec is not None and spec.loader is not None
     lane = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = lane

@@ -42,7 +42,7 @@ Failure = tuple[str, str]  # (reason for metrics, detail for the log)
 LOCAL = "local"  # a probe the router could not make (no descriptor left): no verdict on the replica
 
 
-ROUTER_HEADER = b"x-rolloutrouter-replica"  # on every answer a rollout-router relays (proxy.http.routes)
+ROUTER_HEADER = b"x-rolloutrouter-replica"  # on every answer a rollout-router relays (proxy.http.wire.routes)
 
 
 class _Head:

@@ -1,7 +1,7 @@
 """What forwarding to a session's owner router means for both protocols: the hop mark, the slack, the counts.
 
 The fleet decides (``Fleet.via_owner``: who owns the key, whether to try once
-more); the listener of each protocol sends (``http/owner.py``, ``grpc/owner.py``).
+more); the listener of each protocol sends (``http/forwarding/owner.py``, ``grpc/owner.py``).
 A forwarded request carries ``X-RolloutRouter-Forwarded-By: <this router's id>``
 (gRPC metadata is the same name, lower-cased), so the owner decides instead of
 forwarding again. The forwarding router gives the owner ``FORWARD_SLACK_SECONDS``

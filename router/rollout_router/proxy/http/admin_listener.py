@@ -22,9 +22,9 @@ from .. import admin, fleet_routes, rl_routes, workers
 from ..context import RouterContext
 from ..listener import Limits
 from . import wire
-from .listener import HttpListener
-from .server import ClientConnection, HttpRequest
-from .traffic import write_admin
+from .connection.client import ClientConnection
+from .connection.listener import HttpListener, write_admin
+from .wire.request import HttpRequest
 
 # What the admin listener serves: the router's own routes, the worker API of SGLang's router / vllm-router,
 # the routes between the routers of a fleet, and the RL step's fleet operations (/v1/rl/*).

@@ -18,20 +18,21 @@ from ..outcome import Routing, answered
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, body_key, decoded_body, header_key
 from . import wire
-from .delegated import Delegated
-from .heads import lines
+from .connection.client import ClientConnection
+from .connection.listener import HttpListener, write_admin
+from .connection.relay import WAITING, Exchange, attempt, connect_failure, request_bytes
+from .connection.upstream import KEEPALIVE_SECONDS, Pools
+from .forwarding.delegated import Delegated
+from .forwarding.forwarding import Forwarding
+from .forwarding.owner import to_owner
 from .lane import LaneGlue
 from .lane import unavailable as lane_unavailable
-from .listener import HttpListener
-from .owner import to_owner
-from .relay import STALE, WAITING, Exchange, attempt, connect_failure, request_bytes, verdict
-from .routes import REPLICA_HEADER, forwarded, normalise, unkeyed
-from .server import ClientConnection, HttpRequest
-from .upstream import KEEPALIVE_SECONDS, Pools
+from .wire.request import HttpRequest
+from .wire.routes import REPLICA_HEADER, forwarded, normalise, unkeyed
 
 if TYPE_CHECKING:
     from ...fleet.node import Fleet
-    from ._lane import Upstream
+    from .lane._lane import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class HttpProxy(HttpListener):
         self.answering_here = 0  # requests being answered now on the Python side (``answering``: with the lane's)
         self.names = KeyNames()
         self.decisions: DecisionClient | None = None  # a --workers N worker's channels to its siblings
-        # the native lane (lane.py) unless the Python data path is asked for or the lane cannot run here
+        # the native lane (``lane/``) unless the Python data path is asked for or the lane cannot run here
         self.lane = LaneGlue(self) if data_path != "python" and lane_unavailable() is None else None
 
     @property
@@ -95,27 +96,12 @@ class HttpProxy(HttpListener):
         return self.names.of(settings.session, settings.group)
 
     def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
-        """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``;
-        a request the native lane routed and handed over, with its routing (``lane.py``)."""
-        handed, client.handed = client.handed, None
+        """Start answering ``request``: the common case from here, with no Task (``_fast``), else ``handle``.
+        (A request the native lane routed and handed over comes through ``LaneGlue.dispatch`` instead.)"""
         if self.closing and client.last_in_line():
             request.close_after = True  # (the requests read behind it are answered first, the last one closing)
-        if handed is not None:  # the lane's, with its routing or to relay through the key's owner
-            client.answer_later(request, self.handle(client, request, self._handed(client, request, handed)))
-        elif not self._fast(client, request):
+        if not self._fast(client, request):
             client.answer_later(request, self.handle(client, request))
-
-    def _handed(self, client: ClientConnection, request: HttpRequest, handed: tuple | str) -> Forwarding | None:
-        """What the lane handed over with a client's first request: a connect to its replica that failed (a
-        refusal, retried elsewhere as ``attempts.forward`` does), or nothing to go on (a sibling worker would not
-        route it: ``handle`` relays it through its owner)."""
-        if not isinstance(handed, tuple):
-            return None
-        routing, error = handed
-        normalise(request)
-        forwarding = Forwarding(self, client, request, routing.key, routing.group, routing)
-        forwarding.refused = error
-        return forwarding
 
     def _fast(self, client: ClientConnection, request: HttpRequest) -> bool:
         """Forward ``request`` from the parser's callbacks, its answer relayed and recorded from the replica
@@ -154,7 +140,7 @@ class HttpProxy(HttpListener):
         return True
 
     def _delegate(self, client: ClientConnection, request: HttpRequest, key: str, group: str | None) -> bool:
-        """A key a sibling worker owns: ask it for the replica and forward from here (``delegated``); False when
+        """A key a sibling worker owns: ask it for the replica and forward from here (``forwarding/delegated.py``); False when
         there is no sibling to ask (no worker, another router owns it, or no channel is open)."""
         fleet, decisions = self.context.fleet, self.decisions
         if decisions is None or fleet is None or (owner := fleet.owner_of(key)) is None:
@@ -331,40 +317,3 @@ class HttpProxy(HttpListener):
 def _hopped(fleet: Fleet, request: HttpRequest) -> bool:
     """Another router of the fleet sent this request here (its hop header, naming it)."""
     return fleet.hopped(request.keys.get(HOP) if request.keys else None)
-
-
-def write_admin(listener: HttpListener, client: ClientConnection, request: HttpRequest, answer: admin.AdminAnswer,
-                extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    """Write an admin route's answer (counting it when it is an error)."""
-    if answer.status >= 400:
-        listener.context.metrics.errors.labels(f"http_{answer.status}").inc()
-    client.write(wire.answer(answer.status, answer.body, answer.content_type.encode(), extra=extra,
-                             close=request.close_after or not request.keep_alive, head_only=request.head_only))
-
-
-class Forwarding:
-    """One request on its way to a replica: its keys and head lines, and once routed by the fast path, its
-    routing and the attempt's start, to finish it from the relay's callback (``done``) or in ``handle``."""
-
-    __slots__ = ("proxy", "client", "request", "key", "group", "headers", "routed", "started", "refused")
-
-    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, key: str | None,
-                 group: str | None, routed: Routing | None = None) -> None:
-        self.proxy, self.client, self.request, self.key, self.group = proxy, client, request, key, group
-        self.headers = lines(request.headers)  # once for every attempt
-        self.routed = routed
-        self.started: float | None = None  # set while the fast path's attempt is out
-        self.refused: OSError | None = None  # the lane's connect failed: the first attempt's refusal
-
-    def done(self, exchange: Exchange, result: str | None) -> None:
-        """The fast path's exchange ended: recorded and released as ``_send`` would; a pooled connection that
-        went stale before answering hands the request to ``handle`` (a fresh connection, then the retries)."""
-        proxy, client, request = self.proxy, self.client, self.request
-        if result == STALE:
-            client.answer_later(request, proxy.handle(client, request, self))
-            return
-        assert self.routed is not None and self.started is not None
-        routing, self.routed = self.routed, None
-        answered(proxy.context, routing, *verdict(exchange), time.monotonic())
-        proxy.answering_here -= 1
-        client.answered(request)

@@ -3,7 +3,7 @@
 The lane parses, forwards and relays the common request in C and calls here twice per request: ``route``
 (the checks ``HttpProxy._fast`` makes, the policy, the replica counted in flight: an ``outcome.Routing``) and
 ``finish`` (``outcome.answered``, as ``Forwarding.done`` records). Anything it does not take goes to the Python
-path whole: ``hand_over`` gives the connection to a ``ClientConnection`` with the bytes the lane held (and, for a
+path whole: ``hand_over`` gives the connection to a ``HandedConnection`` (``handover.py``) with the bytes the lane held (and, for a
 request the lane had routed, its routing, so it is routed once either way), and ``take_back`` gives it back once
 the Python path is idle on it.
 ``available`` says whether the lane was built and is as new as its sources.
@@ -15,22 +15,27 @@ import functools
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
-from ... import core
-from ...policy.affinity import AffinityPolicy
-from ..attempts import Refused, measured, taken
-from ..outcome import Routing, answered, refused
-from ..session_key import header_key
-from ..turns import KEPT, Turn
-from . import server, upstream
-from .delegated import LaneAsked
-from .heads import remembered
-from .lane_sources import FOLDER, source_hash
-from .relay import CLIENT_CLOSED, connect_failure, failure_answer
-from .routes import forwarded, unkeyed
-from .server import ClientConnection, HttpRequest
-from .upstream import ReplicaPool
+from .... import core
+from ....policy.affinity import AffinityPolicy
+from ...attempts import Refused, measured, taken
+from ...outcome import Routing, answered, refused
+from ...session_key import header_key
+from ...turns import KEPT, Turn
+from ..connection import client as client_side
+from ..connection import upstream
+from ..connection.listener import HttpListener
+from ..connection.relay import CLIENT_CLOSED, connect_failure, failure_answer
+from ..connection.upstream import ReplicaPool
+from ..forwarding.delegated import LaneAsked
+from ..forwarding.forwarding import Forwarding
+from ..forwarding.port import TrafficPort
+from ..wire.heads import remembered
+from ..wire.request import HttpRequest
+from ..wire.routes import forwarded, normalise, unkeyed
+from .handover import Handed, HandedConnection
+from .sources import FOLDER, source_hash
 
 _lane: Any = None
 if core.COMPILED:  # the lane calls the core's compiled modules in C: with the core's Python source, no lane
@@ -38,9 +43,6 @@ if core.COMPILED:  # the lane calls the core's compiled modules in C: with the c
         from . import _lane
     except ImportError:  # not built (no C compiler or Cython at install): the Python data path only
         pass
-
-if TYPE_CHECKING:
-    from .traffic import HttpProxy
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +75,12 @@ def sampled(started: float) -> Turn:
 class LaneGlue:
     """One traffic listener's lane: the ``_lane.Lane``, its replica pools, what it calls."""
 
-    def __init__(self, proxy: HttpProxy) -> None:
+    def __init__(self, proxy: TrafficPort) -> None:
         self.proxy, self.context = proxy, proxy.context
+        self.listener = cast(HttpListener, proxy)  # the traffic port, as the handed-over connections' listener
         context = proxy.context
         self.native = _lane.Lane(self, proxy, proxy.active, proxy.context.rl.versions)
-        self.native.write_high_water = server.WRITE_HIGH_WATER
+        self.native.write_high_water = client_side.WRITE_HIGH_WATER
         self.pools: dict[str, Any] = {}
         self.paths: dict[bytes, int] = {}  # path -> 0 (not forwarded), KEYED or UNKEYED (the sticky hit reads it)
         self._settings: object = None  # the settings the lane's limits and key names were read from (``_sync``)
@@ -253,11 +256,11 @@ class LaneGlue:
 
     # the hand-over
     def hand_over(self, native: Any, data: bytes, why: int, handed: tuple[Routing | LaneAsked, OSError] | str | None
-                  ) -> ClientConnection:
+                  ) -> HandedConnection:
         """The lane gives its connection to the Python path, which reads ``data`` from the start."""
         proxy = self.proxy
         proxy.clients.discard(native)
-        client = ClientConnection.adopted(proxy, native.transport, self, native.write_paused, native.shaped)
+        client = HandedConnection.adopted(self.listener, native.transport, self, native.write_paused, native.shaped)
         if why == W_ADMIT:
             client.refuse()
             return client
@@ -270,16 +273,31 @@ class LaneGlue:
             client.check(proxy.now, proxy.limits())
         return client
 
-    def _refused(self, token: Routing | LaneAsked, error: OSError) -> tuple | str:
+    def dispatch(self, client: HandedConnection, request: HttpRequest, handed: Handed) -> None:
+        """The first request of a connection the lane handed over with a request it had begun, read again by the
+        Python path: a connect to its replica that failed (a refusal, retried elsewhere as ``attempts.forward``
+        does), or nothing to go on (a sibling worker would not route it: ``handle`` relays it through its owner)."""
+        proxy = self.proxy
+        if proxy.closing and client.last_in_line():
+            request.close_after = True  # (as ``HttpProxy.dispatch``)
+        forwarding = None
+        if isinstance(handed, tuple):
+            routing, error = handed
+            normalise(request)
+            forwarding = Forwarding(proxy, client, request, routing.key, routing.group, routing)
+            forwarding.refused = error
+        client.answer_later(request, proxy.handle(client, request, forwarding))
+
+    def _refused(self, token: Routing | LaneAsked, error: OSError) -> Handed:
         """What the Python path is handed with a request whose replica refused the connection: one a sibling
         decided relays through its owner (as ``Delegated._open`` does); one routed here is retried elsewhere as
-        ``attempts.forward`` does, its turn now measured (``HttpProxy._handed``)."""
+        ``attempts.forward`` does, its turn now measured (``dispatch``)."""
         if isinstance(token, LaneAsked):
             token.refused(error)
             return _lane.RELAY
         return measured(token, token.start), error
 
-    def take_back(self, client: ClientConnection) -> None:
+    def take_back(self, client: HandedConnection) -> None:
         """The Python path is idle on ``client``'s connection: the lane serves it again."""
         transport = client.transport
         assert transport is not None
@@ -293,11 +311,11 @@ class LaneGlue:
 
     # the sweep
     def tick(self, now: float, idle_before: float) -> None:
-        """Once a sweep: the lane's clock and the connection deadlines (server.py's, read each time), its idle
+        """Once a sweep: the lane's clock and the connection deadlines (``connection/client.py``'s, read each time), its idle
         replica connections closed. (Its answers are in ``HttpProxy.active``: ``expire_silent`` times them out.)"""
         native = self.native
-        native.now, native.idle_seconds = now, server.IDLE_SECONDS
-        native.write_stall_seconds = server.WRITE_STALL_SECONDS
+        native.now, native.idle_seconds = now, client_side.IDLE_SECONDS
+        native.write_stall_seconds = client_side.WRITE_STALL_SECONDS
         self.close_idle(idle_before)
 
     def close_idle(self, older_than: float) -> None:

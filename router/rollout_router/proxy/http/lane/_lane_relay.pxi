@@ -1,4 +1,4 @@
-# One answer on one replica connection (included by _lane.pyx): ``relay.Exchange`` and
+# One answer on one replica connection (included by _lane.pyx): ``connection.relay.Exchange`` and
 # ``upstream.UpstreamConnection`` for the requests the lane sends. The response head is read whole, then the
 # body passes through as it comes: as it is for a Content-Length answer, re-framed as chunks otherwise; a
 # small non-streaming answer of known length is held and written in one piece, so a replica that breaks off
@@ -14,10 +14,10 @@ cdef enum:
     BY_LENGTH = 0
     BY_CHUNKS = 1
     BY_CLOSE = 2
-    BUFFER_LIMIT = 1048576         # relay.py BUFFER_LIMIT
-    MAX_RESPONSE_HEAD = 65536      # relay.py MAX_RESPONSE_HEAD
+    BUFFER_LIMIT = 1048576         # connection/relay.py BUFFER_LIMIT
+    MAX_RESPONSE_HEAD = 65536      # connection/relay.py MAX_RESPONSE_HEAD
     TAIL_BYTES = 4096              # turns.py TAIL_BYTES
-    DONE_TAIL = 16                 # relay.py DONE_TAIL
+    DONE_TAIL = 16                 # connection/relay.py DONE_TAIL
 
 CLIENT_CLOSED = 499
 STALE_RESULT = "stale"
@@ -42,7 +42,7 @@ cdef class Upstream:
     cdef bint feeding, surplus, ending     # in ``feed``; bytes after the answer in its read; ended in ``feed``
     cdef bint ending_reusable
     cdef object ending_result
-    # what ``HttpProxy.expire_silent`` reads and sets, as of ``relay.Exchange``: reads since the answer began, as the
+    # what ``HttpProxy.expire_silent`` reads and sets, as of ``connection.relay.Exchange``: reads since the answer began, as the
     # last sweep saw them, and the silence counted since
     cdef public long long seen, swept
     cdef public double silent
@@ -297,7 +297,7 @@ cdef class Upstream:
                       for i in range(r.nfields)]
             built = self.lane._head(pool.replica, r.status, PyBytes_FromStringAndSize(s + r.reason,
                                     r.reason_end - r.reason), fields, has_length, self.keeps, version)
-            if len(pool.heads) >= 256:  # heads.py HEADS_KEPT: a churn of Dates cannot grow it
+            if len(pool.heads) >= 256:  # wire/heads.py HEADS_KEPT: a churn of Dates cannot grow it
                 pool.heads.clear()
             pool.heads[key] = built
         pool.last.size = 0
@@ -353,7 +353,7 @@ cdef class Upstream:
         if self.measure:
             _keep_tail(&self.usage, s, size)
         if self.sse and not self.done_seen:
-            # relay.py: the client has the whole answer at `data: [DONE]`; only the stream's last DONE_TAIL
+            # connection/relay.py: the client has the whole answer at `data: [DONE]`; only the stream's last DONE_TAIL
             # bytes count (a piece shorter than that joins the bytes before it)
             keep = DONE_TAIL - size if size < DONE_TAIL else 0
             if keep > self.tail_size:

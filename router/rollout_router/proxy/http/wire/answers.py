@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from http import HTTPStatus
 
-from ..errors import error_body
+from ...errors import error_body
 
 LAST_CHUNK = b"0\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import httptools
 
-from .. import owner
-from ..errors import RouterError
+from ... import owner
+from ...errors import RouterError
 from .routes import HOP_BY_HOP
 
 # What on_header does with a header, by lower-cased name (``header_kinds``); no entry: forwarded as it came.

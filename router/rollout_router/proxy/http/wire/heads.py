@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import wire
+from . import answers
 from .routes import HOP_BY_HOP, REPLICA_HEADER, WEIGHT_VERSION_HEADER
 
 if TYPE_CHECKING:
-    from .server import HttpRequest
+    from .request import HttpRequest
 
 REPLICA_HEADER_BYTES = REPLICA_HEADER.encode()
 WEIGHT_VERSION_HEADER_BYTES = WEIGHT_VERSION_HEADER.encode()
@@ -71,7 +71,7 @@ def client_head(status: int, reason: bytes, headers: list[tuple[bytes, bytes]], 
         kept.append((b"Connection", b"close"))
     elif request.http10:
         kept.append((b"Connection", b"keep-alive"))  # an HTTP/1.0 client closes unless told
-    line = wire.status_line(status, reason)
+    line = answers.status_line(status, reason)
     if not has_length:
         return line + lines(kept) + b"\r\n", b"", sse, chunked, until_close, close_after
     return line + lines(kept[:split]), lines(kept[split:]) + b"\r\n", sse, chunked, until_close, close_after

@@ -23,19 +23,20 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from ...health import CLOSED, INVALID_RESPONSE, TIMEOUT
-from ...replicas import Replica
-from ..attempts import Refused, refused_or_short
-from ..errors import error_body
-from ..turns import TAIL_BYTES, Turn
-from . import wire
-from .heads import lines, remembered
+from ....health import CLOSED, INVALID_RESPONSE, TIMEOUT
+from ....replicas import Replica
+from ...attempts import Refused, refused_or_short
+from ...errors import error_body
+from ...turns import TAIL_BYTES, Turn
+from .. import wire
+from ..wire.heads import lines, remembered
 from .upstream import ReplicaPool, UpstreamConnection
 
 if TYPE_CHECKING:
-    from ..outcome import Routing
-    from .server import ClientConnection, HttpRequest
-    from .traffic import HttpProxy
+    from ...outcome import Routing
+    from ..wire.request import HttpRequest
+    from .client import ClientConnection
+    from .port import Port
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Exchange:
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
                  "turn", "usage_tail", "on_done", "stamp", "length", "head_bytes", "feeding", "ending", "bare")
 
-    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest, replica: str,
+    def __init__(self, proxy: Port, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None,
                  on_done: Callable[[Exchange, str | None], None] | None = None) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
@@ -310,7 +311,7 @@ class Exchange:
             self.conn.transport.resume_reading()
 
 
-def failure_answer(proxy: HttpProxy, replica: str, request: HttpRequest, state: int, what: str, timed_out: bool,
+def failure_answer(proxy: Port, replica: str, request: HttpRequest, state: int, what: str, timed_out: bool,
                    sse_chunked: bool, forwarded: bool = False) -> tuple[bytes | None, int]:
     """What a client is told when the replica fails its exchange in ``state``, counted: an error answer before a
     response head or while one was held, an SSE error event in a re-chunked stream, else None (the connection
@@ -347,7 +348,7 @@ Verdict = tuple[int | None, int, str | None, bool]  # an attempt's code, status,
 GONE: Verdict = (CLIENT_CLOSED, 0, None, True)  # the client left before anything was sent: it rejects nothing
 
 
-async def attempt(proxy: HttpProxy, client: ClientConnection, request: HttpRequest, headers: bytes,
+async def attempt(proxy: Port, client: ClientConnection, request: HttpRequest, headers: bytes,
                   routing: Routing, fresh: bool = False) -> Verdict:
     """One attempt on the routed replica: how it ended (``verdict``: its code to record or None, the replica's
     status and failure, whether it accepted the request, its response head said < 400 or the client left first).

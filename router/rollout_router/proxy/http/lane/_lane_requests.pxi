@@ -36,8 +36,8 @@ cdef enum:
     W_REASONS = 15
 
 cdef enum:
-    MAX_HEAD = 65536    # server.py MAX_HEAD
-    MAX_FIELDS = 100    # server.py MAX_HEADERS
+    MAX_HEAD = 65536    # connection/client.py MAX_HEAD
+    MAX_FIELDS = 100    # connection/client.py MAX_HEADERS
     MAX_NAMES = 8       # key header names looked for (session then group), at most
     MAX_DIGITS = 15     # Content-Length digits (below 2**53)
 
@@ -162,7 +162,7 @@ cdef int request_line(const unsigned char* s, Py_ssize_t start, Py_ssize_t end, 
 
 cdef int header_line(const unsigned char* s, Py_ssize_t start, Py_ssize_t end, Head* h,
                      const char** names, const Py_ssize_t* sizes, int count) noexcept:
-    """``name: value``: one field of the head, sorted as ``server.py``'s ``on_header`` sorts it."""
+    """``name: value``: one field of the head, sorted as ``connection/client.py``'s ``on_header`` sorts it."""
     cdef Py_ssize_t i = start, colon, value, n
     cdef int k
     cdef unsigned char c

@@ -15,18 +15,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ... import descriptors
-from ...health import TIMEOUT
-from ..decisions import DecisionClient, Delegation, EntryEnd
-from ..outcome import recorded
-from ..turns import Turn
-from .heads import lines
-from .relay import CLIENT_CLOSED, STALE, Exchange, accepted, request_bytes
-from .upstream import ReplicaPool, UpstreamConnection
+from .... import descriptors
+from ....health import TIMEOUT
+from ...decisions import DecisionClient, Delegation, EntryEnd
+from ...outcome import recorded
+from ...turns import Turn
+from ..connection.relay import CLIENT_CLOSED, STALE, Exchange, accepted, request_bytes
+from ..connection.upstream import ReplicaPool, UpstreamConnection
+from ..wire.heads import lines
 
 if TYPE_CHECKING:
-    from .server import ClientConnection, HttpRequest
-    from .traffic import HttpProxy
+    from ..connection.client import ClientConnection
+    from ..wire.request import HttpRequest
+    from .port import TrafficPort
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Asked:
 
     __slots__ = ("proxy", "client", "end", "ident", "replica", "turn")
 
-    def __init__(self, proxy: HttpProxy, client: Any) -> None:
+    def __init__(self, proxy: TrafficPort, client: Any) -> None:
         self.proxy, self.client = proxy, client
         self.end: EntryEnd | None = None  # the channel the decision was asked on: its end is told there
         self.ident = 0
@@ -97,7 +98,7 @@ class Delegated(Asked):
 
     __slots__ = ("request", "opening")
 
-    def __init__(self, proxy: HttpProxy, client: ClientConnection, request: HttpRequest) -> None:
+    def __init__(self, proxy: TrafficPort, client: ClientConnection, request: HttpRequest) -> None:
         super().__init__(proxy, client)
         self.request = request
         self.opening: asyncio.Task | None = None  # a connection being opened to the replica (held while it is)
@@ -180,7 +181,7 @@ class LaneAsked(Asked):
 
     __slots__ = ("pool",)
 
-    def __init__(self, proxy: HttpProxy, client: Any, pool: Callable[[str], Any]) -> None:
+    def __init__(self, proxy: TrafficPort, client: Any, pool: Callable[[str], Any]) -> None:
         super().__init__(proxy, client)
         self.pool = pool
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_to_bytes
 
-from ..errors import RouterError
+from ...errors import RouterError
 
 if TYPE_CHECKING:
-    from .server import HttpRequest
+    from .request import HttpRequest
 
 # What vLLM's OpenAI-compatible server serves; anything else is a 404 from us.
 FORWARDED_PATHS = frozenset({

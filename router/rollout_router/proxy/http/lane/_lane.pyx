@@ -4,7 +4,7 @@
 Issue 22: the router's Python data path costs about 2.3x what HAProxy costs per request, and no Python
 left in it is dominant. This lane takes the request most traffic is (a keep-alive HTTP/1.1 GET or POST
 with its body whole, a forwarded path, a key in a header, an idle pooled connection to its replica) and
-does in C what ``server.py``, ``relay.py`` and ``upstream.py`` do for it, calling the router's Python
+does in C what ``connection/client.py``, ``connection/relay.py`` and ``connection/upstream.py`` do for it, calling the router's Python
 twice: ``route`` when the request is whole (the policy, the lease, the checks ``HttpProxy._fast`` makes)
 and ``finish`` when its answer has ended (``outcome.answered``: the metrics, passive health, the replica put
 back), its ``outcome.Routing`` handed back as the token ``route`` returned, unless the request
@@ -13,11 +13,11 @@ else goes to the Python path, which stays the reference: the lane hands the conn
 (``Lane.hand_over``: the bytes it holds from the current request on, and when it had routed the request,
 its routing) and the Python path parses those bytes from the start, so every error answer, limit and
 odd request is answered by the code that always answered it. A connection comes back to the lane when
-the Python path is idle on it (``lane.py``).
+the Python path is idle on it (``glue.py``).
 
 The readers of a request head (``_lane_requests.pxi``) and of a response head and chunked body
 (``_lane_responses.pxi``) work on C buffers with explicit lengths. The relay (``_lane_relay.pxi``) is
-``relay.Exchange`` for the answers the lane forwards: the same states, the same client heads (built by
+``connection.relay.Exchange`` for the answers the lane forwards: the same states, the same client heads (built by
 ``heads.client_head`` once per shape and replica), the same error answers (made by the Python path's
 ``error_bytes``), the same bounds.
 """
@@ -48,8 +48,8 @@ include "_lane_requests.pxi"
 include "_lane_responses.pxi"
 include "_lane_sticky.pxi"
 
-SOURCE_HASH = LANE_SOURCE_HASH  # of the sources it was built from (hatch_build.py): lane.py runs no stale lane
-# The bounds the lane's parsers stop at, handing over: server.py's and relay.py's (tests/test_lane.py compares them).
+SOURCE_HASH = LANE_SOURCE_HASH  # of the sources it was built from (hatch_build.py): glue.py runs no stale lane
+# The bounds the lane's parsers stop at, handing over: connection/client.py's and connection/relay.py's (tests/test_lane.py compares them).
 BOUNDS = {"MAX_HEAD": MAX_HEAD, "MAX_HEADERS": MAX_FIELDS, "MAX_RESPONSE_HEAD": MAX_RESPONSE_HEAD,
           "MAX_RESPONSE_FIELDS": MAX_FIELDS, "BUFFER_LIMIT": BUFFER_LIMIT, "TAIL_BYTES": TAIL_BYTES,
           "DONE_TAIL": DONE_TAIL, "POOL_SIZE": POOL_SIZE}
@@ -60,7 +60,7 @@ HANDOVER_REASONS = ("method", "target", "version", "header", "hop_by_hop", "flee
 RELAY = "relay"  # handed over with a request a sibling worker would not route: the Python path relays it
 
 cdef enum:
-    POOL_SIZE = 64                 # upstream.py POOL_SIZE
+    POOL_SIZE = 64                 # connection/upstream.py POOL_SIZE
     PAUSE_AT = 262144              # bytes waiting behind a request being answered before reading pauses
     KEEP_CAPACITY = 65536          # a buffer larger than this is given back once empty
 
@@ -117,9 +117,9 @@ cdef class Lane:
     ``connect``, ``opened``, ``closed``, ``head`` and ``exception``; ``listener`` holds the byte budget."""
 
     cdef public double now                   # the sweep's clock (``Listener.now``), set by the glue
-    cdef public double idle_seconds          # server.py's IDLE_SECONDS and WRITE_STALL_SECONDS, set by the glue
+    cdef public double idle_seconds          # connection/client.py's IDLE_SECONDS and WRITE_STALL_SECONDS, set by the glue
     cdef public double write_stall_seconds
-    cdef public long long write_high_water   # server.py's WRITE_HIGH_WATER
+    cdef public long long write_high_water   # connection/client.py's WRITE_HIGH_WATER
     cdef public long long max_body           # ``maxBodyBytes`` and ``maxBufferedBytes``, kept live by the glue
     cdef public long long max_buffered
     cdef public long long forwarded          # requests answered here

@@ -24,15 +24,26 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from ..errors import RouterError
-from ..listener import BODY_GRACE_SECONDS
-from . import wire
-from .request import CONNECTION, EXPECT, HOST, KEY, LENGTH, MARK, TRANSFER, TYPE, HttpRequest, head_error, header_kinds
-from .routes import connection_tokens
+from ...errors import RouterError
+from ...listener import BODY_GRACE_SECONDS
+from .. import wire
+from ..wire.request import (
+    CONNECTION,
+    EXPECT,
+    HOST,
+    KEY,
+    LENGTH,
+    MARK,
+    TRANSFER,
+    TYPE,
+    HttpRequest,
+    head_error,
+    header_kinds,
+)
+from ..wire.routes import connection_tokens
 
 if TYPE_CHECKING:
-    from ..listener import Limits
-    from .lane import LaneGlue
+    from ...listener import Limits
     from .listener import HttpListener
     from .relay import Exchange
 
@@ -47,7 +58,6 @@ LINGER_SECONDS = 2.0  # after a last answer, unread request bytes are drained th
 MAX_QUEUED = 16  # pipelined requests waiting before reading pauses
 WRITE_HIGH_WATER = 256 * 1024  # client write buffer above which the replica's stream and the next request wait
 WRITE_STALL_SECONDS = 60.0  # writes paused this long without the client draining: cut (nginx's send_timeout)
-SHAPE_HANDOVERS = 4  # the native lane takes a connection back unless its requests' shape sent it here more often
 
 
 class ClientConnection(asyncio.Protocol):
@@ -72,36 +82,6 @@ class ClientConnection(asyncio.Protocol):
         self._in_head, self._head_bytes = True, 0
         self._head_at: float | None = None  # the sweep's clock when the head being read began
         self._body_at: float | None = None  # ... when the body being read began
-        # On a traffic listener with the native lane (lane.py): the lane that handed this connection over, to
-        # take it back once idle; how often it was handed over for its requests' shape; and the routing of a
-        # request the lane had routed (its first request here is that one).
-        self.lane: LaneGlue | None = None
-        self.shaped = 0
-        self.handed: tuple | str | None = None
-
-    @classmethod
-    def adopted(cls, listener: HttpListener, transport: asyncio.Transport, lane: LaneGlue, write_paused: bool,
-                shaped: int) -> ClientConnection:
-        """A connection the native lane hands over (``LaneGlue.hand_over``): admitted and configured already."""
-        client = cls(listener)
-        client.transport, client.loop, client.lane, client.shaped = transport, asyncio.get_running_loop(), lane, shaped
-        client.write_paused, client._write_paused_at = write_paused, listener.now
-        listener.clients.add(client)
-        transport.set_protocol(client)
-        return client
-
-    def started_at(self, head: float, body: float) -> None:
-        """The lane's clocks of the request being read (of the connection's first head when it has sent nothing):
-        its head began at ``head``, its body at ``body`` (0: not yet)."""
-        if self._in_head:
-            self._head_at = head
-        elif self._request is not None and body:
-            self._body_at = body
-
-    def detach(self) -> None:
-        """The lane has taken the connection back: nothing here acts on it any more."""
-        self.gone, self.transport = True, None
-        self.listener.clients.discard(self)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -223,7 +203,7 @@ class ClientConnection(asyncio.Protocol):
                 request.content_encoding = value
         elif kind == HOST:  # hop-by-hop from here on, Host among them: the replica gets its own
             request.hosts += 1
-        elif kind == MARK:  # read, never forwarded (``request.py``, MARK)
+        elif kind == MARK:  # read, never forwarded (``wire/request.py``, MARK)
             if request.keys is None:
                 request.keys = {}
             request.keys.setdefault(lower, value)
@@ -400,8 +380,6 @@ class ClientConnection(asyncio.Protocol):
                 self._next()
                 if self._request is not None and self._request.expect:
                     self._continue()
-                elif self.lane is not None and self._idle() and self.shaped <= SHAPE_HANDOVERS:
-                    self.lane.take_back(self)
 
     def last_in_line(self) -> bool:
         """No request read or being read behind the one being answered (stopping: its answer closes)."""

@@ -13,7 +13,7 @@ def source_hash(folder: Path = FOLDER) -> str:
     """The hash of ``_lane.pyx``, the ``.pxi`` files it includes and the core's ``.pxd`` it cimports (a changed
     interface needs the lane built again), in ``folder``."""
     digest = hashlib.sha256()
-    core = folder.parent.parent / "core"
+    core = folder.parent.parent.parent / "core"
     for source in sorted([*folder.glob("_lane*.pyx"), *folder.glob("_lane*.pxi")]) + sorted(core.glob("*.pxd")):
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]

@@ -12,22 +12,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import owner
-from .relay import STALE, UNREACHED, Exchange, request_bytes
-from .upstream import UpstreamConnection
+from ... import owner
+from ..connection.relay import STALE, UNREACHED, Exchange, request_bytes
+from ..connection.upstream import UpstreamConnection
 
 if TYPE_CHECKING:
-    from ...fleet.membership import Member
-    from ...fleet.node import Fleet
-    from .server import ClientConnection, HttpRequest
-    from .traffic import HttpProxy
+    from ....fleet.membership import Member
+    from ....fleet.node import Fleet
+    from ..connection.client import ClientConnection
+    from ..connection.port import Port
+    from ..wire.request import HttpRequest
 
 
 def hop_line(fleet: Fleet) -> bytes:
     return b"%s: %s\r\n" % (owner.HOP_HEADER.encode(), owner.hop_value(fleet))
 
 
-async def to_owner(proxy: HttpProxy, fleet: Fleet, client: ClientConnection, request: HttpRequest,
+async def to_owner(proxy: Port, fleet: Fleet, client: ClientConnection, request: HttpRequest,
                    headers: bytes, member: Member) -> bool:
     """Relay ``request`` through the owner ``member``; False when it could not be reached (decide locally)."""
     if member.http is None:

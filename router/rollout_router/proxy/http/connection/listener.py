@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from ..listener import Listener
-from .server import ClientConnection, HttpRequest
+from ...listener import Listener
+from .. import wire
+from ..wire.request import HttpRequest
+from .client import ClientConnection
+
+if TYPE_CHECKING:
+    from ... import admin
 
 
 class HttpListener(Listener):
@@ -23,3 +29,12 @@ class HttpListener(Listener):
 
     async def handle(self, client: ClientConnection, request: HttpRequest) -> None:
         raise NotImplementedError
+
+
+def write_admin(listener: HttpListener, client: ClientConnection, request: HttpRequest, answer: admin.AdminAnswer,
+                extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Write an admin route's answer (counting it when it is an error)."""
+    if answer.status >= 400:
+        listener.context.metrics.errors.labels(f"http_{answer.status}").inc()
+    client.write(wire.answer(answer.status, answer.body, answer.content_type.encode(), extra=extra,
+                             close=request.close_after or not request.keep_alive, head_only=request.head_only))

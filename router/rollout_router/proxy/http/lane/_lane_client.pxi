@@ -1,4 +1,4 @@
-# A client connection on the lane (included by _lane.pyx): ``server.ClientConnection`` for the requests the
+# A client connection on the lane (included by _lane.pyx): ``connection.client.ClientConnection`` for the requests the
 # lane takes, one at a time in arrival order; pipelined requests wait in the buffer, and reading pauses while
 # more than PAUSE_AT bytes wait. Every byte held counts against the listener's budget until its request is
 # answered or handed over.
@@ -67,7 +67,7 @@ cdef class Client:
             self.transport.pause_reading()
 
     def eof_received(self):
-        return False  # a client's FIN means it is gone (server.py): what it waits for is cancelled
+        return False  # a client's FIN means it is gone (connection/client.py): what it waits for is cancelled
 
     def connection_lost(self, exc):
         self.gone = True
