@@ -70,7 +70,7 @@ def test_the_engine_runs_where_it_is_built() -> None:
 
 
 # The relay in C (``work``/``read``: a replica stream's DATA passed to its client stream, WINDOW_UPDATE applied)
-# against the reference (``py_work``/``py_read``: every frame to ``H2Connection._frame``): one call relayed through
+# against the reference (``py_work``/``py_read``: every frame to ``H2Connection.on_frame``): one call relayed through
 # real connections with recording transports, the same random frames read by each, everything observable compared.
 
 class _Transport:
@@ -131,7 +131,7 @@ def _state(client, upstream, call) -> tuple:
         return None if s is None else (s.window, s.unacked, s.got, s.ended, s.closing, list(s.pending or ()))
 
     def conn(c) -> tuple:
-        return (bytes(c.transport.out), c.transport.closed, c.window, c._unacked, c.held, c.closed, sorted(c.streams),
+        return (bytes(c.transport.out), c.transport.closed, c.window, c.unacked, c.held, c.closed, sorted(c.streams),
                 dict(c._closed), bytes(c._buffer), [stream(s) for s in c.streams.values()])
 
     return (conn(client), conn(upstream), stream(call.stream), stream(call.ustream),
@@ -207,16 +207,16 @@ async def test_the_relay_in_c_matches_the_reference(seed: int) -> None:
 
 async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
     """The equality above is not because the engine handed every frame back: a relayed message and a
-    WINDOW_UPDATE never reach ``_frame``."""
+    WINDOW_UPDATE never reach ``on_frame``."""
     engine = _engine()
     client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20))
     call.turn.first_byte = 1.0
     seen: list[int] = []
-    upstream._frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
+    upstream.on_frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
     message = _message_bytes(random.Random(1))
     data = h2.py_frame(h2.DATA, 0, 1, message) + h2.py_frame(h2.WINDOW_UPDATE, 0, 0, (100).to_bytes(4, "big"))
     assert engine.read(upstream, bytearray(data), 200, 1, [], [False], type(call)) is False
-    assert seen == [] and client._out == [] and call.heard == 1  # relayed, and written at the read's end
+    assert seen == [] and client.out == [] and call.heard == 1  # relayed, and written at the read's end
     assert client.transport.out == h2.py_frame(h2.DATA, 0, 1, message)
     assert upstream.window == h2.DEFAULT_WINDOW + 100
 

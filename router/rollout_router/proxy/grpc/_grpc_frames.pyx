@@ -72,11 +72,11 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 
 # The relay: what conn.H2Connection._work does with a read, with the two frames a call's answer is made of handled
 # here whole (a replica stream's DATA passed to its client stream, a WINDOW_UPDATE) and every other frame handed to
-# the connection's ``_frame`` as before. What is handled here is exactly what the Python methods would have done
+# the connection's ``on_frame`` as before. What is handled here is exactly what the Python methods would have done
 # (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
 # conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
 # stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
-# error) goes to Python. h2.py_work is the reference: the same loop with every frame given to ``_frame``.
+# error) goes to Python. h2.py_work is the reference: the same loop with every frame given to ``on_frame``.
 cdef enum:
     DATA = 0
     WINDOW_UPDATE = 8
@@ -117,12 +117,12 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     if out.owner is not call or out.pending is not None or client.write_paused or client.closed:
         return False
     cdef Py_ssize_t stream_window = out.window, window = client.window
-    cdef Py_ssize_t unacked = conn._unacked + length
+    cdef Py_ssize_t unacked = conn.unacked + length
     if length > stream_window or length > window or unacked >= _CONNECTION_HALF:
         return False
     # conn.H2Connection._data: the connection's window (returned in halves, never here: checked above), the
     # empty-frame guard (not empty), the stream's count
-    conn._unacked = unacked
+    conn.unacked = unacked
     conn.guard.empty = 0
     stream.got += length
     # call.Call.on_data: the replica's message; ``backlog`` grows by ``length`` and shrinks by it in on_written below
@@ -135,7 +135,7 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     if last is not None:
         last.feed(PyBytes_FromStringAndSize(<const char*> payload, length))
     # outbound: send_data, _push and emit (within a read: written by flush_dirty)
-    cdef list pending = client._out
+    cdef list pending = client.out
     if not pending:
         dirty.append(client)
     pending.append(_framed(DATA, out.id, payload, length))
@@ -173,8 +173,8 @@ cdef bint _window_update(object conn, unsigned int stream_id, const unsigned cha
         if window + increment > MAX_WINDOW:
             return False
         stream.window = window + increment
-    if conn._blocked:
-        conn._drain()
+    if conn.blocked:
+        conn.drain()
     return True
 
 
@@ -186,7 +186,7 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
     cdef int kind, flags
     cdef unsigned int stream_id
     cdef bint more = False, dropping = False
-    _frame = conn._frame
+    on_frame = conn.on_frame
     try:
         while True:
             dropping = dropping or conn.closed  # frames after one that closed it are consumed, not handled
@@ -201,7 +201,7 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             if length > FRAME_SIZE:
                 offset = size
                 if not dropping:
-                    _frame(-1, 0, 0, b"")
+                    on_frame(-1, 0, 0, b"")
                 break
             end = offset + 9 + length
             if end > size:
@@ -214,13 +214,13 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             offset = end
             if dropping:
                 continue
-            if kind == DATA and stream_id and conn._block is None:
+            if kind == DATA and stream_id and conn.continuing is None:
                 if _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
                     continue
-            elif kind == WINDOW_UPDATE and length == 4 and conn._block is None:
+            elif kind == WINDOW_UPDATE and length == 4 and conn.continuing is None:
                 if _window_update(conn, stream_id, data + 9):
                     continue
-            _frame(kind, flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+            on_frame(kind, flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
     finally:
         del buffer[:offset]
     return more
@@ -240,7 +240,7 @@ cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
         reading[0] = False
         while dirty:
             written = dirty.pop()
-            out = written._out
+            out = written.out
             if out and not written.closed:
                 transport = written.transport
                 if transport is not None:

@@ -17,8 +17,8 @@ A read is handled by ``h2.read``: in the compiled frame engine
 (``_grpc_frames.pyx``) a replica stream's DATA is passed to its client stream
 and WINDOW_UPDATE frames are applied there, without a Python call per frame,
 whenever no branch of the methods here but the plain one could be taken; every
-other frame comes to ``_frame``. ``h2.py_read`` (the reference, and what runs
-without the engine) gives every frame to ``_frame``.
+other frame comes to ``on_frame``. ``h2.py_read`` (the reference, and what runs
+without the engine) gives every frame to ``on_frame``.
 """
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ class H2Connection(H2Output):
         self.last_peer_stream = 0
         self._buffer = bytearray()
         self._decoder = h2.header_decoder(MAX_HEAD)
-        self._unacked = 0
-        self._block: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
+        self.unacked = 0
+        self.continuing: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
         self._yielding = False  # reading paused while frames already read wait for the next turn
         self.guard = Guard()
 
@@ -68,7 +68,7 @@ class H2Connection(H2Output):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         streams, self.streams = self.streams, {}
-        self._blocked.clear()
+        self.blocked.clear()
         for stream in streams.values():
             self._drop_pending(stream)
             if stream.owner is not None:
@@ -79,7 +79,7 @@ class H2Connection(H2Output):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        self._drain()
+        self.drain()
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -97,10 +97,10 @@ class H2Connection(H2Output):
             asyncio.get_running_loop().call_soon(self._work)
 
     # frames in
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if kind == h2.DATA and stream_id and self._block is None:  # a relayed message: none of the checks below apply
+    def on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if kind == h2.DATA and stream_id and self.continuing is None:  # a relayed message: none of the checks below apply
             return self._data(flags, stream_id, payload)
-        if self._block is not None and kind != h2.CONTINUATION:
+        if self.continuing is not None and kind != h2.CONTINUATION:
             return self.fail(h2.PROTOCOL_ERROR, "a header block was interrupted")
         if kind == -1:
             return self.fail(h2.FRAME_SIZE_ERROR, "a frame exceeded SETTINGS_MAX_FRAME_SIZE")
@@ -119,10 +119,10 @@ class H2Connection(H2Output):
             handler(self, flags, stream_id, payload)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        self._unacked += len(payload)
-        if self._unacked >= CONNECTION_WINDOW // 2:
-            self.emit(h2.window_update(0, self._unacked))
-            self._unacked = 0
+        self.unacked += len(payload)
+        if self.unacked >= CONNECTION_WINDOW // 2:
+            self.emit(h2.window_update(0, self.unacked))
+            self.unacked = 0
         end = bool(flags & h2.END_STREAM)
         if not self.guard.empty_ok(not payload and not end):
             return self.calm("h2_empty_frames", "empty frames that end nothing, one after another")
@@ -165,19 +165,19 @@ class H2Connection(H2Output):
         elif not self.guard.empty_ok(not block):
             self.calm("h2_empty_frames", "empty frames that end nothing, one after another")
         else:
-            self._block = (stream_id, flags, bytearray(block))
+            self.continuing = (stream_id, flags, bytearray(block))
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._block is None or self._block[0] != stream_id:
+        if self.continuing is None or self.continuing[0] != stream_id:
             return self.fail(h2.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         if not self.guard.empty_ok(not payload and not flags & h2.END_HEADERS):
             return self.calm("h2_empty_frames", "empty CONTINUATION frames, one after another")
-        _, first_flags, block = self._block
+        _, first_flags, block = self.continuing
         block += payload
         if len(block) > MAX_HEAD:
             return self.fail(h2.ENHANCE_YOUR_CALM, f"a header block exceeded {MAX_HEAD} bytes", stream_id)
         if flags & h2.END_HEADERS:
-            self._block = None
+            self.continuing = None
             self._decoded(stream_id, first_flags, bytes(block))  # END_STREAM is on the HEADERS frame
 
     def _decoded(self, stream_id: int, flags: int, block: bytes) -> None:
@@ -203,7 +203,7 @@ class H2Connection(H2Output):
             return self.calm("h2_reset_flood", f"more than {budgets.RESET_BURST} streams reset at over {budgets.RESET_RATE:g} "
                                                "a second (rapid reset)")
         stream = self.streams.pop(stream_id, None)
-        self._blocked.pop(stream_id, None)
+        self.blocked.pop(stream_id, None)
         if stream is not None:
             self._remember(stream_id, False)
             self._drop_pending(stream)
@@ -235,7 +235,7 @@ class H2Connection(H2Output):
                 return self.fail(h2.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE overflowed a stream's window")
         self._acknowledge(h2.frame(h2.SETTINGS, h2.ACK, 0))
         if delta > 0:
-            self._drain()
+            self.drain()
 
     def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
         if not flags & h2.ACK:
@@ -270,7 +270,7 @@ class H2Connection(H2Output):
             if not increment or stream.window + increment > h2.MAX_WINDOW:
                 return self._stream_error(stream_id, h2.FLOW_CONTROL_ERROR if increment else h2.PROTOCOL_ERROR)
             stream.window += increment
-        self._drain()
+        self.drain()
 
     def _ended(self, stream: Stream) -> None:
         """The peer ended its side of ``stream``; a stream we finished already is closed now."""

@@ -177,24 +177,24 @@ def py_split_frames(buffer: bytearray, limit: int, head_work: int = 1
 class _Reader(Protocol):
     closed: bool
 
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None: ...
+    def on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None: ...
     def flush(self) -> None: ...
 
 
 def py_work(conn: _Reader, buffer: bytearray, limit: int, head_work: int, dirty: list, relay: type) -> bool:
     """Handle the complete frames at the start of ``buffer`` worth at most ``limit`` units of work (as
-    ``split_frames`` counts it), each by ``conn._frame``, removing them from ``buffer``; whether the limit was
+    ``split_frames`` counts it), each by ``conn.on_frame``, removing them from ``buffer``; whether the limit was
     what stopped it (the connection goes on next turn). Frames after one that closed ``conn`` are dropped.
 
     The reference of ``_grpc_frames.work`` (``work`` is whichever runs), which handles a replica stream's DATA
     relayed to its client stream (``relay``, the call class, owning both; ``dirty``, the connections written at
-    the read's end) and WINDOW_UPDATE frames itself, exactly as ``_frame`` would, and gives ``_frame`` the rest."""
+    the read's end) and WINDOW_UPDATE frames itself, exactly as ``on_frame`` would, and gives ``on_frame`` the rest."""
     frames, used, more = py_split_frames(buffer, limit, head_work)
     del buffer[:used]
     for kind, flags, stream_id, payload in frames:
         if conn.closed:
             return False
-        conn._frame(kind, flags, stream_id, payload)
+        conn.on_frame(kind, flags, stream_id, payload)
     return more and not conn.closed
 
 

@@ -57,7 +57,11 @@ def flush_dirty() -> None:
 
 
 class H2Output(asyncio.Protocol):
-    """The write side and the streams' endings; the subclass reads (``conn.H2Connection``)."""
+    """The write side and the streams' endings; the subclass reads (``conn.H2Connection``).
+
+    ``out`` (the bytes a read wrote, not flushed yet), ``blocked`` (streams waiting for a window) and ``drain`` are
+    public: the frame engine (``_grpc_frames.pyx``) reads and calls them, with ``streams``, ``window`` and
+    ``emit``, and ``H2Connection``'s ``on_frame``, ``unacked`` and ``continuing``."""
 
     track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
     stream_window = STREAM_WINDOW  # the window we announce for each stream the peer sends on
@@ -68,22 +72,22 @@ class H2Output(asyncio.Protocol):
         self.peer_window = h2.DEFAULT_WINDOW  # the peer's initial window for each new stream
         self.window = h2.DEFAULT_WINDOW  # the peer's connection-level window
         self.closed = self.write_paused = False
-        self._out: list[bytes] = []
-        self._blocked: dict[int, Stream] = {}  # streams with bytes waiting for a window, in order
+        self.out: list[bytes] = []
+        self.blocked: dict[int, Stream] = {}  # streams with bytes waiting for a window, in order
         self._closed: dict[int, bool] = {}  # recently closed stream ids: whether we reset them
         self.held = 0  # DATA bytes waiting on streams for the peer's windows or its reading
 
     def emit(self, data: bytes) -> None:
         if self.closed:
             return
-        if not self._out:
+        if not self.out:
             _dirty.append(self)
             if not _reading[0]:  # emitted outside a read: written on the loop's next turn
                 asyncio.get_running_loop().call_soon(self.flush)
-        self._out.append(data)
+        self.out.append(data)
 
     def flush(self) -> None:
-        out = self._out
+        out = self.out
         if out and not self.closed and self.transport is not None:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
         out.clear()
@@ -103,7 +107,7 @@ class H2Output(asyncio.Protocol):
                 return
         if stream.pending is None:
             stream.pending = collections.deque()
-            self._blocked[stream.id] = stream
+            self.blocked[stream.id] = stream
         stream.pending.append((True, data, end))
         self._hold(len(data))
 
@@ -127,9 +131,9 @@ class H2Output(asyncio.Protocol):
                 return None
             data = data[size:]
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Send what waited, stream by stream, while the windows and the transport allow."""
-        for stream_id, stream in list(self._blocked.items()):
+        for stream_id, stream in list(self.blocked.items()):
             pending = stream.pending
             while pending and not self.write_paused and not self.closed:
                 is_data, data, end = pending[0]
@@ -144,7 +148,7 @@ class H2Output(asyncio.Protocol):
                 pending.popleft()
             if not pending:
                 stream.pending = None
-                del self._blocked[stream_id]
+                del self.blocked[stream_id]
                 if stream.closing is not None:
                     self._close_finished(stream)
             if self.write_paused or self.window <= 0:
@@ -177,7 +181,7 @@ class H2Output(asyncio.Protocol):
         if self.streams.pop(stream.id, None) is not None:
             self.emit(h2.rst_stream(stream.id, code))
             self._remember(stream.id, True)
-        self._blocked.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
         self._drop_pending(stream)
         stream.owner = None
 
@@ -185,7 +189,7 @@ class H2Output(asyncio.Protocol):
         """``stream`` ended both ways (or the peer reset it): stop tracking it, dropping what waited."""
         if self.streams.pop(stream.id, None) is not None:
             self._remember(stream.id, False)
-        self._blocked.pop(stream.id, None)
+        self.blocked.pop(stream.id, None)
         self._drop_pending(stream)
         stream.owner = None
 

@@ -66,7 +66,7 @@ class ClientConnection(H2Connection):
             self._preface.clear()
         super().data_received(data)
         buffer = self._buffer  # a header block begun, or a HEADERS frame not yet whole: a head in progress
-        in_head = self._block is not None or (len(buffer) > 3 and buffer[3] in (h2.HEADERS, h2.CONTINUATION))
+        in_head = self.continuing is not None or (len(buffer) > 3 and buffer[3] in (h2.HEADERS, h2.CONTINUATION))
         self._block_at = (self._block_at or self.proxy.now) if in_head else None
 
     def headers_frame(self, stream_id: int, headers: list[h2.Header], end: bool) -> None:
