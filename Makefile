@@ -145,6 +145,11 @@ seed-rekey: install-sim
 	nice -n 10 $(BIN)/python -m rollout_router.sim.rekey --cache benchmarks/results/seed-cache.jsonl \
 	  --from $(FROM) --grid seed --verify $(VERIFY) --jobs $(JOBS)
 
+# The gRPC relay's tests, which run once more on the frame engine's pure-Python reference (h2.py; the compiled
+# engine is proxy/grpc/_grpc_frames.pyx): both builds under one suite.
+GRPC_FRAME_TESTS := $(addprefix tests/,test_grpc_frames.py test_grpc_proxy.py test_grpc_floods.py test_grpc_limits.py \
+  test_grpc_only.py test_end_to_end_grpc.py)
+
 # The core's tests and those of the policies and tallies built on it, which run once more on the core's Python
 # source (ROLLOUT_ROUTER_CORE=python; router/rollout_router/core/__init__.py): both builds under one suite.
 CORE_TESTS := $(addprefix tests/,test_core.py test_policy.py test_policy_cost.py test_policy_groups.py test_loads.py \
@@ -189,6 +194,7 @@ test: system-deps install-test native typecheck lint
 	$(BIN)/python -m pytest
 	ROLLOUT_ROUTER_DATA_PATH=python ROLLOUT_ROUTER_CORE=python $(BIN)/python -m pytest -q $(PYTHON_PATH_TESTS) \
 	  $(CORE_TESTS)
+	ROLLOUT_ROUTER_GRPC_FRAMES=python $(BIN)/python -m pytest -q $(GRPC_FRAME_TESTS)
 
 # The chart's dashboards against Grafana's own types (tests/grafana: grafana-foundation-sdk's strict decoder,
 # a Go module); needs Go, so it is a tier of its own, run by .ci/run. `make test` checks them in Python.
