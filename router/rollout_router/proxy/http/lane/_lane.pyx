@@ -4,10 +4,10 @@
 Issue 22: the router's Python data path costs about 2.3x what HAProxy costs per request, and no Python
 left in it is dominant. This lane takes the request most traffic is (a keep-alive HTTP/1.1 GET or POST
 with its body whole, a forwarded path, a key in a header, an idle pooled connection to its replica) and
-does in C what ``connection/client.py``, ``connection/relay.py`` and ``connection/upstream.py`` do for it, calling the router's Python
-twice: ``route`` when the request is whole (the policy, the lease, the checks ``HttpProxy._fast`` makes)
-and ``finish`` when its answer has ended (``outcome.answered``: the metrics, passive health, the replica put
-back), its ``outcome.Routing`` handed back as the token ``route`` returned, unless the request
+does in C what ``connection/client.py``, ``connection/relay.py`` and ``connection/upstream.py`` do for it,
+calling the router's Python twice: ``route`` when the request is whole (the policy, the lease, the checks the
+traffic port's fast path makes) and ``finish`` when its answer has ended (``outcome.answered``: the metrics,
+passive health, the replica put back), its ``outcome.Routing`` handed back as the token ``route`` returned, unless the request
 is a sticky hit the lane routes and records itself (``_lane_sticky.pxi``). Everything
 else goes to the Python path, which stays the reference: the lane hands the connection over
 (``Lane.hand_over``: the bytes it holds from the current request on, and when it had routed the request,
