@@ -1,12 +1,14 @@
 """A request's answer below 400 recorded on the hot state: what every path does at the end of most requests.
 
-``outcome.answered`` calls ``answered_ok`` for an accepted answer below 400 whose replica is live and counted
-and whose series ``Metrics`` has looked up; the native lane's sticky hit calls it in C (``answers.pxd``) for the
-same answers; everything else is ``outcome.answered``'s general case. ``streaks_end`` is passive health's part,
-which ``OutlierDetector.answered`` asks for every answer below 500.
+``outcome.answered`` calls ``answered_ok`` for an accepted answer below 400, and so does the native lane's
+sticky hit, in C (``answers.pxd``); when its case does not hold (the replica no longer live or counted for the
+request, its series not looked up yet) it does nothing and ``outcome.answered``'s general case records the
+answer. ``streaks_end`` is passive health's part, which ``OutlierDetector.answered`` asks for every answer
+below 500.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from .ledger import Counted, put
@@ -25,17 +27,37 @@ class Answering(Counted, Streaks, Protocol):
     """A replica as an answer's record reads and writes it."""
 
 
+class Held(Protocol):
+    """A request's routing as the record reads it (``outcome.Routing``): its replica, held until put back once."""
+
+    start: float
+    held: bool
+
+    @property
+    def replica(self) -> Answering: ...
+
+
 def streaks_end(replica: Streaks) -> None:
     """The replica answered below 500: its runs of failures and of 5xx answers end."""
     replica.failures = 0
     replica.server_errors = 0
 
 
-def answered_ok(replica: Answering, counter: CounterChild, spread: HistogramChild, seconds: float, http: LoadIndex,
-                grpc: LoadIndex) -> None:
-    """A live replica's request answered below 400 after ``seconds``: its streaks end, the request is counted in
-    its series (``counter``, ``spread``: ``Metrics.series``), and the replica is put back (``ledger.put``)."""
+def answered_ok(routing: Held, live: Mapping[str, object], series: Mapping[tuple[str, int | str],
+                tuple[CounterChild, HistogramChild]], code: int | str, now: float, http: LoadIndex,
+                grpc: LoadIndex) -> bool:
+    """A request answered below 400 with ``code`` at ``now``, recorded when its case holds: the routing still holds
+    its replica, which is live (``live``: ``ReplicaSet.members``) and counted, and the request's series is looked
+    up (``series``: ``Metrics.series``). Then the streaks end, the request is counted with its duration, and the
+    replica is put back (``ledger.put``), once; False (nothing done) otherwise."""
+    replica = routing.replica
+    found = series.get((replica.id, code))
+    if found is None or not routing.held or live.get(replica.id) is not replica or replica.inflight <= 0:
+        return False
+    routing.held = False
     streaks_end(replica)
+    counter, spread = found
     counter.value += 1
-    spread.observe(seconds)
+    spread.observe(now - routing.start)
     put(replica, http, grpc)
+    return True

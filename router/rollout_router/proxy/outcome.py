@@ -51,25 +51,13 @@ def answered(context: RouterContext, routing: Routing, code: int | str | None, s
     ``code``: the code to count (a gRPC status's name; None: nothing); ``status``: the replica's status for passive health (0: no head,
     a gRPC call's mapped one); ``failure``: what failed before a head; ``accepted``: whether the replica took it
     (a rejected decision goes back to the policy); ``first_at``: the first body byte (lane, kept turn unmeasured)."""
-    if accepted and failure is None and 0 < status < 400 and code is not None and _answered_ok(context, routing, code,
-                                                                                               now):
+    replicas = context.replicas
+    if accepted and failure is None and 0 < status < 400 and code is not None and answered_ok(
+            routing, replicas.members, context.metrics.series, code, now, *replicas.indexes):
         _turn(context.metrics, routing.turn, routing.start, first_at)
         return
     settled(context, routing, status, failure, accepted)
     recorded(context.metrics, routing.replica.id, routing.turn, code, accepted, routing.start, now, first_at)
-
-
-def _answered_ok(context: RouterContext, routing: Routing, code: int | str, now: float) -> bool:
-    """Both halves for an answer below 400 in one call, ``core.answers.answered_ok`` (which the native lane's sticky
-    hit calls too), when its case holds: the replica live and counted for this request, its series looked up."""
-    replica, replicas = routing.replica, context.replicas
-    series = context.metrics.series.get((replica.id, code))
-    if series is None or not routing.held or replicas.members.get(replica.id) is not replica or replica.inflight <= 0:
-        return False
-    routing.held = False
-    http, grpc = replicas.indexes
-    answered_ok(replica, series[0], series[1], now - routing.start, http, grpc)
-    return True
 
 
 def settled(context: RouterContext, routing: Routing, status: int, failure: str | None, accepted: bool) -> None:

@@ -16,7 +16,7 @@ from rollout_router.core.answers cimport answered_ok
 from rollout_router.core.ledger cimport take
 from rollout_router.core.loads cimport LoadIndex
 from rollout_router.core.pins cimport SessionTable
-from rollout_router.core.tallies cimport CounterChild, HistogramChild, Sampler
+from rollout_router.core.tallies cimport HistogramChild, Sampler
 
 
 cdef class Sticky:
@@ -103,31 +103,16 @@ cdef class Sticky:
         """``outcome.answered``'s case of an answer below 400 (``core.answers.answered_ok``) for a request routed here
         or by ``LaneGlue`` (an ``outcome.Routing``, read through its declared fields; its turn, when it has one,
         recorded by the turn's own methods); False: ``LaneGlue.finish`` records it."""
-        cdef PyObject* found
-        cdef double started
         if type(token) is not self.routing_type or failure is not None or not 0 < status < 400 or code is None:
             return False
-        if not token.held:  # put back already (``outcome.put_back``): nothing to give back
-            return False
-        turn = token.turn
-        replica = token.replica
-        replica_id = replica.id
-        found = PyDict_GetItem(self.live, replica_id)
-        if found == NULL or <object>found is not replica or replica.inflight <= 0:  # ``ReplicaSet.put``'s other cases
-            return False
-        found = PyDict_GetItem(self.series, (replica_id, code))
-        if found == NULL:  # the series not looked up yet (``Metrics.observe``)
-            return False
-        children = <tuple>(<object>found)
-        started = token.start
+        if not answered_ok(token, self.live, self.series, code, now, self.http, self.grpc):
+            return False  # put back already, its replica not live or counted, or its series not looked up yet
+        turn = token.turn  # ``outcome._turn``, the turn's end read by its own methods first
         if turn is not None:
-            turn.ended(first_at, tail, replica_id)
-        token.held = False
-        answered_ok(replica, <CounterChild>children[0], <HistogramChild>children[1], now - started, self.http, self.grpc)
-        if turn is not None:  # ``outcome._turn``
+            turn.ended(first_at, tail, token.replica.id)
             self.metrics.turn(turn)
         elif first_at:
-            self.kept_first_byte.observe(first_at - started)
+            self.kept_first_byte.observe(first_at - token.start)
         self.answering -= 1
         self.answers += 1
         return True
