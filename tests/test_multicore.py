@@ -254,7 +254,18 @@ def test_grpc_calls_of_a_session_stay_on_one_replica_whichever_worker_they_enter
         router = start([*(a for r in grpc_replicas for a in ("--backend", r.backend)), "--grpc-port", "0"], processes)
         seen = {f"grpc-{index}": {grpc_turn(router, f"grpc-{index}") for _ in range(3)} for index in range(12)}
         assert all(len(replicas) == 1 for replicas in seen.values()), seen  # a new channel (connection) per call
-        assert all(worker_status(url)["fleet"]["forwarded"] > 0 for url in workers(router))
+        # each worker sent some call on to its sibling, the owner (counted once the relayed call has ended, which
+        # can be just after the client read its last message)
+        fleets: dict[str, dict] = {}
+
+        def both_forwarded() -> bool:
+            fleets.update({url: worker_status(url)["fleet"] for url in workers(router)})
+            return all(fleet["forwarded"] > 0 for fleet in fleets.values())
+
+        try:
+            wait_until(both_forwarded, "both workers to have forwarded a call to their sibling", timeout=10)
+        except AssertionError:
+            raise AssertionError(fleets) from None
     finally:
         for process in processes:
             stop(process)
