@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ...fleet.rlstate import Paused
 from ...policy import NoReplicaError
 from .. import admin, rl_routes, workers
-from ..attempts import AllRefused, OutOfDescriptors, forward, route
+from ..attempts import AllRefused, OutOfDescriptors, forward, measured
 from ..context import RouterContext
 from ..decisions import DecisionClient
 from ..errors import RouterError
@@ -22,13 +22,14 @@ from .connection.client import ClientConnection
 from .connection.listener import HttpListener, write_admin
 from .connection.relay import WAITING, Exchange, attempt, connect_failure, request_bytes
 from .connection.upstream import KEEPALIVE_SECONDS, Pools
+from .forwarding.decide import open_now, route_or_decline
 from .forwarding.delegated import Delegated
 from .forwarding.forwarding import Forwarding
 from .forwarding.owner import to_owner
 from .lane import LaneGlue
 from .lane import unavailable as lane_unavailable
 from .wire.request import HttpRequest
-from .wire.routes import REPLICA_HEADER, forwarded, normalise, unkeyed
+from .wire.routes import KEYED, REPLICA_HEADER, forwarded, kind, normalise, unkeyed
 
 if TYPE_CHECKING:
     from ...fleet.node import Fleet
@@ -105,25 +106,26 @@ class HttpProxy(HttpListener):
 
     def _fast(self, client: ClientConnection, request: HttpRequest) -> bool:
         """Forward ``request`` from the parser's callbacks, its answer relayed and recorded from the replica
-        connection's (``Forwarding.done``), when nothing needs a wait: no RL pause, a forwarded path, and with a
-        fleet, a key this router decides with no hop or pin fetch first (``Fleet.decided_here``).
-        False leaves the request to ``handle``: a probe, a refusal (its keys, no replica), or any of those.
-        Routed but with no idle connection to the replica, it goes to ``handle`` with its routing."""
-        context, fleet = self.context, self.context.fleet
-        if request.error is not None or context.rl.paused or client.gone or (fleet is not None and fleet.leaving):
+        connection's (``Forwarding.done``), when nothing needs a wait (``forwarding/decide.py``): a forwarded
+        path, no RL pause, and with a fleet, a key this router or a sibling worker decides with no hop or pin
+        fetch first. False leaves the request to ``handle``: a probe, a refusal (its keys, no replica), or any
+        of those. Routed but with no idle connection to the replica, it goes to ``handle`` with its routing."""
+        if request.error is not None or client.gone or not open_now(self.context):
             return False
         try:
             path = normalise(request)
-            if not forwarded(path):
+            what = kind(path)
+            if not what:
                 return False
-            key, group = (None, None) if unkeyed(path) else self._keys(request)
-            if fleet is not None and key is not None and not fleet.decided_here(key, hopped := _hopped(fleet, request)):
-                # a sibling worker's key: ask it; else its owner router relays, or a pin to fetch first
-                return not hopped and self._delegate(client, request, key, group)
-            routing = route(context, key, group=group)
+            key, group = self._keys(request) if what == KEYED else (None, None)
+            fleet = self.context.fleet
+            hopped = fleet is not None and key is not None and _hopped(fleet, request)
+            routed = route_or_decline(self, key, group, hopped, lambda: Delegated(self, client, request))
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
             return False
-        self.answering_here += 1
+        if not isinstance(routed, Routing):
+            return routed
+        routing = measured(routed)
         forwarding = Forwarding(self, client, request, key, group, routing)
         replica = routing.replica.id
         pool = self.pools.get(replica)
@@ -133,21 +135,10 @@ class HttpProxy(HttpListener):
             return True
         forwarding.started = routing.start = started = time.monotonic()
         turn = routing.turn
-        assert turn is not None  # ``route`` measures every turn
+        assert turn is not None  # ``measured`` gives every routing a turn
         turn.begin(started)
         Exchange(self, client, request, replica, conn, True, turn=turn,
                  on_done=forwarding.done).start(request_bytes(request, pool, forwarding.headers))
-        return True
-
-    def _delegate(self, client: ClientConnection, request: HttpRequest, key: str, group: str | None) -> bool:
-        """A key a sibling worker owns: ask it for the replica and forward from here (``forwarding/delegated.py``); False when
-        there is no sibling to ask (no worker, another router owns it, or no channel is open)."""
-        fleet, decisions = self.context.fleet, self.decisions
-        if decisions is None or fleet is None or (owner := fleet.owner_of(key)) is None:
-            return False
-        if not Delegated(self, client, request).ask(decisions, owner.id, key, group):
-            return False
-        self.answering_here += 1
         return True
 
     async def handle(self, client: ClientConnection, request: HttpRequest, handed: Forwarding | None = None

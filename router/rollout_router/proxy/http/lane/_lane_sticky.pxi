@@ -69,7 +69,7 @@ cdef class Sticky:
         if PyDict_Size(self.down) and now >= self.down.earliest:  # a mark-down has ended: ``ReplicaSet.loads``
             return None
         found = PyDict_GetItem(self.paths, path)
-        if found == NULL or <object>found != 1:  # not a forwarded path read for its session key (``lane.KEYED``)
+        if found == NULL or <object>found != 1:  # not a forwarded path read for its session key (``wire.routes.KEYED``)
             return None
         policy = self.balancer.policy
         if policy is not self.policy:

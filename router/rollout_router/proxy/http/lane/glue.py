@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from .... import core
 from ....policy.affinity import AffinityPolicy
-from ...attempts import Refused, measured, taken
+from ...attempts import Refused, measured
 from ...outcome import Routing, answered, refused
 from ...session_key import header_key
 from ...turns import KEPT, Turn
@@ -28,12 +28,13 @@ from ..connection import upstream
 from ..connection.listener import HttpListener
 from ..connection.relay import CLIENT_CLOSED, connect_failure, failure_answer
 from ..connection.upstream import ReplicaPool
+from ..forwarding.decide import open_now, route_or_decline
 from ..forwarding.delegated import LaneAsked
 from ..forwarding.forwarding import Forwarding
 from ..forwarding.port import TrafficPort
 from ..wire.heads import remembered
 from ..wire.request import HttpRequest
-from ..wire.routes import forwarded, normalise, unkeyed
+from ..wire.routes import KEYED, kind, normalise
 from .handover import Handed, HandedConnection
 from .sources import FOLDER, source_hash
 
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 W_SLOW, W_ADMIT = ((_lane.HANDOVER_REASONS.index("slow"), _lane.HANDOVER_REASONS.index("connection_limit"))
                    if _lane is not None else (-1, -1))
 PATHS_KEPT = 1024  # paths whose verdict (forwarded, keyed) is remembered; cleared when full
-KEYED, UNKEYED = 1, 2  # a forwarded path whose session key is read, or one routed without (``routes.unkeyed``)
 LANE_REQUEST = HttpRequest(0)  # what a lane request is to the Python path's heads: keep-alive HTTP/1.1, no HEAD
 
 
@@ -121,61 +121,45 @@ class LaneGlue:
     # what the lane calls
     def route(self, client: Any, path: bytes, size: int, key_at: int, key: bytes | None, group_at: int,
               group: bytes | None, now: float) -> tuple[Any, bool, Routing] | tuple[()] | None:
-        """``HttpProxy._fast``'s checks and routing for a whole request (``size``: its body's bytes; ``now``: the
-        attempt's start); None hands it to the Python path."""
+        """A whole request routed (``forwarding/decide.py``, as ``HttpProxy._fast`` routes; ``size``: its body's
+        bytes; ``now``: the attempt's start): its pool, whether its turn is measured and its routing; an empty
+        tuple when a sibling worker was asked (the lane waits for its answer); None hands it to the Python path."""
         context = self.context
-        fleet = context.fleet
-        if context.rl.paused or (fleet is not None and fleet.leaving):
+        if not open_now(context) or (context.settings is not self._settings and self._changed(size)):
             return None
-        if context.settings is not self._settings and self._changed(size):
-            return None
-        kind = self.paths.get(path)
-        if kind is None:
-            kind = self._kind(path)
-        if not kind:
+        what = self.paths.get(path)
+        if what is None:
+            what = self._kind(path)
+        if not what:
             return None
         try:
             session_key = group_key = None
-            if kind == KEYED:
+            if what == KEYED:
                 if key is not None and len(key) <= self._max_key:  # ``header_key``'s common case
                     session_key = key.decode()
                 else:
                     session_key = self._key(key_at, key, "session")
                 if group is not None or self._group_fields:
                     group_key = self._key(group_at, group, "group")
-            if fleet is not None and session_key is not None and not fleet.decided_here(session_key, False):
-                return self._ask(client, session_key, group_key)  # a sibling worker's key: its owner decides
-            routing = taken(context, session_key, None, False, group_key, now)
+            routed = route_or_decline(self.proxy, session_key, group_key, False,
+                                      lambda: LaneAsked(self.proxy, client, self.pool), now)
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: the Python path meets it again and answers it
             return None
-        self.proxy.answering_here += 1
-        replica = routing.replica.id
+        if not isinstance(routed, Routing):
+            return () if routed else None
+        replica = routed.replica.id
         pool = self.pools.get(replica)
         if pool is None:
             pool = self.pool(replica)
-        turn = routing.turn
-        return pool, turn is not None and turn.measure, routing
-
-    def _ask(self, client: Any, key: str, group: str | None) -> tuple[()] | None:
-        """A key a sibling worker owns: ask it for the replica (``LaneAsked``; an empty tuple tells the lane to
-        wait for its answer); None (the Python path) when there is no sibling to ask: another router owns the
-        key, or no channel is open."""
-        proxy = self.proxy
-        fleet, decisions = proxy.context.fleet, proxy.decisions
-        if decisions is None or fleet is None or (owner := fleet.owner_of(key)) is None:
-            return None
-        if not LaneAsked(proxy, client, self.pool).ask(decisions, owner.id, key, group):
-            return None
-        proxy.answering_here += 1
-        return ()
+        turn = routed.turn
+        return pool, turn is not None and turn.measure, routed
 
     def _kind(self, path: bytes) -> int:
-        text = path.decode("ascii")  # the lane takes printable ASCII targets only
-        kind = (UNKEYED if unkeyed(text) else KEYED) if forwarded(text) else 0
+        what = kind(path.decode("ascii"))  # the lane takes printable ASCII targets only
         if len(self.paths) >= PATHS_KEPT:
             self.paths.clear()
-        self.paths[path] = kind
-        return kind
+        self.paths[path] = what
+        return what
 
     def _key(self, at: int, value: bytes | None, kind: str) -> str | None:
         """A key from the lane's header value (``HttpProxy._find``); a key only a body field can give raises, so

@@ -45,6 +45,14 @@ def unkeyed(path: str) -> bool:
     return path in UNKEYED_PATHS or path.startswith("/v1/models/")
 
 
+KEYED, UNKEYED = 1, 2  # a forwarded path whose session key is read, or one routed without one (``unkeyed``)
+
+
+def kind(path: str) -> int:
+    """What the traffic port does with ``path``: 0 (not forwarded: a probe, or 404), ``KEYED`` or ``UNKEYED``."""
+    return (UNKEYED if unkeyed(path) else KEYED) if forwarded(path) else 0
+
+
 def connection_tokens(value: bytes) -> set[bytes]:
     """Header names a Connection header declares hop-by-hop (``close``/``keep-alive`` are not names)."""
     return {token.strip().lower() for token in value.split(b",") if token.strip()} - {b"close", b"keep-alive"}
