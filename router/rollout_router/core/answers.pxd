@@ -1,6 +1,7 @@
 # The answer's record's declared interface: the native lane's sticky hit calls ``answered_ok`` in C.
 from rollout_router.core.loads cimport LoadIndex
+from rollout_router.core.routing cimport Routing
 
 cpdef streaks_end(object replica)
-cpdef bint answered_ok(object routing, dict live, dict series, object code, double now, LoadIndex http,
+cpdef bint answered_ok(Routing routing, dict live, dict series, object code, double now, LoadIndex http,
                        LoadIndex grpc) except -1

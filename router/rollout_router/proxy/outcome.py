@@ -15,26 +15,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.answers import answered_ok
+from ..core.routing import Routing
 
 if TYPE_CHECKING:
     from ..observability import Metrics
-    from ..policy import Decision
-    from ..replicas import Replica, ReplicaSet
+    from ..replicas import ReplicaSet
     from .context import RouterContext
     from .turns import Turn
 
-
-class Routing:
-    """One attempt's routing: the keys it was routed by, the policy's decision, the replica counted in flight
-    for it (``held`` until put back, once), its ``Turn`` (None: a kept turn the lane does not measure) and the
-    attempt's start (the monotonic clock: the request duration is measured from it)."""
-
-    __slots__ = ("key", "group", "decision", "replica", "turn", "start", "held")
-
-    def __init__(self, key: str | None, group: str | None, decision: Decision, replica: Replica,
-                 turn: Turn | None, start: float = 0.0) -> None:
-        self.key, self.group, self.decision, self.replica = key, group, decision, replica
-        self.turn, self.start, self.held = turn, start, True
+__all__ = ["Routing", "answered", "put_back", "recorded", "refused", "settled"]  # Routing: core's record
 
 
 def put_back(replicas: ReplicaSet, routing: Routing) -> None:

@@ -16,13 +16,14 @@ from rollout_router.core.answers cimport answered_ok
 from rollout_router.core.ledger cimport take
 from rollout_router.core.loads cimport LoadIndex
 from rollout_router.core.pins cimport SessionTable
+from rollout_router.core.routing cimport Routing
 from rollout_router.core.tallies cimport HistogramChild, Sampler
 
 
 cdef class Sticky:
     """The sticky hit's state: the router's long-lived objects, read once (``LaneGlue`` builds it)."""
 
-    cdef object context, rl, balancer, metrics, clock, sampled, routing_type, policy_type, pool_of
+    cdef object context, rl, balancer, metrics, clock, sampled, policy_type, pool_of
     cdef dict live, paths, pools, series
     cdef object down                     # ``ReplicaSet.marked_down`` (a dict: empty, or it declines)
     cdef LoadIndex http, grpc
@@ -46,7 +47,7 @@ cdef class Sticky:
         margin = context.metrics.margin
         self.sampler, self.kept_first_byte = margin.sampler, margin.kept_first_byte
         self.paths, self.pools, self.pool_of = glue.paths, glue.pools, glue.pool
-        self.policy_type, self.clock, self.sampled, self.routing_type = parts
+        self.policy_type, self.clock, self.sampled = parts
 
     cdef bint _adopt(self, object policy) except -1:
         """A policy not seen before (a reload built one): its table and parts, when it is one ``route`` knows."""
@@ -96,23 +97,25 @@ cdef class Sticky:
         take(replica, self.http, self.grpc)
         self.answering += 1
         self.hits += 1
-        return pool, turn is not None, self.routing_type(session, None, decision, replica, turn, now)
+        return pool, turn is not None, Routing(session, None, decision, replica, turn, now)
 
     cdef bint finish(self, object token, object code, int status, object failure, double first_at, object tail,
                      double now) except -1:
         """``outcome.answered``'s case of an answer below 400 (``core.answers.answered_ok``) for a request routed here
         or by ``LaneGlue`` (an ``outcome.Routing``, read through its declared fields; its turn, when it has one,
         recorded by the turn's own methods); False: ``LaneGlue.finish`` records it."""
-        if type(token) is not self.routing_type or failure is not None or not 0 < status < 400 or code is None:
+        cdef Routing routing
+        if type(token) is not Routing or failure is not None or not 0 < status < 400 or code is None:
             return False
-        if not answered_ok(token, self.live, self.series, code, now, self.http, self.grpc):
+        routing = <Routing>token
+        if not answered_ok(routing, self.live, self.series, code, now, self.http, self.grpc):
             return False  # put back already, its replica not live or counted, or its series not looked up yet
-        turn = token.turn  # ``outcome._turn``, the turn's end read by its own methods first
+        turn = routing.turn  # ``outcome._turn``, the turn's end read by its own methods first
         if turn is not None:
-            turn.ended(first_at, tail, token.replica.id)
+            turn.ended(first_at, tail, routing.replica.id)
             self.metrics.turn(turn)
         elif first_at:
-            self.kept_first_byte.observe(first_at - token.start)
+            self.kept_first_byte.observe(first_at - routing.start)
         self.answering -= 1
         self.answers += 1
         return True

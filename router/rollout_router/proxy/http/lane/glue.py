@@ -89,7 +89,7 @@ class LaneGlue:
         # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``):
         # CLOCK_MONOTONIC is ``time.monotonic`` on Linux only (elsewhere no clock matches, and it declines all)
         clock = time.monotonic if sys.platform.startswith("linux") else None
-        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, Routing))
+        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled))
         # at debug level every decision goes through the balancer, which logs a sample of them (decisionlog.py)
         self.native.sticky = self.sticky if context.balancer.decisions is None else None
         self._sync()
