@@ -118,3 +118,20 @@ def test_cost_affinity_without_a_margin_is_refused_by_name():
         parse_settings({"policy": "cost_affinity", "affinityBreakMargin": None})
     assert parse_settings({"policy": "cost_affinity", "fullDeterminism": True}).full_determinism  # margin ignored
     assert parse_settings({"policy": "cost_affinity", "affinityBreakMargin": 0}).affinity_break_margin == 0
+
+
+def test_a_reload_to_another_policy_carries_the_decision_counts_over():
+    """A reload that changes the policy builds a new one; /status's decision counters go on from where they were."""
+    from rollout_router.balancer import Balancer
+    from rollout_router.replicas import ReplicaSet
+
+    balancer = Balancer(ReplicaSet(), "affinity", LiveConfig())
+    policy = balancer.policy
+    for key in ("a", "b", "a"):
+        policy.route(Request(key, dict.fromkeys(R, 0)))
+    policy.counters.restored = 4
+    before = policy.counters.as_dict()
+    assert before["new_sessions"] == 2 and before["affinity_kept"] == 1
+    balancer.apply("cost_affinity", LiveConfig(margin=1))
+    assert balancer.policy.name == "cost_affinity" and balancer.policy is not policy
+    assert balancer.policy.counters.as_dict() == before

@@ -7,7 +7,6 @@ holds no settings: app.py's ``Runtime`` hands it the policy's name and live knob
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -106,8 +105,8 @@ class Balancer:
             self.policy.configure(config)
             return
         counters, self.policy = self.policy.counters, _build(policy, config)
-        for field in dataclasses.fields(counters):
-            setattr(self.policy.counters, field.name, getattr(counters, field.name))
+        for name, value in counters.as_dict().items():
+            setattr(self.policy.counters, name, value)
 
 
 def _build(name: str, config: LiveConfig) -> Policy:

@@ -16,6 +16,8 @@ from typing import ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from ..core.counters import DecisionCounts
+
 
 class NoReplicaError(LookupError):
     """Raised when a request must be routed but no replica can take it."""
@@ -59,28 +61,14 @@ class Decision:
     pin_age: float | None = None  # BROKEN: how long the session had been on ``previous`` (seconds)
 
 
-@dataclasses.dataclass(slots=True)
-class Counters:
-    """Monotonic decision counters, exported as metrics and in /status."""
+class Counters(DecisionCounts):
+    """Monotonic decision counters (``core.counters``), exported as metrics and in /status, counted by outcome."""
 
-    affinity_kept: int = 0
-    affinity_broken: int = 0
-    new_sessions: int = 0
-    repinned_replica_gone: int = 0
-    unkeyed: int = 0
-    evicted_lru: int = 0
-    expired_idle: int = 0
-    released: int = 0
-    group_colocated: int = 0  # new sessions placed on their group's replica (policy/groups.py)
-    group_spilled: int = 0  # new sessions of a group placed elsewhere: its replica beyond the margin or gone
-    restored: int = 0  # pins read back at start from the file a stopping router wrote (``--state-file``)
+    __slots__ = ()
 
     def count(self, outcome: Outcome) -> None:
         field = _OUTCOME_FIELD[outcome]
         setattr(self, field, getattr(self, field) + 1)
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
     def by_outcome(self) -> dict[str, int]:
         """Decisions per ``Outcome`` value."""

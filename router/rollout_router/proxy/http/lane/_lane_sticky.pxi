@@ -13,6 +13,7 @@
 
 from rollout_router.core.kept cimport kept
 from rollout_router.core.answers cimport answered_ok
+from rollout_router.core.counters cimport DecisionCounts
 from rollout_router.core.ledger cimport take
 from rollout_router.core.loads cimport LoadIndex
 from rollout_router.core.pins cimport SessionTable
@@ -29,7 +30,8 @@ cdef class Sticky:
     cdef LoadIndex http, grpc
     cdef Sampler sampler
     cdef HistogramChild kept_first_byte
-    cdef object policy, kept_decisions, counters  # the policy last seen, and its parts
+    cdef object policy, kept_decisions   # the policy last seen, and its parts
+    cdef DecisionCounts counters
     cdef SessionTable table              # its session table; None: not a policy ``route`` knows
     cdef public object settings          # the settings ``LaneGlue`` synced to: other ones, and it declines
     cdef public long long max_key
