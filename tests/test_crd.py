@@ -185,3 +185,25 @@ def test_a_wrong_rule_fails_its_cases(wrong):
         rule["rule"] = wrong.format(right)
         assert not any(refused_as_expected(schema, case) for case in naming(where, rule)), (where, right)
         rule["rule"] = right
+
+
+@pytest.mark.parametrize("policy", ["affinity", "cost_affinity"])
+@pytest.mark.parametrize("determinism", [False, True])
+@pytest.mark.parametrize("margin", [None, 0, 2.5])
+def test_a_crossfield_rule_refuses_the_same_settings_as_its_cel(policy, determinism, margin):
+    """``crossfield``'s rules are read two ways, by the router's settings and as the CRD's CEL: both refuse the
+    same settings, with the same message."""
+    from rollout_router.crossfield import COST_AFFINITY_HAS_A_MARGIN
+    from rollout_router.settings import PolicySettings
+
+    written = {"policy": policy, "fullDeterminism": determinism, "affinityBreakMargin": margin}
+    schema = {"properties": {"policy": {}, "fullDeterminism": {}, "affinityBreakMargin": {"nullable": True}},
+              "x-kubernetes-validations": [COST_AFFINITY_HAS_A_MARGIN.cel()]}
+    by_cel = violations(schema, written)
+    try:
+        PolicySettings.model_validate(written)
+        by_settings = []
+    except ValueError as error:
+        by_settings = [f"spec.{error.errors()[0]['msg'].removeprefix('Value error, ')}"]
+    assert by_cel == by_settings
+    assert bool(by_cel) == (policy == "cost_affinity" and not determinism and margin is None)

@@ -32,7 +32,7 @@ ROLES = {
     "addresses": "worker address policy", "tallies": "metrics read at scrape",
     "multicore": "--workers N parent", "multicore_admin": "pod admin, summed",
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
-    "listening": "sockets", "core": "hot state (C or Python)",
+    "listening": "sockets", "core": "hot state (C or Python)", "crossfield": "rules + CEL",
 }
 HTTP_ROLES = {
     "traffic": "HttpProxy: fast path, coroutine path", "admin_listener": "the admin port",

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
+from rollout_router.crossfield import COST_AFFINITY_HAS_A_MARGIN
 from rollout_router.settings import (
     MAX_WORKERS,
     PORT_RULE,
@@ -247,9 +248,9 @@ REQUIREMENT_RULE = cel(
     "In and NotIn need values; Exists and DoesNotExist take none")
 
 
-COST_AFFINITY_RULE = cel(  # a null field is absent to CEL; policy and fullDeterminism always have their defaults
-    "self.policy != 'cost_affinity' || self.fullDeterminism || has(self.affinityBreakMargin)",
-    "policy cost_affinity needs a number (e.g. 2); null would keep every pin", ".affinityBreakMargin")
+# the router settings' own rule rendered (a null field is absent to CEL; policy and fullDeterminism always have
+# their defaults)
+COST_AFFINITY_RULE = COST_AFFINITY_HAS_A_MARGIN.cel()
 
 
 def port_rule(field: str) -> dict:

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from . import addresses
+from .crossfield import COST_AFFINITY_HAS_A_MARGIN
 from .policy import LiveConfig, PolicyOptions, registry
 from .policy.cost_affinity import CostAffinityOptions
 
@@ -136,10 +137,8 @@ class PolicySettings(Model):
 
     @model_validator(mode="after")
     def _cost_affinity_has_a_margin(self) -> PolicySettings:
-        """cost_affinity only adds to the margin: with a null margin it would keep every pin, exactly sticky,
-        which nobody choosing it means (docs/simulator.md, "A rule for every point")."""
-        if self.policy == "cost_affinity" and self.affinity_break_margin is None and not self.full_determinism:
-            raise ValueError("affinityBreakMargin: policy cost_affinity needs a number (e.g. 2); null would keep every pin")
+        """``crossfield.COST_AFFINITY_HAS_A_MARGIN``, which the CRD carries as CEL."""
+        COST_AFFINITY_HAS_A_MARGIN.check(self)
         return self
 
     def live_config(self) -> LiveConfig:
