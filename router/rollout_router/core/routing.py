@@ -5,7 +5,12 @@ functions live with what they touch (``proxy/outcome.py``: put back, answered, r
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the types only: the core imports nothing of the router above it
+    from ..policy import Decision
+    from ..proxy.turns import Turn
+    from ..replicas import Replica
 
 
 class Routing:
@@ -15,7 +20,7 @@ class Routing:
 
     __slots__ = ("key", "group", "decision", "replica", "turn", "start", "held")
 
-    def __init__(self, key: str | None, group: str | None, decision: Any, replica: Any, turn: Any,
-                 start: float = 0.0) -> None:
+    def __init__(self, key: str | None, group: str | None, decision: Decision, replica: Replica,
+                 turn: Turn | None, start: float = 0.0) -> None:
         self.key, self.group, self.decision, self.replica = key, group, decision, replica
         self.turn, self.start, self.held = turn, start, True
