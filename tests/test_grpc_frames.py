@@ -156,6 +156,8 @@ def _replica_frames(rng: random.Random) -> bytes:
                 flags |= h2.PADDED
                 data = bytes((2,)) + data + b"\x00\x00"
             out += h2.py_frame(h2.DATA, flags, stream_id, data)
+        elif pick < 0.8:
+            out += _header_frames(rng, stream_id)
         elif pick < 0.85:
             increment = rng.choice([0, 1, 500, 70_000, h2.MAX_WINDOW])
             out += h2.py_frame(h2.WINDOW_UPDATE, 0, rng.choice([0, stream_id]), increment.to_bytes(4, "big"))
@@ -166,6 +168,25 @@ def _replica_frames(rng: random.Random) -> bytes:
         else:
             out += h2.py_frame(h2.RST_STREAM, 0, 1, h2.CANCEL.to_bytes(4, "big"))
     return bytes(out)
+
+
+def _header_frames(rng: random.Random, stream_id: int) -> bytes:
+    """A response head or trailers (END_STREAM) as the replica would send them; some padded, some with a priority,
+    some split into a CONTINUATION, some on stream 0 or bad HPACK: the engine takes only the plain whole block."""
+    end = rng.random() < 0.5
+    fields = [(b"grpc-status", b"0"), (b"grpc-message", b"")] if end else \
+        [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    block = h2.py_encode(fields) if rng.random() < 0.95 else b"\xff\xff\xff\xff\xff\xff"
+    flags = (h2.END_STREAM if end else 0) | h2.END_HEADERS
+    pick = rng.random()
+    if pick < 0.1:
+        return h2.py_frame(h2.HEADERS, flags | h2.PADDED, stream_id, bytes((3,)) + block + b"\x00" * 3)
+    if pick < 0.2:
+        return h2.py_frame(h2.HEADERS, flags | h2.PRIORITY_FLAG, stream_id, (0).to_bytes(4, "big") + b"\x10" + block)
+    if pick < 0.3:
+        return h2.py_frame(h2.HEADERS, flags & ~h2.END_HEADERS, stream_id, block[:3]) + \
+            h2.py_frame(h2.CONTINUATION, h2.END_HEADERS, stream_id, block[3:])
+    return h2.py_frame(h2.HEADERS, flags, 0 if pick < 0.33 else stream_id, block)
 
 
 def _client_frames(rng: random.Random) -> bytes:
@@ -219,6 +240,24 @@ async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
     assert seen == [] and client.out == [] and call.heard == 1  # relayed, and written at the read's end
     assert client.transport.out == h2.py_frame(h2.DATA, 0, 1, message)
     assert upstream.window == h2.DEFAULT_WINDOW + 100
+
+
+async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection() -> None:
+    """A plain HEADERS frame (the whole block: END_HEADERS, no padding, no priority) skips ``on_frame``: it reaches
+    ``header_block`` with its flags, and the trailers end the call as through ``on_frame``; a padded one does not."""
+    engine = _engine()
+    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20))
+    seen: list[int] = []
+    upstream.on_frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
+    trailers = h2.py_encode([(b"grpc-status", b"0")])
+    padded = h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS | h2.PADDED, 1, b"\x00" + trailers)
+    assert engine.read(upstream, bytearray(padded), 200, 1, [], [False], type(call)) is False
+    assert seen == [h2.HEADERS] and not call.finished
+    plain = h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1, trailers)
+    from rollout_router.proxy.grpc.outbound import DIRTY, READING  # what the trailers emit is written at the end
+    assert engine.read(upstream, bytearray(plain), 200, 1, DIRTY, READING, type(call)) is False
+    assert seen == [h2.HEADERS] and call.finished and call.code == h2.OK
+    assert client.transport.out == h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1, trailers)
 
 
 def test_the_engine_knows_the_connection_window() -> None:

@@ -76,12 +76,16 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 # (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
 # conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
 # stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
-# error) goes to Python. h2.py_work is the reference: the same loop with every frame given to ``on_frame``.
+# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, goes straight
+# to the connection's ``header_block`` (as conn.H2Connection.on_frame and _headers would pass it). h2.py_work is the
+# reference: the same loop with every frame given to ``on_frame``.
 cdef enum:
     DATA = 0
     WINDOW_UPDATE = 8
     END_STREAM = 0x1
+    END_HEADERS = 0x4
     PADDED = 0x8
+    PRIORITY_FLAG = 0x20
     MAX_WINDOW = 0x7FFFFFFF
 
 CONNECTION_HALF = 8 << 20  # conn.CONNECTION_WINDOW // 2: the connection's window is returned in halves of it
@@ -220,6 +224,10 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             elif kind == WINDOW_UPDATE and length == 4 and conn.continuing is None:
                 if _window_update(conn, stream_id, data + 9):
                     continue
+            elif kind == HEADERS and stream_id and flags & END_HEADERS and not flags & (PADDED | PRIORITY_FLAG) \
+                    and conn.continuing is None:  # a whole header block: conn.H2Connection._headers' plain case
+                conn.header_block(stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+                continue
             on_frame(kind, flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
     finally:
         del buffer[:offset]

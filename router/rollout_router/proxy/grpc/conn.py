@@ -161,7 +161,7 @@ class H2Connection(H2Output):
                 flags |= _SELF_DEPENDENT
             block = block[5:]
         if flags & h2.END_HEADERS:
-            self._decoded(stream_id, flags, block)
+            self.header_block(stream_id, flags, block)
         elif not self.guard.empty_ok(not block):
             self.calm("h2_empty_frames", "empty frames that end nothing, one after another")
         else:
@@ -178,9 +178,12 @@ class H2Connection(H2Output):
             return self.fail(h2.ENHANCE_YOUR_CALM, f"a header block exceeded {MAX_HEAD} bytes", stream_id)
         if flags & h2.END_HEADERS:
             self.continuing = None
-            self._decoded(stream_id, first_flags, bytes(block))  # END_STREAM is on the HEADERS frame
+            self.header_block(stream_id, first_flags, bytes(block))  # END_STREAM is on the HEADERS frame
 
-    def _decoded(self, stream_id: int, flags: int, block: bytes) -> None:
+    def header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        """A whole header block of ``stream_id`` (its HEADERS frame's ``flags``), decoded and handed on. The frame
+        engine calls it for a HEADERS frame that is the whole block, unpadded, with no priority, on a stream,
+        while no block is being continued (what ``on_frame`` and ``_headers`` would hand it unchanged)."""
         try:
             headers, size = self._decoder.decode(block)
         except (hpack.HPACKError, IndexError, ValueError) as error:

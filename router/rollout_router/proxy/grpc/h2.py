@@ -188,7 +188,9 @@ def py_work(conn: _Reader, buffer: bytearray, limit: int, head_work: int, dirty:
 
     The reference of ``_grpc_frames.work`` (``work`` is whichever runs), which handles a replica stream's DATA
     relayed to its client stream (``relay``, the call class, owning both; ``dirty``, the connections written at
-    the read's end) and WINDOW_UPDATE frames itself, exactly as ``on_frame`` would, and gives ``on_frame`` the rest."""
+    the read's end) and WINDOW_UPDATE frames itself, exactly as ``on_frame`` would, hands a HEADERS frame that is a
+    whole plain header block to ``conn.header_block`` (where ``on_frame`` would pass it) and gives ``on_frame`` the
+    rest."""
     frames, used, more = py_split_frames(buffer, limit, head_work)
     del buffer[:used]
     for kind, flags, stream_id, payload in frames:

@@ -61,7 +61,7 @@ class H2Output(asyncio.Protocol):
 
     ``out`` (the bytes a read wrote, not flushed yet), ``blocked`` (streams waiting for a window) and ``drain`` are
     public: the frame engine (``_grpc_frames.pyx``) reads and calls them, with ``streams``, ``window`` and
-    ``emit``, and ``H2Connection``'s ``on_frame``, ``unacked`` and ``continuing``."""
+    ``emit``, and ``H2Connection``'s ``on_frame``, ``header_block``, ``unacked`` and ``continuing``."""
 
     track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
     stream_window = STREAM_WINDOW  # the window we announce for each stream the peer sends on
