@@ -190,7 +190,7 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
     cdef int kind, flags
     cdef unsigned int stream_id
     cdef bint more = False, dropping = False
-    on_frame = conn.on_frame
+    on_frame = None  # conn.on_frame, looked up when a frame first needs it (most reads relay DATA alone)
     try:
         while True:
             dropping = dropping or conn.closed  # frames after one that closed it are consumed, not handled
@@ -205,7 +205,7 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             if length > FRAME_SIZE:
                 offset = size
                 if not dropping:
-                    on_frame(-1, 0, 0, b"")
+                    conn.on_frame(-1, 0, 0, b"")
                 break
             end = offset + 9 + length
             if end > size:
@@ -228,6 +228,8 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
                     and conn.continuing is None:  # a whole header block: conn.H2Connection._headers' plain case
                 conn.header_block(stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
                 continue
+            if on_frame is None:
+                on_frame = conn.on_frame
             on_frame(kind, flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
     finally:
         del buffer[:offset]

@@ -121,6 +121,11 @@ class Call:
     def _scan(self, data: bytes) -> str | None:
         """Follow the request's length-prefixed messages; an error naming the limit when one is too large."""
         index, size = 0, len(data)
+        if not self.message_left and not self.prefix and size >= 5 and int.from_bytes(data[1:5], "big") == size - 5:
+            index = size  # one whole message (a vLLM request, most often): the loop below would end as it began
+            limit = self.proxy.context.settings.max_body_bytes
+            if size - 5 > limit:
+                return f"request message of {size - 5} bytes exceeds maxBodyBytes={limit}"
         while index < size:
             if self.message_left:
                 step = min(self.message_left, size - index)

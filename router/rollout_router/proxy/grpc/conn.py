@@ -30,7 +30,7 @@ import hpack
 from . import guard as budgets
 from . import h2
 from .call import Call
-from .guard import Guard
+from .guard import FRAMES_PER_TURN, Guard
 from .outbound import DIRTY, READING, H2Output, Stream
 
 log = logging.getLogger(__name__)
@@ -82,14 +82,22 @@ class H2Connection(H2Output):
         self.drain()
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        self._work()
+        """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
+        ``head_work``) at once (``h2.read``); with more waiting, stop reading and go on next turn (one connection's
+        burst cannot hold the event loop): ``_yield``."""
+        buffer = self._buffer
+        buffer += data
+        more = h2.read(self, buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call)
+        if more or self._yielding:
+            self._yield(more)
 
     def _work(self) -> None:
-        """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
-        ``head_work``); with more waiting, stop reading and go on next turn (one connection's burst cannot hold the
-        event loop)."""
-        more = h2.read(self, self._buffer, budgets.FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call)
+        """The frames left from an earlier turn (``_yield``)."""
+        self._yield(h2.read(self, self._buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call))
+
+    def _yield(self, more: bool) -> None:
+        """Frames are left for the next turn (``more``): reading paused until they are handled; or none are left any
+        more, and reading resumes."""
         if more != self._yielding and self.transport is not None:
             self._yielding = more
             (self.transport.pause_reading if more else self.transport.resume_reading)()

@@ -10,6 +10,7 @@ import time
 from ...fleet.rlstate import Paused
 from ...health import TIMEOUT
 from ...policy import NoReplicaError
+from ...settings import SessionSettings
 from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short, route
 from ..context import RouterContext
 from ..errors import RouterError
@@ -44,6 +45,16 @@ def unary_request_methods() -> frozenset[bytes]:
     return frozenset(f"/{service.full_name}/{method.name}".encode()
                      for service in vllm_engine_pb2.DESCRIPTOR.services_by_name.values()
                      for method in service.methods if not method.client_streaming)
+
+
+def _find(pairs: tuple[tuple[str, bytes], ...], metadata: list[h2.Header], session: SessionSettings,
+          kind: str) -> str | None:
+    """The ``kind`` key from the first of the headers ``pairs`` names (as written, lower-case) in ``metadata``."""
+    for header, lower in pairs:
+        for name, value in metadata:
+            if name == lower and value:
+                return header_key(header, value, session, kind)
+    return None
 
 
 class Handed:
@@ -296,15 +307,9 @@ class GrpcProxy(Listener):
         body). The names are looked up once for both (``KeyNames`` recomputes only when the settings change)."""
         settings, names = self.context.settings, self._key_names
         names.of(settings.session, settings.group)  # the pairs up to date with the settings
-
-        def find(pairs: tuple[tuple[str, bytes], ...], kind: str) -> str | None:
-            for header, lower in pairs:
-                for name, value in metadata:
-                    if name == lower and value:
-                        return header_key(header, value, settings.session, kind)
-            return None
-
-        return find(names.session_pairs, "session"), find(names.group_pairs, "group")
+        group = names.group_pairs
+        return (_find(names.session_pairs, metadata, settings.session, "session"),
+                _find(group, metadata, settings.session, "group") if group else None)
 
     # the sweep
     def tick(self, elapsed: float) -> None:
