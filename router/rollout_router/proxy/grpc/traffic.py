@@ -161,11 +161,13 @@ class GrpcProxy(Listener):
     def begin(self, call: Call) -> None:
         """Route ``call`` and start its attempt. A one-message call (vLLM's methods) starts once its message is
         whole (``Call.on_data``): a stream opened and reset before that (rapid reset, CVE-2023-44487) costs a
-        parsed head, never a routing decision, a task or a replica stream. Most calls start here, from the read
-        that completed them (``_here``); the rest, and a call whose first attempt was refused, on a task of their
-        own (``_serve``)."""
+        parsed head, never a routing decision, a task or a replica stream. Such a call, its request whole, most
+        often starts from the read that completed it (``_here``); the rest, a call whose client may still send
+        (client streaming: its request's later frames, a malformed trailer block among them, are read before it
+        is routed, as they always were) and a call whose first attempt was refused, on a task of their own
+        (``_serve``)."""
         call.started = True
-        if not self._here(call):
+        if not (call.single and self._here(call)):
             asyncio.get_running_loop().create_task(self._serve(call))
 
     def _here(self, call: Call) -> bool:
