@@ -189,8 +189,9 @@ class H2Output(asyncio.Protocol):
         """``stream`` ended both ways (or the peer reset it): stop tracking it, dropping what waited."""
         if self.streams.pop(stream.id, None) is not None:
             self._remember(stream.id, False)
-        self.blocked.pop(stream.id, None)
-        self._drop_pending(stream)
+        if stream.pending is not None:  # (most streams forgotten had nothing waiting)
+            self.blocked.pop(stream.id, None)
+            self._drop_pending(stream)
         stream.owner = None
 
     def finish(self, stream: Stream, reset: bool = False) -> None:
