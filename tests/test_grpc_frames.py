@@ -95,11 +95,10 @@ class _Turn:
         self.first_byte = now
 
 
-def _relay(measured: bool, windows: tuple[int, int, int]):
+def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
     from types import SimpleNamespace
 
     from rollout_router.proxy.grpc.call import Call
-    from rollout_router.proxy.grpc.outbound import Stream
     from rollout_router.proxy.grpc.server import ClientConnection
     from rollout_router.proxy.grpc.upstream import UpstreamConnection
     from rollout_router.proxy.grpc.usage import LastMessage
@@ -194,12 +193,13 @@ def _client_frames(rng: random.Random) -> bytes:
     return h2.py_frame(h2.WINDOW_UPDATE, 0, rng.choice([0, 1, 1, 3]), increment.to_bytes(4, "big"))
 
 
-def _run(seed: int, reader) -> list[tuple]:
+def _run(seed: int, reader, stream: type) -> list[tuple]:
     from rollout_router.proxy.grpc import conn
 
     rng = random.Random(seed)
     client, upstream, call = _relay(rng.random() < 0.5, (rng.choice([1024, 4096, 65_535]),
-                                                         rng.choice([300, 5000, 1 << 20]), rng.choice([300, 5000, 1 << 20])))
+                                                         rng.choice([300, 5000, 1 << 20]), rng.choice([300, 5000, 1 << 20])),
+                                    stream)
     states, original = [], conn.h2.read
     conn.h2.read = reader
     try:
@@ -221,16 +221,22 @@ def _run(seed: int, reader) -> list[tuple]:
 async def test_the_relay_in_c_matches_the_reference(seed: int) -> None:
     """A replica's frames (DATA of whole and split messages, ends, padding, unknown streams, valid and invalid
     WINDOW_UPDATEs, PING, a reset) and the client's WINDOW_UPDATEs, through a call with windows that run out: the
-    compiled relay leaves every byte written, window, count and end as the reference does."""
+    compiled relay leaves every byte written, window, count and end as the reference does, on the engine's streams
+    (``_grpc_frames.Stream``) and on the reference's (``outbound.PyStream``, which the engine leaves to Python)."""
+    from rollout_router.proxy.grpc.outbound import PyStream
+
     engine = _engine()
-    assert _run(seed, engine.read) == _run(seed, h2.py_read)
+    expected = _run(seed, h2.py_read, PyStream)
+    assert _run(seed, engine.read, engine.Stream) == expected
+    assert _run(seed, h2.py_read, engine.Stream) == expected
+    assert _run(seed, engine.read, PyStream) == expected
 
 
 async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
     """The equality above is not because the engine handed every frame back: a relayed message and a
     WINDOW_UPDATE never reach ``on_frame``."""
     engine = _engine()
-    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20))
+    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
     call.turn.first_byte = 1.0
     seen: list[int] = []
     upstream.on_frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
@@ -246,7 +252,7 @@ async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection(
     """A plain HEADERS frame (the whole block: END_HEADERS, no padding, no priority) skips ``on_frame``: it reaches
     ``header_block`` with its flags, and the trailers end the call as through ``on_frame``; a padded one does not."""
     engine = _engine()
-    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20))
+    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
     seen: list[int] = []
     upstream.on_frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
     trailers = h2.py_encode([(b"grpc-status", b"0")])
@@ -277,3 +283,23 @@ def test_encode_matches_the_reference(seed: int) -> None:
         expected = h2.py_encode(fields)
         assert engine.encode(fields) == expected and engine.encode(tuple(fields)) == expected
         assert engine.encode(iter(fields)) == expected
+
+
+def test_the_engines_stream_starts_as_the_reference_does() -> None:
+    """``_grpc_frames.Stream`` is ``outbound.PyStream`` in C: the same fields, the same starting values, each
+    writable; ``outbound.Stream`` names it where the engine runs."""
+    from types import SimpleNamespace
+
+    from rollout_router.proxy.grpc import outbound
+
+    engine = _engine()
+    fields = ("id", "owner", "conn", "window", "pending", "unacked", "closing", "ended", "expected", "got")
+    conn, owner = SimpleNamespace(peer_window=4321), object()
+    compiled, reference = engine.Stream(7, owner, conn), outbound.PyStream(7, owner, conn)  # type: ignore[arg-type]
+    assert [getattr(compiled, f) for f in fields] == [getattr(reference, f) for f in fields]
+    assert set(fields) == set(outbound.PyStream.__slots__)
+    for name, value in (("window", -5), ("unacked", 9), ("got", 3), ("ended", True), ("closing", 0), ("expected", 2),
+                        ("pending", []), ("owner", None)):
+        setattr(compiled, name, value)
+        assert getattr(compiled, name) == value
+    assert outbound.Stream is (engine.Stream if h2.engine_unavailable() is None else outbound.PyStream)

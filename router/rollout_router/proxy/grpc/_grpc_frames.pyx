@@ -92,6 +92,21 @@ CONNECTION_HALF = 8 << 20  # conn.CONNECTION_WINDOW // 2: the connection's windo
 cdef Py_ssize_t _CONNECTION_HALF = CONNECTION_HALF
 
 
+cdef class Stream:
+    """outbound.Stream in C (its pure-Python reference, which runs without the engine): one stream as its
+    connection sees it, its fields read and written here without the C API's attribute lookups."""
+
+    def __init__(self, stream_id, owner, conn):
+        self.id, self.owner, self.conn = stream_id, owner, conn
+        self.window = conn.peer_window
+        self.pending = None
+        self.unacked = 0
+        self.closing = None
+        self.ended = False
+        self.expected = None
+        self.got = 0
+
+
 cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char* payload, Py_ssize_t length):
     cdef bytes out = PyBytes_FromStringAndSize(NULL, 9 + length)
     cdef unsigned char* head = <unsigned char*> PyBytes_AS_STRING(out)
@@ -110,14 +125,20 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     if flags & (END_STREAM | PADDED) or length == 0:
         return False
     cdef dict streams = conn.streams
-    stream = streams.get(stream_id)
-    if stream is None or stream.ended or stream.expected is not None:
+    found = streams.get(stream_id)
+    if type(found) is not Stream:  # unknown (or a stream of the reference's class: Python's turn)
+        return False
+    cdef Stream stream = <Stream> found
+    if stream.ended or stream.expected is not None:
         return False
     call = stream.owner
     if type(call) is not relay or call.ustream is not stream or call.upstream is not conn:
         return False
     turn = call.turn
-    client, out = call.client, call.stream
+    client, answer = call.client, call.stream
+    if type(answer) is not Stream:
+        return False
+    cdef Stream out = <Stream> answer
     if out.owner is not call or out.pending is not None or client.write_paused or client.closed:
         return False
     cdef Py_ssize_t stream_window = out.window, window = client.window
@@ -142,7 +163,7 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     cdef list pending = client.out
     if not pending:
         dirty.append(client)
-    pending.append(_framed(DATA, out.id, payload, length))
+    pending.append(_framed(DATA, <unsigned int> out.id, payload, length))
     out.window = stream_window - length
     client.window = window - length
     # call.Call.on_written: the client's connection took the bytes, so the replica may send more (consume)
@@ -170,13 +191,13 @@ cdef bint _window_update(object conn, unsigned int stream_id, const unsigned cha
             return False
         conn.window = window + increment
     else:
-        stream = (<dict> conn.streams).get(stream_id)
-        if stream is None:
+        found = (<dict> conn.streams).get(stream_id)
+        if found is None:
             return False
-        window = stream.window
+        window = found.window
         if window + increment > MAX_WINDOW:
             return False
-        stream.window = window + increment
+        found.window = window + increment
     if conn.blocked:
         conn.drain()
     return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import h2
 
@@ -34,7 +34,8 @@ class Owner(Protocol):
 
 
 class Stream:
-    """One stream as its connection sees it: the peer's window and what waits for it."""
+    """One stream as its connection sees it: the peer's window and what waits for it. The reference of
+    ``_grpc_frames.Stream`` (the same fields in C), which is what ``Stream`` names where the frame engine runs."""
 
     __slots__ = ("id", "owner", "conn", "window", "pending", "unacked", "closing", "ended", "expected", "got")
 
@@ -47,6 +48,11 @@ class Stream:
         self.ended = False  # the peer sent END_STREAM
         self.expected: int | None = None  # the peer's content-length
         self.got = 0  # DATA bytes from the peer
+
+
+PyStream = Stream  # the reference, under a name of its own (tests compare the two)
+if not TYPE_CHECKING and h2.engine_stream is not None:
+    Stream = h2.engine_stream  # the same fields in C, where the frame engine runs: it reads them without lookups
 
 
 def flush_dirty() -> None:
