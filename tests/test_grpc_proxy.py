@@ -400,3 +400,17 @@ async def test_a_stream_refused_on_an_open_connection_is_retried_elsewhere(repli
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_bug_starting_a_call_from_the_read_answers_internal_and_puts_the_replica_back(router, monkeypatch):
+    """A one-message call started from the read (its replica's connection open) whose attempt fails to start with a
+    bug: the client is told INTERNAL, as a bug on the call's task tells it, and the replica is put back."""
+    from rollout_router.proxy.grpc.call import Call
+
+    _, runtime, channel = router
+    await unary(channel, HEALTH_CHECK, b"", "bug")  # the replica's connection, open
+    monkeypatch.setattr(Call, "dispatch", lambda *args: 1 / 0)
+    with pytest.raises(aio.AioRpcError) as raised:
+        await unary(channel, HEALTH_CHECK, b"", "bug")
+    assert raised.value.code() is grpc.StatusCode.INTERNAL
+    assert runtime.replicas.total_inflight() == 0 and not runtime.grpc_proxy.active

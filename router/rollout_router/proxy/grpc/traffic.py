@@ -201,6 +201,8 @@ class GrpcProxy(Listener):
             call.dispatch(conn, target, (), functools.partial(self._ended, call, Handed(key, group, routing)))
         except Exception:  # as ``_serve`` answers a bug; the replica goes back as ``attempts.forward`` puts it
             log.exception("unexpected error on gRPC call %s", call.path.decode("latin-1"))
+            call.ended = None  # (nothing records this attempt's end: it is over)
+            self.active.discard(call)
             put_back(context.replicas, routing)
             call.answer(h2.INTERNAL, "internal router error; see the router's log")
         return True
