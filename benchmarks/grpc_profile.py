@@ -67,7 +67,8 @@ SYSCALL_SITE = re.compile(rf"^H2Output\.flush \(.*outbound\.py:{_line(H2Output.f
 # ... and where a read is handled: with the compiled frame engine, a sample there is in its C (the DATA relay, the
 # windows) or in the socket writes it makes at the read's end, not in the interpreter (the Python it calls back
 # into shows as deeper frames); without it, the deeper frames are always there
-ENGINE_SITE = re.compile(rf"^H2Connection\._work \(.*conn\.py:{_line(H2Connection._work, 'h2.read(')}\)$")
+ENGINE_SITE = re.compile(rf"^H2Connection\.(data_received \(.*conn\.py:{_line(H2Connection.data_received, 'h2.read(')}|"
+                         rf"_work \(.*conn\.py:{_line(H2Connection._work, 'h2.read(')})\)$")
 LOOP = re.compile(r"^Runner\.run \(")  # the innermost Python frame is the loop itself: uvloop's C (reads, dispatch)
 FRAME = re.compile(r"^(.*) (\d+)$")
 SYSCALL = "write(2) called from flush"

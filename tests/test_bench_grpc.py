@@ -68,3 +68,11 @@ def test_one_tiny_round_of_the_load_generator_fills_the_table(bench):
     table = grpc_cost.report([direct, arm], grpc_cost.seen(replicas), "ours (sticky)").splitlines()
     assert len(table) == 4 and table[3].startswith("| ours (sticky) |") and "| 1.00x |" in table[3], table
     assert table[3].endswith("| 0, late 0 | 20/256, 0 split |"), table
+
+
+async def test_grpc_calls_drives_generate_calls_through_the_listener() -> None:
+    """benchmarks/grpc_calls.py's in-process calls are relayed whole, each replica put back (it exits otherwise)."""
+    import grpc_calls
+
+    out = await grpc_calls.drive(40, MESSAGES)
+    assert set(out) == {*grpc_calls.PHASES, "total"} and out["total"] > 0

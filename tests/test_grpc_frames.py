@@ -95,11 +95,10 @@ class _Turn:
         self.first_byte = now
 
 
-def _relay(measured: bool, windows: tuple[int, int, int]):
+def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
     from types import SimpleNamespace
 
     from rollout_router.proxy.grpc.call import Call
-    from rollout_router.proxy.grpc.outbound import Stream
     from rollout_router.proxy.grpc.server import ClientConnection
     from rollout_router.proxy.grpc.upstream import UpstreamConnection
     from rollout_router.proxy.grpc.usage import LastMessage
@@ -156,6 +155,8 @@ def _replica_frames(rng: random.Random) -> bytes:
                 flags |= h2.PADDED
                 data = bytes((2,)) + data + b"\x00\x00"
             out += h2.py_frame(h2.DATA, flags, stream_id, data)
+        elif pick < 0.8:
+            out += _header_frames(rng, stream_id)
         elif pick < 0.85:
             increment = rng.choice([0, 1, 500, 70_000, h2.MAX_WINDOW])
             out += h2.py_frame(h2.WINDOW_UPDATE, 0, rng.choice([0, stream_id]), increment.to_bytes(4, "big"))
@@ -168,17 +169,37 @@ def _replica_frames(rng: random.Random) -> bytes:
     return bytes(out)
 
 
+def _header_frames(rng: random.Random, stream_id: int) -> bytes:
+    """A response head or trailers (END_STREAM) as the replica would send them; some padded, some with a priority,
+    some split into a CONTINUATION, some on stream 0 or bad HPACK: the engine takes only the plain whole block."""
+    end = rng.random() < 0.5
+    fields = [(b"grpc-status", b"0"), (b"grpc-message", b"")] if end else \
+        [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    block = h2.py_encode(fields) if rng.random() < 0.95 else b"\xfe"  # an index past both tables
+    flags = (h2.END_STREAM if end else 0) | h2.END_HEADERS
+    pick = rng.random()
+    if pick < 0.1:
+        return h2.py_frame(h2.HEADERS, flags | h2.PADDED, stream_id, bytes((3,)) + block + b"\x00" * 3)
+    if pick < 0.2:
+        return h2.py_frame(h2.HEADERS, flags | h2.PRIORITY_FLAG, stream_id, (0).to_bytes(4, "big") + b"\x10" + block)
+    if pick < 0.3:
+        return h2.py_frame(h2.HEADERS, flags & ~h2.END_HEADERS, stream_id, block[:3]) + \
+            h2.py_frame(h2.CONTINUATION, h2.END_HEADERS, stream_id, block[3:])
+    return h2.py_frame(h2.HEADERS, flags, 0 if pick < 0.33 else stream_id, block)
+
+
 def _client_frames(rng: random.Random) -> bytes:
     increment = rng.choice([0, 10, 1000, 40_000, h2.MAX_WINDOW])
     return h2.py_frame(h2.WINDOW_UPDATE, 0, rng.choice([0, 1, 1, 3]), increment.to_bytes(4, "big"))
 
 
-def _run(seed: int, reader) -> list[tuple]:
+def _run(seed: int, reader, stream: type) -> list[tuple]:
     from rollout_router.proxy.grpc import conn
 
     rng = random.Random(seed)
     client, upstream, call = _relay(rng.random() < 0.5, (rng.choice([1024, 4096, 65_535]),
-                                                         rng.choice([300, 5000, 1 << 20]), rng.choice([300, 5000, 1 << 20])))
+                                                         rng.choice([300, 5000, 1 << 20]), rng.choice([300, 5000, 1 << 20])),
+                                    stream)
     states, original = [], conn.h2.read
     conn.h2.read = reader
     try:
@@ -200,16 +221,22 @@ def _run(seed: int, reader) -> list[tuple]:
 async def test_the_relay_in_c_matches_the_reference(seed: int) -> None:
     """A replica's frames (DATA of whole and split messages, ends, padding, unknown streams, valid and invalid
     WINDOW_UPDATEs, PING, a reset) and the client's WINDOW_UPDATEs, through a call with windows that run out: the
-    compiled relay leaves every byte written, window, count and end as the reference does."""
+    compiled relay leaves every byte written, window, count and end as the reference does, on the engine's streams
+    (``_grpc_frames.Stream``) and on the reference's (``outbound.PyStream``, which the engine leaves to Python)."""
+    from rollout_router.proxy.grpc.outbound import PyStream
+
     engine = _engine()
-    assert _run(seed, engine.read) == _run(seed, h2.py_read)
+    expected = _run(seed, h2.py_read, PyStream)
+    assert _run(seed, engine.read, engine.Stream) == expected
+    assert _run(seed, h2.py_read, engine.Stream) == expected
+    assert _run(seed, engine.read, PyStream) == expected
 
 
 async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
     """The equality above is not because the engine handed every frame back: a relayed message and a
     WINDOW_UPDATE never reach ``on_frame``."""
     engine = _engine()
-    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20))
+    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
     call.turn.first_byte = 1.0
     seen: list[int] = []
     upstream.on_frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
@@ -219,6 +246,24 @@ async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
     assert seen == [] and client.out == [] and call.heard == 1  # relayed, and written at the read's end
     assert client.transport.out == h2.py_frame(h2.DATA, 0, 1, message)
     assert upstream.window == h2.DEFAULT_WINDOW + 100
+
+
+async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection() -> None:
+    """A plain HEADERS frame (the whole block: END_HEADERS, no padding, no priority) skips ``on_frame``: it reaches
+    ``header_block`` with its flags, and the trailers end the call as through ``on_frame``; a padded one does not."""
+    engine = _engine()
+    client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
+    seen: list[int] = []
+    upstream.on_frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
+    trailers = h2.py_encode([(b"grpc-status", b"0")])
+    padded = h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS | h2.PADDED, 1, b"\x00" + trailers)
+    assert engine.read(upstream, bytearray(padded), 200, 1, [], [False], type(call)) is False
+    assert seen == [h2.HEADERS] and not call.finished
+    plain = h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1, trailers)
+    from rollout_router.proxy.grpc.outbound import DIRTY, READING  # what the trailers emit is written at the end
+    assert engine.read(upstream, bytearray(plain), 200, 1, DIRTY, READING, type(call)) is False
+    assert seen == [h2.HEADERS] and call.finished and call.code == h2.OK
+    assert client.transport.out == h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1, trailers)
 
 
 def test_the_engine_knows_the_connection_window() -> None:
@@ -238,3 +283,23 @@ def test_encode_matches_the_reference(seed: int) -> None:
         expected = h2.py_encode(fields)
         assert engine.encode(fields) == expected and engine.encode(tuple(fields)) == expected
         assert engine.encode(iter(fields)) == expected
+
+
+def test_the_engines_stream_starts_as_the_reference_does() -> None:
+    """``_grpc_frames.Stream`` is ``outbound.PyStream`` in C: the same fields, the same starting values, each
+    writable; ``outbound.Stream`` names it where the engine runs."""
+    from types import SimpleNamespace
+
+    from rollout_router.proxy.grpc import outbound
+
+    engine = _engine()
+    fields = ("id", "owner", "conn", "window", "pending", "unacked", "closing", "ended", "expected", "got")
+    conn, owner = SimpleNamespace(peer_window=4321), object()
+    compiled, reference = engine.Stream(7, owner, conn), outbound.PyStream(7, owner, conn)  # type: ignore[arg-type]
+    assert [getattr(compiled, f) for f in fields] == [getattr(reference, f) for f in fields]
+    assert set(fields) == set(outbound.PyStream.__slots__)
+    for name, value in (("window", -5), ("unacked", 9), ("got", 3), ("ended", True), ("closing", 0), ("expected", 2),
+                        ("pending", []), ("owner", None)):
+        setattr(compiled, name, value)
+        assert getattr(compiled, name) == value
+    assert outbound.Stream is (engine.Stream if h2.engine_unavailable() is None else outbound.PyStream)

@@ -346,3 +346,71 @@ async def test_a_client_streaming_call_whose_replica_falls_silent_after_its_head
         await wait_for(lambda: sum(r.cancelled for r in replicas) == 1)
         assert [r.seen[0]["request"] for r in replicas if r.seen] == [b"ab"]
         assert runtime.replicas.total_inflight() == 0
+
+
+class StreamRefuser(asyncio.Protocol):
+    """A replica whose HTTP/2 connection stays open but refuses every stream (RST_STREAM REFUSED_STREAM), as a
+    server at its stream limit does; ``streams`` counts the refusals, ``connections`` the connections made."""
+
+    streams = 0
+    connections = 0
+
+    def connection_made(self, transport) -> None:
+        from rollout_router.proxy.grpc import h2
+        self.transport, self.buffer = transport, bytearray()
+        StreamRefuser.connections += 1
+        transport.write(h2.py_frame(h2.SETTINGS, 0, 0))
+
+    def data_received(self, data: bytes) -> None:
+        from rollout_router.proxy.grpc import h2
+        self.buffer += data
+        if self.buffer.startswith(h2.PREFACE):
+            del self.buffer[:len(h2.PREFACE)]
+        frames, used, _ = h2.py_split_frames(self.buffer, 1000)
+        del self.buffer[:used]
+        for kind, flags, stream_id, _payload in frames:
+            if kind == h2.SETTINGS and not flags & h2.ACK:
+                self.transport.write(h2.py_frame(h2.SETTINGS, h2.ACK, 0))
+            elif kind == h2.HEADERS:
+                StreamRefuser.streams += 1
+                self.transport.write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
+
+
+async def test_a_stream_refused_on_an_open_connection_is_retried_elsewhere(replicas):
+    """A one-message call routed and started from the read that completed it, on a connection already open, whose
+    replica refuses the stream (REFUSED_STREAM: it never saw the call): the call is retried on another replica as a
+    refused connect is, counted as a retry, and every replica is put back."""
+    server = await asyncio.get_running_loop().create_server(StreamRefuser, "127.0.0.48", 0)
+    refuser = f"127.0.0.48:{server.sockets[0].getsockname()[1]}"
+    StreamRefuser.streams = StreamRefuser.connections = 0
+    settings = RouterSettings(backends=[{"url": "http://127.0.0.48:1", "grpc": refuser},
+                                        {"url": url_of(replicas[0]), "grpc": replicas[0].target}],
+                              connect_retries=3, down_seconds=0.01, health=NO_PROBES)
+    try:
+        async with running_router(settings, grpc=True) as (_, runtime):
+            async with aio.insecure_channel(f"127.0.0.1:{runtime.grpc_port}") as channel:
+                for index in range(20):  # vLLM's HealthCheck: a one-message call, started from the read
+                    response, headers = await unary(channel, HEALTH_CHECK, b"", f"s{index}")
+                    assert headers["x-rolloutrouter-replica"] == url_of(replicas[0]) and response == HEALTHY
+                    await asyncio.sleep(0.02)  # the refuser's downSeconds over: routable again
+            retries = runtime.metrics.retries.child(runtime.metrics.backend_label("http://127.0.0.48:1")).value
+            assert StreamRefuser.streams >= 2 and StreamRefuser.connections == 1  # refused on an open connection
+            assert retries == StreamRefuser.streams
+            assert runtime.replicas.total_inflight() == 0
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_bug_starting_a_call_from_the_read_answers_internal_and_puts_the_replica_back(router, monkeypatch):
+    """A one-message call started from the read (its replica's connection open) whose attempt fails to start with a
+    bug: the client is told INTERNAL, as a bug on the call's task tells it, and the replica is put back."""
+    from rollout_router.proxy.grpc.call import Call
+
+    _, runtime, channel = router
+    await unary(channel, HEALTH_CHECK, b"", "bug")  # the replica's connection, open
+    monkeypatch.setattr(Call, "dispatch", lambda *args: 1 / 0)
+    with pytest.raises(aio.AioRpcError) as raised:
+        await unary(channel, HEALTH_CHECK, b"", "bug")
+    assert raised.value.code() is grpc.StatusCode.INTERNAL
+    assert runtime.replicas.total_inflight() == 0 and not runtime.grpc_proxy.active

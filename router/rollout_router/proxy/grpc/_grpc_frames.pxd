@@ -18,3 +18,10 @@ cdef class HeaderDecoder:
     cdef void _add(self, tuple header, Py_ssize_t size)
     cdef void _shrink(self)
     cdef void _resize(self, Py_ssize_t maxsize)
+
+
+cdef class Stream:
+    # outbound.Stream's fields (its pure-Python reference): one stream as its connection sees it
+    cdef public object id, owner, conn, pending, closing, expected
+    cdef public Py_ssize_t window, unacked, got
+    cdef public bint ended

@@ -76,16 +76,35 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 # (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
 # conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
 # stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
-# error) goes to Python. h2.py_work is the reference: the same loop with every frame given to ``on_frame``.
+# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, goes straight
+# to the connection's ``header_block`` (as conn.H2Connection.on_frame and _headers would pass it). h2.py_work is the
+# reference: the same loop with every frame given to ``on_frame``.
 cdef enum:
     DATA = 0
     WINDOW_UPDATE = 8
     END_STREAM = 0x1
+    END_HEADERS = 0x4
     PADDED = 0x8
+    PRIORITY_FLAG = 0x20
     MAX_WINDOW = 0x7FFFFFFF
 
 CONNECTION_HALF = 8 << 20  # conn.CONNECTION_WINDOW // 2: the connection's window is returned in halves of it
 cdef Py_ssize_t _CONNECTION_HALF = CONNECTION_HALF
+
+
+cdef class Stream:
+    """outbound.Stream in C (its pure-Python reference, which runs without the engine): one stream as its
+    connection sees it, its fields read and written here without the C API's attribute lookups."""
+
+    def __init__(self, stream_id, owner, conn):
+        self.id, self.owner, self.conn = stream_id, owner, conn
+        self.window = conn.peer_window
+        self.pending = None
+        self.unacked = 0
+        self.closing = None
+        self.ended = False
+        self.expected = None
+        self.got = 0
 
 
 cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char* payload, Py_ssize_t length):
@@ -106,14 +125,20 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     if flags & (END_STREAM | PADDED) or length == 0:
         return False
     cdef dict streams = conn.streams
-    stream = streams.get(stream_id)
-    if stream is None or stream.ended or stream.expected is not None:
+    found = streams.get(stream_id)
+    if type(found) is not Stream:  # unknown (or a stream of the reference's class: Python's turn)
+        return False
+    cdef Stream stream = <Stream> found
+    if stream.ended or stream.expected is not None:
         return False
     call = stream.owner
     if type(call) is not relay or call.ustream is not stream or call.upstream is not conn:
         return False
     turn = call.turn
-    client, out = call.client, call.stream
+    client, answer = call.client, call.stream
+    if type(answer) is not Stream:
+        return False
+    cdef Stream out = <Stream> answer
     if out.owner is not call or out.pending is not None or client.write_paused or client.closed:
         return False
     cdef Py_ssize_t stream_window = out.window, window = client.window
@@ -138,7 +163,7 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     cdef list pending = client.out
     if not pending:
         dirty.append(client)
-    pending.append(_framed(DATA, out.id, payload, length))
+    pending.append(_framed(DATA, <unsigned int> out.id, payload, length))
     out.window = stream_window - length
     client.window = window - length
     # call.Call.on_written: the client's connection took the bytes, so the replica may send more (consume)
@@ -166,13 +191,13 @@ cdef bint _window_update(object conn, unsigned int stream_id, const unsigned cha
             return False
         conn.window = window + increment
     else:
-        stream = (<dict> conn.streams).get(stream_id)
-        if stream is None:
+        found = (<dict> conn.streams).get(stream_id)
+        if found is None:
             return False
-        window = stream.window
+        window = found.window
         if window + increment > MAX_WINDOW:
             return False
-        stream.window = window + increment
+        found.window = window + increment
     if conn.blocked:
         conn.drain()
     return True
@@ -186,7 +211,7 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
     cdef int kind, flags
     cdef unsigned int stream_id
     cdef bint more = False, dropping = False
-    on_frame = conn.on_frame
+    on_frame = None  # conn.on_frame, looked up when a frame first needs it (most reads relay DATA alone)
     try:
         while True:
             dropping = dropping or conn.closed  # frames after one that closed it are consumed, not handled
@@ -201,7 +226,7 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             if length > FRAME_SIZE:
                 offset = size
                 if not dropping:
-                    on_frame(-1, 0, 0, b"")
+                    conn.on_frame(-1, 0, 0, b"")
                 break
             end = offset + 9 + length
             if end > size:
@@ -220,6 +245,12 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             elif kind == WINDOW_UPDATE and length == 4 and conn.continuing is None:
                 if _window_update(conn, stream_id, data + 9):
                     continue
+            elif kind == HEADERS and stream_id and flags & END_HEADERS and not flags & (PADDED | PRIORITY_FLAG) \
+                    and conn.continuing is None:  # a whole header block: conn.H2Connection._headers' plain case
+                conn.header_block(stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+                continue
+            if on_frame is None:
+                on_frame = conn.on_frame
             on_frame(kind, flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
     finally:
         del buffer[:offset]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...health import CLOSED, TIMEOUT
@@ -45,7 +46,7 @@ _RESET_STATUS = {h2.CANCEL: h2.CANCELLED, h2.REFUSED_STREAM: h2.UNAVAILABLE}
 
 class Call:
     __slots__ = ("proxy", "client", "stream", "path", "metadata", "mark", "single", "chunks", "received", "written", "acked",
-                 "held", "retained", "request_ended", "upstream", "ustream", "done", "answered", "first", "code",
+                 "held", "retained", "request_ended", "upstream", "ustream", "ended", "answered", "first", "code",
                  "finished", "failure", "name", "forwarded", "waiting_since", "started_at", "message_left", "prefix",
                  "client_gone", "relayed", "heard", "swept", "silent", "backlog", "turn", "last", "started")
 
@@ -59,7 +60,7 @@ class Call:
         self.retained, self.request_ended = True, False
         self.upstream: UpstreamConnection | None = None
         self.ustream: Stream | None = None
-        self.done: asyncio.Future[str | None] | None = None
+        self.ended: Callable[[str | None], None] | None = None  # told how the attempt in progress ended, once
         self.answered = self.first = self.finished = self.forwarded = self.client_gone = self.relayed = False
         self.code: int | None = None
         self.failure: str | None = None  # why the replica failed before answering (passive health)
@@ -120,6 +121,11 @@ class Call:
     def _scan(self, data: bytes) -> str | None:
         """Follow the request's length-prefixed messages; an error naming the limit when one is too large."""
         index, size = 0, len(data)
+        if not self.message_left and not self.prefix and size >= 5 and int.from_bytes(data[1:5], "big") == size - 5:
+            index = size  # one whole message (a vLLM request, most often): the loop below would end as it began
+            limit = self.proxy.context.settings.max_body_bytes
+            if size - 5 > limit:
+                return f"request message of {size - 5} bytes exceeds maxBodyBytes={limit}"
         while index < size:
             if self.message_left:
                 step = min(self.message_left, size - index)
@@ -194,9 +200,7 @@ class Call:
     async def attempt(self, target: str, name: str, forwarded: bool, extra: tuple[h2.Header, ...] = ()) -> str | None:
         """Send the call to ``target``; REFUSED when it never saw it, else None (``code``, ``failure`` say how
         it ended). Raises OSError or TimeoutError when no connection could be made."""
-        self.name, self.forwarded = name, forwarded
-        self.answered = self.first = self.relayed = False
-        self.code, self.failure, self.written, self.waiting_since = None, None, 0, None
+        self.prepare(name, forwarded)
         conn = await self.proxy.upstreams.get(target)
         if conn.closed:  # closed while we waited for it: once more, on a fresh one
             conn = await self.proxy.upstreams.get(target)
@@ -204,21 +208,36 @@ class Call:
             return None
         if conn.closed:
             return REFUSED
-        self.upstream = conn
-        chunks, ended = self.chunks, self.request_ended
+        done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        resolve = done.set_result
+        self.dispatch(conn, target, extra, resolve)
+        try:
+            return await done
+        finally:
+            if self.ended is resolve:  # (the task was cancelled: nothing waits for the end any more)
+                self.ended = None
+            self.proxy.active.discard(self)
+
+    def prepare(self, name: str, forwarded: bool) -> None:
+        """A new attempt on ``name`` (a replica, or an owner router when ``forwarded``)."""
+        self.name, self.forwarded = name, forwarded
+        self.answered = self.first = self.relayed = False
+        self.code, self.failure, self.written, self.waiting_since = None, None, 0, None
+
+    def dispatch(self, conn: UpstreamConnection, target: str, extra: tuple[h2.Header, ...],
+                 ended: Callable[[str | None], None]) -> None:
+        """Open the attempt's stream on ``conn`` (open) and send the request held so far; ``ended`` is told how the
+        attempt ended (REFUSED or None), once (``attempt`` awaits it; ``GrpcProxy`` records it there)."""
+        self.upstream, self.ended = conn, ended
+        self.proxy.active.add(self)
+        chunks, ended_request = self.chunks, self.request_ended
         head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", self.path), (b":authority", target.encode()),
                 (b"te", b"trailers"), *self.metadata, *extra]
-        self.ustream = stream = conn.open(self, head, ended and not chunks)
+        self.ustream = stream = conn.open(self, head, ended_request and not chunks)
         for index, chunk in enumerate(chunks):
-            conn.send_data(stream, chunk, ended and index == len(chunks) - 1)
-        if ended:
+            conn.send_data(stream, chunk, ended_request and index == len(chunks) - 1)
+        if ended_request:
             self.waiting_since = self.proxy.now
-        self.done = asyncio.get_running_loop().create_future()
-        self.proxy.active.add(self)
-        try:
-            return await self.done
-        finally:
-            self.proxy.active.discard(self)
 
     def accepted(self) -> bool:
         """The replica's answer rejects nothing: a message came, the call succeeded, or the client left first."""
@@ -321,8 +340,11 @@ class Call:
         self.proxy.calls.discard(self)
 
     def _resolve(self, outcome: str | None) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_result(outcome)
+        ended = self.ended
+        if ended is not None:
+            self.ended = None
+            self.proxy.active.discard(self)
+            ended(outcome)
 
     def _unretain(self) -> None:
         """No retry any more: forget the kept request bytes (counted until written)."""

@@ -30,7 +30,7 @@ import hpack
 from . import guard as budgets
 from . import h2
 from .call import Call
-from .guard import Guard
+from .guard import FRAMES_PER_TURN, Guard
 from .outbound import DIRTY, READING, H2Output, Stream
 
 log = logging.getLogger(__name__)
@@ -82,14 +82,22 @@ class H2Connection(H2Output):
         self.drain()
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        self._work()
+        """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
+        ``head_work``) at once (``h2.read``); with more waiting, stop reading and go on next turn (one connection's
+        burst cannot hold the event loop): ``_yield``."""
+        buffer = self._buffer
+        buffer += data
+        more = h2.read(self, buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call)
+        if more or self._yielding:
+            self._yield(more)
 
     def _work(self) -> None:
-        """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
-        ``head_work``); with more waiting, stop reading and go on next turn (one connection's burst cannot hold the
-        event loop)."""
-        more = h2.read(self, self._buffer, budgets.FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call)
+        """The frames left from an earlier turn (``_yield``)."""
+        self._yield(h2.read(self, self._buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call))
+
+    def _yield(self, more: bool) -> None:
+        """Frames are left for the next turn (``more``): reading paused until they are handled; or none are left any
+        more, and reading resumes."""
         if more != self._yielding and self.transport is not None:
             self._yielding = more
             (self.transport.pause_reading if more else self.transport.resume_reading)()
@@ -161,7 +169,7 @@ class H2Connection(H2Output):
                 flags |= _SELF_DEPENDENT
             block = block[5:]
         if flags & h2.END_HEADERS:
-            self._decoded(stream_id, flags, block)
+            self.header_block(stream_id, flags, block)
         elif not self.guard.empty_ok(not block):
             self.calm("h2_empty_frames", "empty frames that end nothing, one after another")
         else:
@@ -178,9 +186,12 @@ class H2Connection(H2Output):
             return self.fail(h2.ENHANCE_YOUR_CALM, f"a header block exceeded {MAX_HEAD} bytes", stream_id)
         if flags & h2.END_HEADERS:
             self.continuing = None
-            self._decoded(stream_id, first_flags, bytes(block))  # END_STREAM is on the HEADERS frame
+            self.header_block(stream_id, first_flags, bytes(block))  # END_STREAM is on the HEADERS frame
 
-    def _decoded(self, stream_id: int, flags: int, block: bytes) -> None:
+    def header_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        """A whole header block of ``stream_id`` (its HEADERS frame's ``flags``), decoded and handed on. The frame
+        engine calls it for a HEADERS frame that is the whole block, unpadded, with no priority, on a stream,
+        while no block is being continued (what ``on_frame`` and ``_headers`` would hand it unchanged)."""
         try:
             headers, size = self._decoder.decode(block)
         except (hpack.HPACKError, IndexError, ValueError) as error:

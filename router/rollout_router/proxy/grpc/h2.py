@@ -188,7 +188,9 @@ def py_work(conn: _Reader, buffer: bytearray, limit: int, head_work: int, dirty:
 
     The reference of ``_grpc_frames.work`` (``work`` is whichever runs), which handles a replica stream's DATA
     relayed to its client stream (``relay``, the call class, owning both; ``dirty``, the connections written at
-    the read's end) and WINDOW_UPDATE frames itself, exactly as ``on_frame`` would, and gives ``on_frame`` the rest."""
+    the read's end) and WINDOW_UPDATE frames itself, exactly as ``on_frame`` would, hands a HEADERS frame that is a
+    whole plain header block to ``conn.header_block`` (where ``on_frame`` would pass it) and gives ``on_frame`` the
+    rest."""
     frames, used, more = py_split_frames(buffer, limit, head_work)
     del buffer[:used]
     for kind, flags, stream_id, payload in frames:
@@ -249,5 +251,7 @@ _compiled = _engine() if engine_unavailable() is None else None
 frame, split_frames, work, read, encode = (
     (_compiled.frame, _compiled.split_frames, _compiled.work, _compiled.read, _compiled.encode) if _compiled is not None
     else (py_frame, py_split_frames, py_work, py_read, py_encode))
+# A stream's fields in C (outbound.Stream names it where the engine runs), None where the reference runs
+engine_stream = _compiled.Stream if _compiled is not None else None
 # A peer's header blocks: decoded in C (``_grpc_frames.HeaderDecoder``), or by hpack behind the memo of blocks.py
 header_decoder = _compiled.HeaderDecoder if _compiled is not None else BlockDecoder

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import h2
 
@@ -34,7 +34,8 @@ class Owner(Protocol):
 
 
 class Stream:
-    """One stream as its connection sees it: the peer's window and what waits for it."""
+    """One stream as its connection sees it: the peer's window and what waits for it. The reference of
+    ``_grpc_frames.Stream`` (the same fields in C), which is what ``Stream`` names where the frame engine runs."""
 
     __slots__ = ("id", "owner", "conn", "window", "pending", "unacked", "closing", "ended", "expected", "got")
 
@@ -49,6 +50,11 @@ class Stream:
         self.got = 0  # DATA bytes from the peer
 
 
+PyStream = Stream  # the reference, under a name of its own (tests compare the two)
+if not TYPE_CHECKING and h2.engine_stream is not None:
+    Stream = h2.engine_stream  # the same fields in C, where the frame engine runs: it reads them without lookups
+
+
 def flush_dirty() -> None:
     """Write what was emitted, one write per connection (``h2.read`` does this at a read's end itself)."""
     _reading[0] = False
@@ -61,7 +67,7 @@ class H2Output(asyncio.Protocol):
 
     ``out`` (the bytes a read wrote, not flushed yet), ``blocked`` (streams waiting for a window) and ``drain`` are
     public: the frame engine (``_grpc_frames.pyx``) reads and calls them, with ``streams``, ``window`` and
-    ``emit``, and ``H2Connection``'s ``on_frame``, ``unacked`` and ``continuing``."""
+    ``emit``, and ``H2Connection``'s ``on_frame``, ``header_block``, ``unacked`` and ``continuing``."""
 
     track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
     stream_window = STREAM_WINDOW  # the window we announce for each stream the peer sends on
@@ -189,8 +195,9 @@ class H2Output(asyncio.Protocol):
         """``stream`` ended both ways (or the peer reset it): stop tracking it, dropping what waited."""
         if self.streams.pop(stream.id, None) is not None:
             self._remember(stream.id, False)
-        self.blocked.pop(stream.id, None)
-        self._drop_pending(stream)
+        if stream.pending is not None:  # (most streams forgotten had nothing waiting)
+            self.blocked.pop(stream.id, None)
+            self._drop_pending(stream)
         stream.owner = None
 
     def finish(self, stream: Stream, reset: bool = False) -> None:

@@ -21,28 +21,39 @@ def _field_problem(name: bytes, value: bytes) -> str | None:
     return None
 
 
-def request_problem(headers: list[h2.Header]) -> str | None:
-    """Why a request head is malformed, or None."""
+def request_head(headers: list[h2.Header]) -> tuple[str | None, bytes, bytes, int | None]:
+    """A request head read in one pass: why it is malformed (or None), its :method, its :path and its declared
+    content-length (-1 when it is not a number; None without one)."""
     seen: dict[bytes, int] = {}
     regular = False
+    method = path = b""
+    length: int | None = None
     for name, value in headers:
         if name[:1] == b":":
             if regular:
-                return "a pseudo-header field after a regular one"
+                return "a pseudo-header field after a regular one", method, path, length
             if name not in REQUEST_PSEUDO:
-                return f"the pseudo-header field {name.decode('latin-1')} in a request"
+                return f"the pseudo-header field {name.decode('latin-1')} in a request", method, path, length
             seen[name] = seen.get(name, 0) + 1
-            if name == b":path" and not value:
-                return "an empty :path"
+            if name == b":path":
+                if not value:
+                    return "an empty :path", method, path, length
+                path = value
+            elif name == b":method":
+                method = value
             continue
         regular = True
-        problem = _field_problem(name, value)
-        if problem is not None:
-            return problem
+        if name == b"content-length":
+            if length is None:
+                length = int(value) if value.isdigit() else -1
+        elif name in CONNECTION_FIELDS or name == b"te" or name != name.lower():
+            problem = _field_problem(name, value)
+            if problem is not None:
+                return problem, method, path, length
     for name in (b":method", b":scheme", b":path"):
         if seen.get(name, 0) != 1:
-            return f"{'no' if name not in seen else 'more than one'} {name.decode()}"
-    return None
+            return f"{'no' if name not in seen else 'more than one'} {name.decode()}", method, path, length
+    return None, method, path, length
 
 
 def trailers_problem(headers: list[h2.Header], end: bool) -> str | None:
@@ -55,12 +66,4 @@ def trailers_problem(headers: list[h2.Header], end: bool) -> str | None:
         problem = _field_problem(name, value)
         if problem is not None:
             return problem
-    return None
-
-
-def content_length(headers: list[h2.Header]) -> int | None:
-    """The declared content-length (-1 when it is not a number), or None."""
-    for name, value in headers:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else -1
     return None

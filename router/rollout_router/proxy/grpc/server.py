@@ -86,10 +86,11 @@ class ClientConnection(H2Connection):
         if len(self.streams) >= self.max_streams:
             self.proxy.refused("connection_stream_limit")
             return self._stream_error(stream_id, h2.REFUSED_STREAM)  # SETTINGS_MAX_CONCURRENT_STREAMS said so
-        if rules.request_problem(headers) is not None:
+        problem, method, path, length = rules.request_head(headers)
+        if problem is not None:
             return self._stream_error(stream_id, h2.PROTOCOL_ERROR)  # a malformed request (RFC 9113 8.1.1)
         stream = Stream(stream_id, None, self)
-        stream.ended, stream.expected = end, rules.content_length(headers)
+        stream.ended, stream.expected = end, length
         self.streams[stream_id] = stream
         self._idle_at = None
         if self.refused:
@@ -99,10 +100,9 @@ class ClientConnection(H2Connection):
                         request_ended=end)
             self.go_away()
             return
-        method = next((value for name, value in headers if name == b":method"), b"")
         if method != b"POST":
             return self.not_grpc(stream, method)
-        self.proxy.open_call(self, stream, headers, end)
+        self.proxy.open_call(self, stream, headers, path, end)
 
     def not_grpc(self, stream: Stream, method: bytes) -> None:
         """Not a gRPC call (a browser, curl): HTTP 405 saying what this port takes; the stream stays half-closed

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 
 from ...fleet.rlstate import Paused
 from ...health import TIMEOUT
 from ...policy import NoReplicaError
-from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short
+from ...settings import SessionSettings
+from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short, route
 from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
-from ..outcome import Routing, answered
+from ..outcome import Routing, answered, put_back
+from ..outcome import refused as given_back
 from ..owner import FORWARD_SLACK_SECONDS, HOP
 from ..session_key import KeyNames, header_key
 from . import h2
@@ -30,6 +33,7 @@ REPLICA_METADATA = "x-rolloutrouter-replica"
 # gRPC statuses that say the server failed, as the HTTP 5xx they map to (UNKNOWN, INTERNAL, DATA_LOSS 500,
 # UNAVAILABLE 503), for health.consecutive5xx; DEADLINE_EXCEEDED is left out: the client's deadline ran out
 SERVER_ERROR_CODES = {2: 500, 13: 500, 14: 503, 15: 500}
+_NOT_RELAYED = frozenset({b"te", b"connection", b"host"})  # the request head's fields the replica's head rebuilds
 
 
 def unary_request_methods() -> frozenset[bytes]:
@@ -41,6 +45,27 @@ def unary_request_methods() -> frozenset[bytes]:
     return frozenset(f"/{service.full_name}/{method.name}".encode()
                      for service in vllm_engine_pb2.DESCRIPTOR.services_by_name.values()
                      for method in service.methods if not method.client_streaming)
+
+
+def _find(pairs: tuple[tuple[str, bytes], ...], metadata: list[h2.Header], session: SessionSettings,
+          kind: str) -> str | None:
+    """The ``kind`` key from the first of the headers ``pairs`` names (as written, lower-case) in ``metadata``."""
+    for header, lower in pairs:
+        for name, value in metadata:
+            if name == lower and value:
+                return header_key(header, value, session, kind)
+    return None
+
+
+class Handed:
+    """A call ``GrpcProxy._here`` routed and hands to a task: its keys, its routing, and the refusal of the attempt
+    it made there, if any (``attempts.forward`` records it as the first attempt's)."""
+
+    __slots__ = ("key", "group", "routing", "refusal")
+
+    def __init__(self, key: str | None, group: str | None, routing: Routing) -> None:
+        self.key, self.group, self.routing = key, group, routing
+        self.refusal: Refused | None = None
 
 
 class GrpcProxy(Listener):
@@ -103,19 +128,18 @@ class GrpcProxy(Listener):
             self.upstreams.retire(target)
 
     # a new call
-    def open_call(self, client: ClientConnection, stream, headers: list[h2.Header], end: bool) -> None:
-        path, method, metadata, mark = b"", b"", [], None
-        for name, value in headers:
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value
-                elif name == b":method":
-                    method = value
-            elif name == HOP:  # read, never relayed: a forward carries this router's own (as over HTTP)
-                mark = value if mark is None else mark
-            elif name not in (b"te", b"connection", b"host"):
-                metadata.append((name, value))
-        if method != b"POST" or not path.startswith(b"/"):
+    def open_call(self, client: ClientConnection, stream, headers: list[h2.Header], path: bytes, end: bool) -> None:
+        """A new call: ``headers``, its request head (well-formed, a POST: ``ClientConnection.headers_frame``)."""
+        metadata, mark = [], None
+        for field in headers:
+            name = field[0]
+            if name[:1] == b":" or name in _NOT_RELAYED:
+                continue
+            if name == HOP:  # read, never relayed: a forward carries this router's own (as over HTTP)
+                mark = field[1] if mark is None else mark
+            else:
+                metadata.append(field)
+        if not path.startswith(b"/"):
             return client.answer(stream, h2.UNIMPLEMENTED, "gRPC calls are POST requests to /service/method",
                                  request_ended=end)
         limit = self.context.settings.max_grpc_streams
@@ -135,15 +159,72 @@ class GrpcProxy(Listener):
             call.on_data(stream, b"", True)
 
     def begin(self, call: Call) -> None:
-        """Route ``call`` on a task of its own. A one-message call (vLLM's methods) starts once its message is
+        """Route ``call`` and start its attempt. A one-message call (vLLM's methods) starts once its message is
         whole (``Call.on_data``): a stream opened and reset before that (rapid reset, CVE-2023-44487) costs a
-        parsed head, never a routing decision, a task or a replica stream."""
+        parsed head, never a routing decision, a task or a replica stream. Such a call, its request whole, most
+        often starts from the read that completed it (``_here``); the rest, a call whose client may still send
+        (client streaming: its request's later frames, a malformed trailer block among them, are read before it
+        is routed, as they always were) and a call whose first attempt was refused, on a task of their own
+        (``_serve``)."""
         call.started = True
-        asyncio.get_running_loop().create_task(self._serve(call))
+        if not (call.single and self._here(call)):
+            asyncio.get_running_loop().create_task(self._serve(call))
 
-    async def _serve(self, call: Call) -> None:
+    def _here(self, call: Call) -> bool:
+        """Route ``call`` and open its attempt's stream now, its end recorded when the replica ends it
+        (``_ended``), when nothing needs a wait: no RL pause, and with a fleet, a key this router decides with no
+        hop or pin fetch first (``Fleet.decided_here``). False leaves the call to ``_serve``: a refusal (its keys,
+        no replica) or any of those. Routed but with no open connection to the replica, it goes to ``_serve``
+        with its routing (``attempts.forward``'s ``first``), as the HTTP listener's fast path hands a request
+        over."""
+        context = self.context
+        if context.rl.paused:
+            return False
         try:
-            await self._route(call)
+            key, group = self._keys(call.metadata)
+            fleet = context.fleet
+            if fleet is not None and key is not None and not fleet.decided_here(key, fleet.hopped(call.mark)):
+                return False
+            routing = route(context, key, None, True, group)
+        except Exception:  # noqa: BLE001  # an INVALID_ARGUMENT, no replica or a bug: ``_serve`` meets it again
+            return False
+        replica = routing.replica
+        target = replica.grpc_target
+        assert target is not None  # routed with grpc=True
+        conn = self.upstreams.ready(target)
+        if conn is None:  # a connection to wait for
+            asyncio.get_running_loop().create_task(self._serve(call, Handed(key, group, routing)))
+            return True
+        try:
+            self._begin(call, routing)
+            call.prepare(replica.id, False)
+            call.dispatch(conn, target, (), functools.partial(self._ended, call, Handed(key, group, routing)))
+        except Exception:  # as ``_serve`` answers a bug; the replica goes back as ``attempts.forward`` puts it
+            log.exception("unexpected error on gRPC call %s", call.path.decode("latin-1"))
+            call.ended = None  # (nothing records this attempt's end: it is over)
+            self.active.discard(call)
+            put_back(context.replicas, routing)
+            call.answer(h2.INTERNAL, "internal router error; see the router's log")
+        return True
+
+    def _ended(self, call: Call, handed: Handed, outcome: str | None) -> None:
+        """The end of an attempt ``_here`` started: recorded, the replica put back; refused (the replica never saw
+        the call), it is retried on a task as ``attempts.forward`` retries, the refusal recorded there."""
+        routing = handed.routing
+        if outcome == REFUSED:
+            handed.refusal = Refused(f"{routing.replica.id} closed the connection before answering")
+            asyncio.get_running_loop().create_task(self._serve(call, handed))
+            return
+        try:
+            self._record(call, routing)
+        except Exception:  # a bug in recording must not break the connection's read: the call has its answer
+            log.exception("unexpected error recording gRPC call %s", call.path.decode("latin-1"))
+        finally:
+            put_back(self.context.replicas, routing)
+
+    async def _serve(self, call: Call, handed: Handed | None = None) -> None:
+        try:
+            await self._route(call, handed)
         except Exception:
             log.exception("unexpected error on gRPC call %s", call.path.decode("latin-1"))
             call.answer(h2.INTERNAL, "internal router error; see the router's log")
@@ -152,23 +233,32 @@ class GrpcProxy(Listener):
                 call.answer(h2.INTERNAL, "the router ended the call without an answer")
             flush_dirty()
 
-    async def _route(self, call: Call) -> None:
-        try:
-            key, group = self._keys(call.metadata)
-        except RouterError as error:
-            return call.refuse(h2.INVALID_ARGUMENT, error.message, error.reason)
-        fleet = self.context.fleet
-        if fleet is not None and key is not None and await fleet.via_owner(
-                key, fleet.hopped(call.mark), lambda member: to_owner(call, fleet, member)):
-            return
+    async def _route(self, call: Call, handed: Handed | None) -> None:
+        if handed is not None:  # routed by ``_here``: its first attempt refused, or waiting for a connection
+            key, group, first = handed.key, handed.group, handed.routing
+        else:
+            try:
+                key, group = self._keys(call.metadata)
+            except RouterError as error:
+                return call.refuse(h2.INVALID_ARGUMENT, error.message, error.reason)
+            fleet = self.context.fleet
+            if fleet is not None and key is not None and await fleet.via_owner(
+                    key, fleet.hopped(call.mark), lambda member: to_owner(call, fleet, member)):
+                return
+            first = None
         if call.finished:
+            if first is not None:  # the client left before the attempt began: the decision and the replica go back
+                given_back(self.context, first, down=False)
             return
 
         async def send(routing: Routing) -> None:
+            if handed is not None and handed.refusal is not None:  # ``_here``'s attempt, refused
+                refusal, handed.refusal = handed.refusal, None
+                raise refusal
             await self._attempt(call, routing)
 
         try:
-            await forward(self.context, key, send, grpc=True, group=group)
+            await forward(self.context, key, send, grpc=True, group=group, first=first)
         except NoReplicaError:
             self.refused("no_replica")
             call.answer(h2.UNAVAILABLE, self.context.replicas.unavailable(grpc=True))
@@ -182,14 +272,30 @@ class GrpcProxy(Listener):
             self.refused(paused.reason)
             call.answer(h2.UNAVAILABLE, f"{paused.message} (in {paused.retry_after} s)")
 
+    @staticmethod
+    def _begin(call: Call, routing: Routing) -> None:
+        """An attempt dispatched on ``routing``: its clock and turn started, the turn measured if it should be."""
+        turn = routing.turn
+        assert turn is not None  # routed with ``route``: every turn measured
+        routing.start = time.monotonic()
+        turn.begin(routing.start)
+        call.turn, call.last = turn, LastMessage() if turn.measure and call.path == call.proxy.generate else None
+
+    def _record(self, call: Call, routing: Routing) -> None:
+        """How an attempt the replica saw ended, recorded (``outcome.answered``)."""
+        turn = routing.turn
+        if call.last is not None and call.code == h2.OK and turn is not None:
+            turn.prefill = call.last.prefill()
+        status = SERVER_ERROR_CODES.get(call.code or 0, 200) if call.answered else 0
+        answered(self.context, routing, h2.status_name(call.code), status, call.failure, call.accepted(),
+                 time.monotonic())
+
     async def _attempt(self, call: Call, routing: Routing) -> None:
         """One attempt on the routed replica, its end recorded (``outcome.answered``). Raises ``Refused`` to retry
         elsewhere."""
-        replica, turn = routing.replica, routing.turn
-        assert replica.grpc_target is not None and turn is not None  # routed with grpc=True, every turn measured
-        routing.start = time.monotonic()
-        turn.begin(routing.start)
-        call.turn, call.last = turn, LastMessage() if turn.measure and call.path == self.generate else None
+        replica = routing.replica
+        assert replica.grpc_target is not None  # routed with grpc=True
+        self._begin(call, routing)
         try:
             outcome = await call.attempt(replica.grpc_target, replica.id, False)
         except TimeoutError:  # before OSError, its base class
@@ -198,26 +304,16 @@ class GrpcProxy(Listener):
             raise refused_or_short(error, str(error)) from None
         if outcome == REFUSED:
             raise Refused(f"{replica.id} closed the connection before answering")
-        if call.last is not None and call.code == h2.OK:
-            turn.prefill = call.last.prefill()
-        status = SERVER_ERROR_CODES.get(call.code or 0, 200) if call.answered else 0
-        answered(self.context, routing, h2.status_name(call.code), status, call.failure, call.accepted(),
-                 time.monotonic())
+        self._record(call, routing)
 
     def _keys(self, metadata: list[h2.Header]) -> tuple[str | None, str | None]:
         """The session key and the GRPO group key from the metadata their headers name (gRPC has no JSON
         body). The names are looked up once for both (``KeyNames`` recomputes only when the settings change)."""
         settings, names = self.context.settings, self._key_names
         names.of(settings.session, settings.group)  # the pairs up to date with the settings
-
-        def find(pairs: tuple[tuple[str, bytes], ...], kind: str) -> str | None:
-            for header, lower in pairs:
-                for name, value in metadata:
-                    if name == lower and value:
-                        return header_key(header, value, settings.session, kind)
-            return None
-
-        return find(names.session_pairs, "session"), find(names.group_pairs, "group")
+        group = names.group_pairs
+        return (_find(names.session_pairs, metadata, settings.session, "session"),
+                _find(group, metadata, settings.session, "group") if group else None)
 
     # the sweep
     def tick(self, elapsed: float) -> None:

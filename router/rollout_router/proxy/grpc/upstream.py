@@ -99,11 +99,18 @@ class Upstreams:
         self._conns: dict[str, list[UpstreamConnection]] = {}
         self._connecting: dict[str, asyncio.Future[UpstreamConnection]] = {}
 
-    async def get(self, target: str) -> UpstreamConnection:
-        """A usable connection to ``target``; OSError when it refuses, TimeoutError when it does not answer."""
+    def ready(self, target: str) -> UpstreamConnection | None:
+        """A usable connection to ``target`` open now, or None."""
         for conn in self._conns.get(target, ()):
             if conn.usable():
                 return conn
+        return None
+
+    async def get(self, target: str) -> UpstreamConnection:
+        """A usable connection to ``target``; OSError when it refuses, TimeoutError when it does not answer."""
+        conn = self.ready(target)
+        if conn is not None:
+            return conn
         pending = self._connecting.get(target)
         if pending is None:
             pending = self._connecting[target] = asyncio.ensure_future(self._connect(target))
