@@ -104,7 +104,7 @@ def test_a_build_older_than_its_sources_is_not_run(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     why, where, lane = done.stdout.splitlines()
-    assert "other sources" in why and where == str(copy / "core" / "pins.py")
+    assert "older than its sources" in why and where == str(copy / "core" / "pins.py")
     assert "core runs its Python source" in lane
 
 

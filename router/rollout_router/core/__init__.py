@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from .sources import FOLDER, source_hash
+from .sources import FOLDER, source_hash, why_stale
 
 ENV = "ROLLOUT_ROUTER_CORE"  # "python": run the Python source even where the modules are compiled
 
@@ -39,16 +39,11 @@ def _why_python() -> str | None:
     """Why core runs its Python source here (None: compiled)."""
     if os.environ.get(ENV) == "python":
         return f"{ENV}=python"
-    built = _record()
-    if built is None:
-        return "not compiled (installing needs Cython and a C compiler)"
     try:
-        stale = source_hash() != built.SOURCE_HASH
+        current: str | None = source_hash()
     except OSError:  # an install that ships the compiled modules without all their sources: nothing to compare
-        stale = False
-    if stale:
-        return "compiled from other sources than those beside it (run `make native`, or reinstall)"
-    return None
+        current = None
+    return why_stale(_record(), current, "the compiled core")
 
 
 WHY_PYTHON = _why_python()

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Protocol
 from urllib.parse import quote
 
+from ...core.sources import why_stale
 from .blocks import BlockDecoder
 from .frame_sources import source_hash
 
@@ -238,13 +239,7 @@ def engine_unavailable() -> str | None:
     those beside it, or turned off (``ROLLOUT_ROUTER_GRPC_FRAMES=python``, how the tests run the reference)."""
     if os.environ.get("ROLLOUT_ROUTER_GRPC_FRAMES") == "python":
         return "ROLLOUT_ROUTER_GRPC_FRAMES=python"
-    engine = _engine()
-    if engine is None:
-        return "the compiled gRPC frame engine is not built (installing needs Cython and a C compiler)"
-    current = source_hash()
-    if current is not None and current != engine.SOURCE_HASH:
-        return "the compiled gRPC frame engine is older than its sources (run `make native`, or reinstall)"
-    return None
+    return why_stale(_engine(), source_hash(), "the compiled gRPC frame engine")
 
 
 _compiled = _engine() if engine_unavailable() is None else None

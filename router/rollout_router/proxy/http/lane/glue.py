@@ -18,6 +18,7 @@ import time
 from typing import Any, cast
 
 from .... import core
+from ....core.sources import why_stale
 from ....policy.affinity import AffinityPolicy
 from ...attempts import Refused, measured
 from ...outcome import Routing, answered, refused
@@ -60,11 +61,8 @@ def unavailable() -> str | None:
     (read once: a process runs the module it imported)."""
     if not core.COMPILED:
         return f"the router's core runs its Python source ({core.WHY_PYTHON}), which the native HTTP lane cannot call"
-    if _lane is None:
-        return "the native HTTP lane is not built (installing needs Cython and a C compiler)"
-    if (FOLDER / "_lane.pyx").exists() and source_hash() != _lane.SOURCE_HASH:  # a checkout, edited since the build
-        return "the native HTTP lane is older than its sources (run `make native`, or reinstall)"
-    return None
+    current = source_hash() if (FOLDER / "_lane.pyx").exists() else None  # a checkout: its sources beside it
+    return why_stale(_lane, current, "the native HTTP lane")
 
 
 def sampled(started: float) -> Turn:
