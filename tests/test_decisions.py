@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout_router.core.tallies import HistogramChild
 from rollout_router.proxy import decisions
 from rollout_router.proxy.attempts import route
 from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
@@ -255,6 +256,12 @@ async def test_a_decision_answered_too_late_ends_its_lease_and_leaves_the_pin_th
         await replica.stop()
 
 
+
+def quiet_metrics() -> object:
+    """A stand-in for the router's ``Metrics`` that records nothing: what an answer's record calls."""
+    margin = type("MarginMeter", (), {"kept_first_byte": HistogramChild((1.0,))})()
+    return type("Metrics", (), {"observe": lambda *a: None, "turn": lambda *a: None, "margin": margin})()
+
 def test_an_abandoned_decision_is_counted_as_such():
     """It stays in the decision counters (the relayed request is decided again), so the overcount is counted."""
     fleet = type("Fleet", (), {"abandoned": 0})()
@@ -325,7 +332,7 @@ async def test_a_delegated_request_whose_client_left_is_answered_here_and_counte
     entry.gone = True
     answered = []
     entry.answered = answered.append  # type: ignore[attr-defined]
-    entry.context.metrics = type("Metrics", (), {"observe": lambda *a: None, "turn": lambda *a: None})()
+    entry.context.metrics = quiet_metrics()
     delegated = Delegated(entry, entry, "request")  # type: ignore[arg-type]
     delegated.end = entry  # type: ignore[assignment]
     delegated.decided(6, ("http://127.0.0.1:9", Turn("kept", None, False)))
@@ -354,7 +361,7 @@ def lane_asked(entry: Entry, client: LaneClient) -> LaneAsked:
 
 async def test_a_lane_request_a_sibling_routes_is_sent_by_the_lane_and_its_end_told_to_the_owner():
     entry, client = Entry(), LaneClient()
-    entry.context.metrics = type("Metrics", (), {"observe": lambda *a: None, "turn": lambda *a: None})()
+    entry.context.metrics = quiet_metrics()
     asked = lane_asked(entry, client)
     asked.decided(7, ("http://127.0.0.1:9", Turn("kept", None, False)))
     assert client.sent == [("pool of http://127.0.0.1:9", False, asked)] and entry.told == []
@@ -380,7 +387,7 @@ async def test_a_lane_request_a_sibling_decided_whose_replica_refuses_tells_the_
 
 async def test_a_lane_request_a_sibling_decided_whose_client_left_is_answered_here_and_counted_delegated():
     entry, client = Entry(), LaneClient(gone=True)
-    entry.context.metrics = type("Metrics", (), {"observe": lambda *a: None, "turn": lambda *a: None})()
+    entry.context.metrics = quiet_metrics()
     lane_asked(entry, client).decided(10, ("http://127.0.0.1:9", Turn("kept", None, False)))
     assert client.sent == [] and entry.told == [(10, True, 0, None, False)]
     assert entry.context.fleet.delegated == 1 and entry.answering == 0

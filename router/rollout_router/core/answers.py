@@ -8,8 +8,8 @@ below 500.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from .ledger import Counted, put
 from .loads import LoadIndex
@@ -61,3 +61,13 @@ def answered_ok(routing: Held, live: Mapping[str, object], series: Mapping[tuple
     spread.observe(now - routing.start)
     put(replica, http, grpc)
     return True
+
+
+def turn_recorded(record: Callable[[Any], None], kept_first_byte: HistogramChild, turn: object, start: float,
+                  first_at: float) -> None:
+    """An accepted request's turn recorded (``record``: ``Metrics.turn``), or for a kept turn with no ``Turn``
+    (the lane measures a sampled share of them), its first byte alone (``first_at``; 0: none came)."""
+    if turn is not None:
+        record(turn)
+    elif first_at:
+        kept_first_byte.observe(first_at - start)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..core.answers import answered_ok
+from ..core.answers import answered_ok, turn_recorded
 from ..core.routing import Routing
 
 if TYPE_CHECKING:
@@ -72,11 +72,9 @@ def recorded(metrics: Metrics, replica: str, turn: Turn | None, code: int | str 
 
 
 def _turn(metrics: Metrics, turn: Turn | None, start: float, first_at: float) -> None:
-    """An accepted turn's outcome, or a kept turn's first byte alone when it has no ``Turn``."""
-    if turn is not None:
-        metrics.turn(turn)
-    elif first_at:
-        metrics.margin.kept_first_byte.observe(first_at - start)
+    """An accepted turn's outcome, or a kept turn's first byte alone when it has no ``Turn``
+    (``core.answers.turn_recorded``, which the lane's sticky hit calls in C)."""
+    turn_recorded(metrics.turn, metrics.margin.kept_first_byte, turn, start, first_at)
 
 
 def refused(context: RouterContext, routing: Routing, failure: str | None = None, down: bool = True) -> None:

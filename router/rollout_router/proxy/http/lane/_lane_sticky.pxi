@@ -12,7 +12,7 @@
 # tests/test_lane_sticky.py routes the same requests both ways and compares what a user sees.
 
 from rollout_router.core.kept cimport kept
-from rollout_router.core.answers cimport answered_ok
+from rollout_router.core.answers cimport answered_ok, turn_recorded
 from rollout_router.core.counters cimport DecisionCounts
 from rollout_router.core.ledger cimport take
 from rollout_router.core.loads cimport LoadIndex
@@ -24,7 +24,7 @@ from rollout_router.core.tallies cimport HistogramChild, Sampler
 cdef class Sticky:
     """The sticky hit's state: the router's long-lived objects, read once (``LaneGlue`` builds it)."""
 
-    cdef object context, rl, balancer, metrics, clock, sampled, policy_type, pool_of
+    cdef object context, rl, balancer, clock, sampled, policy_type, pool_of, record_turn
     cdef dict live, paths, pools, series
     cdef object down                     # ``ReplicaSet.marked_down`` (a dict: empty, or it declines)
     cdef LoadIndex http, grpc
@@ -42,7 +42,8 @@ cdef class Sticky:
     def __init__(self, glue, tuple parts):
         context = glue.context
         replicas = context.replicas
-        self.context, self.rl, self.balancer, self.metrics = context, context.rl, context.balancer, context.metrics
+        self.context, self.rl, self.balancer = context, context.rl, context.balancer
+        self.record_turn = context.metrics.turn  # ``Metrics.turn``, bound once
         self.live, self.down = replicas.members, replicas.marked_down
         self.http, self.grpc = replicas.indexes
         self.series = context.metrics.series
@@ -112,12 +113,10 @@ cdef class Sticky:
         routing = <Routing>token
         if not answered_ok(routing, self.live, self.series, code, now, self.http, self.grpc):
             return False  # put back already, its replica not live or counted, or its series not looked up yet
-        turn = routing.turn  # ``outcome._turn``, the turn's end read by its own methods first
+        turn = routing.turn  # the turn's end read by its own methods first, then recorded as ``outcome._turn`` does
         if turn is not None:
             turn.ended(first_at, tail, routing.replica.id)
-            self.metrics.turn(turn)
-        elif first_at:
-            self.kept_first_byte.observe(first_at - routing.start)
+        turn_recorded(self.record_turn, self.kept_first_byte, turn, routing.start, first_at)
         self.answering -= 1
         self.answers += 1
         return True
