@@ -3,6 +3,7 @@ deciding alike. (The policy, load index and tally tests run on both builds: ``ma
 ``ROLLOUT_ROUTER_CORE=python``.)"""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -14,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from rollout_router import core
-from rollout_router.core import kept, ledger, loads, pins, tallies
+from rollout_router.core import budget, sources, tallies
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPILED_MODULES = (loads, pins, kept, ledger, tallies)
+COMPILED_MODULES = tuple(importlib.import_module(f"rollout_router.core.{name}") for name in sources.COMPILED)
 
 # A seeded run of the router's hot state: sessions routed by the margin policy over a replica set whose counts
 # the ledger keeps, requests ended out of order, a replica marked down and back, a reload of the margin. What a
@@ -120,3 +121,16 @@ def test_the_sampler_measures_every_nth_kept_turn():
     sampler = tallies.Sampler()
     sampler.rate = 0.25
     assert [sampler.sample() for _ in range(8)] == [False, False, False, True] * 2
+
+
+def test_the_listeners_share_one_byte_budget_and_each_counts_its_own():
+    shared = budget.Budget()
+    http, grpc = budget.Share(shared), budget.Share(shared)
+    assert http.charge(600, 1000) and not grpc.charge(401, 1000)  # refused: nothing counted
+    assert (shared.held, http.buffered, grpc.buffered) == (600, 600, 0)
+    assert grpc.charge(400, 1000)  # up to the limit, not beyond
+    grpc.hold(50)  # held whatever the limit
+    assert (shared.held, http.buffered, grpc.buffered) == (1050, 600, 450)
+    http.release(600)
+    grpc.release(450)
+    assert (shared.held, http.buffered, grpc.buffered) == (0, 0, 0)

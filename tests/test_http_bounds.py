@@ -1,6 +1,6 @@
 """The request side's bounds where one read can hold more than a socket test can arrange: a whole head, several
 pipelined requests, thousands of chunks. ``ClientConnection`` is fed those reads directly, with the listener's
-own ``Budget`` and ``Limits``; what it dispatches, writes and holds is what the tests read."""
+own ``Share`` of a ``Budget`` and ``Limits``; what it dispatches, writes and holds is what the tests read."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +9,10 @@ import tracemalloc
 
 import pytest
 
+from rollout_router.core.budget import Budget, Share
 from rollout_router.proxy.http.connection.client import HELD_PER_REQUEST, MAX_HEAD, MAX_HEADERS, ClientConnection
 from rollout_router.proxy.http.wire.request import HttpRequest
-from rollout_router.proxy.listener import Budget, Limits
+from rollout_router.proxy.listener import Limits
 
 LIMITS = Limits(max_connections=100, max_body_bytes=32 << 20, max_buffered_bytes=256 << 20, header_timeout=30.0,
                 body_timeout=300.0, min_body_rate=1024)
@@ -38,7 +39,8 @@ class Listener:
     """The part of ``HttpListener`` a client connection uses; requests it is handed are answered by the test."""
 
     def __init__(self, limits: Limits) -> None:
-        self.now, self.budget, self.buffered, self.clients = 0.0, Budget(), 0, set()
+        self.now, self.share, self.clients = 0.0, Share(Budget()), set()
+        self.budget = self.share.budget
         self.dispatched: list[HttpRequest] = []
         self._limits = limits
 
@@ -47,8 +49,7 @@ class Listener:
     def key_names(self) -> tuple[tuple[bytes, ...], frozenset[bytes]]: return (b"x-session-id",), frozenset({b"x-session-id"})
 
     def release(self, size: int) -> None:
-        self.budget.held -= size
-        self.buffered -= size
+        self.share.release(size)
 
     def dispatch(self, client: ClientConnection, request: HttpRequest) -> None:
         self.dispatched.append(request)

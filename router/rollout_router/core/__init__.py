@@ -1,7 +1,7 @@
 """The router's hot state, one implementation each: the session table (``pins``), the load index (``loads``)
 and in-flight ledger (``ledger``), the kept-pin rule (``kept``), the decision counters (``counters``), the
 request path's tallies (``tallies``), one attempt's routing record (``routing``) and an answer below 400
-recorded (``answers``).
+recorded (``answers``), and the budget of request bytes held (``budget``).
 
 The policy, the replica set, the metrics and the native lane all call these; nothing here imports the rest of
 the router. Each module is plain Python with its declared interface beside it (a ``.pxd``). Where Cython and a

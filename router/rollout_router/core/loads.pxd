@@ -1,4 +1,6 @@
 # The load index's declared interface: the native lane's sticky hit and the ledger move replicas in C.
+cimport cython
+
 cdef class LoadIndex(dict):
     cdef dict _at, _sorted, _moved
     cdef object _min, _total, _ordered
@@ -13,4 +15,5 @@ cdef class LoadIndex(dict):
     cdef _refile(self, object replica, object old, object load)
     cdef _leave(self, object replica, object load)
 
+@cython.locals(index=LoadIndex)
 cpdef object lowest(object loads)

@@ -6,7 +6,6 @@ pin in C. The policies reach it through ``SessionPolicy.table``.
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Protocol
@@ -106,7 +105,7 @@ class SessionTable:
                 raise OverflowError("more than 2**20 distinct replica ids")
             self.replicas.append(replica)
         old = self.pins.get(key)
-        used = math.ceil(now * 1000)
+        used = ms_up(now)
         start = used // 1000
         if old is not None and old & _SLOT_MASK == slot:
             start = min(start, old >> _START_SHIFT)
@@ -168,7 +167,14 @@ def idle(packed: int, ttl: float | None, now: float) -> bool:
 
 def used_now(packed: int, now: float) -> int:
     """The pin as a sticky hit leaves it: its replica and start kept, its last use ``now`` (rounded up)."""
-    return packed & _UNUSED | math.ceil(now * 1000) << _SLOT_BITS
+    return packed & _UNUSED | ms_up(now) << _SLOT_BITS
+
+
+def ms_up(now: float) -> int:
+    """``now`` in whole milliseconds, rounded up (``math.ceil``, in C where compiled: a sticky hit asks it)."""
+    scaled = now * 1000
+    ms = int(scaled)
+    return ms + 1 if ms < scaled else ms
 
 
 def replica_slot(packed: int) -> int:

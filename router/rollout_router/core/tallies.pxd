@@ -1,4 +1,6 @@
 # The tallies' declared interface: the native lane's answer counts into them in C.
+cimport cython
+
 cdef class CounterChild:
     cdef public object value
     cdef public double created
@@ -9,6 +11,7 @@ cdef class HistogramChild:
     cdef public list counts
     cdef public double sum
     cdef public double created
+    @cython.locals(low=Py_ssize_t, high=Py_ssize_t, middle=Py_ssize_t, bound=double)
     cpdef observe(self, double value)
 
 cdef class Sampler:

@@ -6,7 +6,6 @@ time); the native lane's answer adds to them in C through their declared interfa
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 
 
 class CounterChild:
@@ -31,7 +30,18 @@ class HistogramChild:
         self.bounds, self.counts, self.sum, self.created = bounds, [0] * (len(bounds) + 1), 0.0, time.time()
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # bucket i counts values <= bounds[i]; the last is +Inf
+        """Count ``value`` in its bucket: bucket i counts values <= bounds[i], the last is +Inf (``bisect_left``,
+        written out so that compiled it runs in C: every answer observes its duration)."""
+        bounds = self.bounds
+        low, high = 0, len(bounds)
+        while low < high:
+            middle = (low + high) >> 1
+            bound = bounds[middle]
+            if bound < value:
+                low = middle + 1
+            else:
+                high = middle
+        self.counts[low] += 1
         self.sum += value
 
 

@@ -17,6 +17,7 @@ import os
 import socket
 import time
 
+from ..core.budget import Budget, Share
 from ..listening import EVERY_ADDRESS, bound_socket, dual_stack_socket
 from ..settings import RouterSettings
 from .context import RouterContext
@@ -59,15 +60,6 @@ def traffic_limits(settings: RouterSettings) -> Limits:
     return _TRAFFIC[1]
 
 
-class Budget:
-    """Request bytes held at once over the listeners sharing it (the traffic port and the gRPC port share one)."""
-
-    __slots__ = ("held",)
-
-    def __init__(self) -> None:
-        self.held = 0
-
-
 class Listener:
     """One listening socket of clients; subclasses make their protocol's connections and set ``limits``."""
 
@@ -80,8 +72,8 @@ class Listener:
         self.clients: set = set()  # ClientConnection (HTTP) or the gRPC listener's connections
         self.now = time.monotonic()  # the sweep's coarse clock
         self.swept = self.now  # that clock at the sweep before: what a connection used since then has read
-        self.budget = budget or Budget()  # bounded by ``Limits.max_buffered_bytes``
-        self.buffered = 0  # this listener's share of the budget (its metric)
+        self.share = Share(budget or Budget())  # this listener's part of the budget (bound: ``max_buffered_bytes``)
+        self.budget = self.share.budget
         self._server: asyncio.AbstractServer | None = None
         self._private: asyncio.AbstractServer | None = None  # a worker's own port, where its fleet peers reach it
         self._sweeper: asyncio.Task | None = None
@@ -93,7 +85,7 @@ class Listener:
         self._rejected = metrics.connections_rejected.labels(self.name)
         self.write_stalls = metrics.write_stalls.labels(self.name)
         metrics.client_connections.labels(self.name).set_function(lambda: len(self.clients))
-        metrics.buffered_bytes.labels(self.name).set_function(lambda: self.buffered)
+        metrics.buffered_bytes.labels(self.name).set_function(lambda: self.share.buffered)
 
     def limits(self) -> Limits:
         raise NotImplementedError
@@ -183,23 +175,21 @@ class Listener:
                         "get %s until some close", self.name, len(self.clients), limit, self.refusal)
         return False
 
+    @property
+    def buffered(self) -> int:
+        """The request bytes this listener holds (its metric; its share of the budget)."""
+        return self.share.buffered
+
     def charge(self, size: int) -> bool:
         """Count ``size`` more request bytes held; False (nothing counted) when the budget has no room."""
-        budget = self.budget
-        if budget.held + size > self.limits().max_buffered_bytes:
-            return False
-        budget.held += size
-        self.buffered += size
-        return True
+        return self.share.charge(size, self.limits().max_buffered_bytes)
 
     def hold(self, size: int) -> None:
         """Count ``size`` bytes that are already held whatever the budget (a gRPC answer waiting for its client)."""
-        self.budget.held += size
-        self.buffered += size
+        self.share.hold(size)
 
     def release(self, size: int) -> None:
-        self.budget.held -= size
-        self.buffered -= size
+        self.share.release(size)
 
     async def _sweep(self) -> None:
         """Once a second: the listener's own chores (``tick``), then every client's deadlines. A bug in one visit is

@@ -291,26 +291,20 @@ class ClientConnection(asyncio.Protocol):
         """Refuse a declared body that cannot fit before reading any of it."""
         if length > request.limit:
             request.error = RouterError(413, f"request body of {length} bytes exceeds maxBodyBytes={request.limit}")
-        elif self.listener.budget.held + request.head + length > self._max_buffered:  # bound: on_message_begin
+        elif self.listener.share.budget.held + request.head + length > self._max_buffered:  # bound: on_message_begin
             request.error = self._budget_error()
 
     def _charge(self, request: HttpRequest, size: int) -> bool:
         """Count ``size`` bytes held for ``request``, and its head bytes not counted yet (``request.head``: a
         head is charged at its end, or at the end of a read that brings part of it); when the budget is full,
-        mark it 503 instead.
-
-        ``Listener.charge`` inlined, with the bound read once per request (``on_message_begin``): this runs for
-        each head and each piece of body.
+        mark it 503 instead. The bound is read once per request (``on_message_begin``): this runs for each head
+        and each piece of body.
         """
         size, request.head = size + request.head, 0
         error = request.error
         if error is not None and error.reason == "buffer_full":
             return False
-        listener = self.listener
-        budget = listener.budget
-        if budget.held + size <= self._max_buffered:
-            budget.held += size
-            listener.buffered += size
+        if self.listener.share.charge(size, self._max_buffered):
             request.charged += size
             return True
         request.error = self._budget_error()

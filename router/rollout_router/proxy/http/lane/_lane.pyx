@@ -27,6 +27,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from libc.string cimport memcmp, memcpy, memmove
 
+from rollout_router.core.budget cimport Share
+
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -114,7 +116,8 @@ cdef class Lane:
     """What the lane shares per traffic listener: the Python it calls, the budget, the key names, the counts.
 
     ``glue`` (``lane.LaneGlue``) supplies ``route``, ``finish``, ``failed``, ``refused``, ``hand_over``,
-    ``connect``, ``opened``, ``closed``, ``head`` and ``exception``; ``listener`` holds the byte budget."""
+    ``connect``, ``opened``, ``closed``, ``head`` and ``exception``; the listener's ``share`` of the byte budget
+    counts what its requests hold (``core.budget``, in C)."""
 
     cdef public double now                   # the sweep's clock (``Listener.now``), set by the glue
     cdef public double idle_seconds          # connection/client.py's IDLE_SECONDS and WRITE_STALL_SECONDS, set by the glue
@@ -124,7 +127,8 @@ cdef class Lane:
     cdef public long long max_buffered
     cdef public long long forwarded          # requests answered here
     cdef public bint closing                 # stopping: every request goes to the Python path, which closes after it
-    cdef object glue, listener, budget, versions
+    cdef object glue, listener, versions
+    cdef Share share                         # ``Listener.share``
     cdef object _route, _finish, _failed, _hand_over, _connect, _opened, _closed, _head, _exception
     cdef public Sticky sticky                # the sticky hit in C, or None (``LaneGlue``)
     cdef set active                          # answers in progress: ``HttpProxy.active``, shared with the Python path
@@ -135,7 +139,7 @@ cdef class Lane:
     cdef long long handovers[W_REASONS]
 
     def __init__(self, glue, listener, set active, versions):
-        self.glue, self.listener, self.budget, self.versions = glue, listener, listener.budget, versions
+        self.glue, self.listener, self.share, self.versions = glue, listener, listener.share, versions
         self._route, self._finish, self._failed = glue.route, glue.finish, glue.failed
         self._hand_over, self._connect, self._head = glue.hand_over, glue.connect, glue.head
         self._opened, self._closed, self._exception = glue.opened, glue.closed, glue.exception
@@ -184,18 +188,11 @@ cdef class Lane:
         return {HANDOVER_REASONS[i]: self.handovers[i] for i in range(W_REASONS)}
 
     cdef bint charge(self, long long size) except -1:
-        budget = self.budget
-        held = budget.held
-        if held + size > self.max_buffered:
-            return False
-        budget.held = held + size
-        self.listener.buffered += size
-        return True
+        return self.share.charge(size, self.max_buffered)
 
     cdef void uncharge(self, long long size) except *:
         if size:
-            self.budget.held -= size
-            self.listener.buffered -= size
+            self.share.release(size)
 
     cdef void report(self, what) noexcept:
         """A bug in the Python the lane calls: logged, and the lane goes on (``glue.exception``)."""
