@@ -660,6 +660,19 @@ def test_a_peers_negative_load_counts_as_none():
     assert member.loads == {"http://r1:8000": 0, "http://r2:8000": 2}
 
 
+def test_a_peers_load_beyond_what_a_replica_can_hold_is_clamped():
+    from rollout_router.fleet.node import MAX_PEER_LOAD
+    from rollout_router.replicas import ReplicaSet
+
+    fleet, peer, member = _fleet_of_one_peer()
+    fleet._loads_answered(member, {"loads": {"http://r1:8000": 10 ** 30}, "leaving": False})
+    assert member.loads == {"http://r1:8000": MAX_PEER_LOAD}
+    replicas = ReplicaSet()  # the sum over many such peers still counts
+    replicas.add("http://r1:8000")
+    replicas.set_external("http://r1:8000", 64 * MAX_PEER_LOAD)
+    assert replicas.loads()["http://r1:8000"] == 64 * MAX_PEER_LOAD
+
+
 @pytest.mark.parametrize("fleet", [{"pollIntervalSeconds": 0.25, "peerTimeoutSeconds": 0.5},
                                    {"pollIntervalSeconds": 0.001}, {"peerTimeoutSeconds": 31}])
 def test_fleet_timing_is_checked(fleet):

@@ -30,7 +30,6 @@ drops a worker registered over the API, nor the API a static one.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 import time
@@ -38,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from .core import ledger
 from .core.loads import LoadIndex
+from .core.replica import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -50,22 +50,24 @@ def grpc_only(replica_id: str) -> bool:
     return replica_id.startswith(GRPC_ONLY)
 
 
-@dataclasses.dataclass(slots=True)
-class Replica:
-    """One serving endpoint. ``id`` is its HTTP base URL, or ``grpc://HOST:PORT`` for a gRPC-only one."""
+class Replica(ReplicaState):
+    """One serving endpoint. ``id`` is its HTTP base URL, or ``grpc://HOST:PORT`` for a gRPC-only one; what the
+    request path counts in (``id``, ``grpc_target``, ``inflight``, ``external``, ``failures``, ``server_errors``)
+    is the core's ``ReplicaState``."""
 
-    id: str
-    grpc_target: str | None = None
-    inflight: int = 0
-    external: int = 0  # in flight through other routers (fleet load view); routed on inflight + external
-    down_until: float = 0.0  # out of rotation until then: refused a connection, or ejected
-    ejected_until: float = 0.0  # the end of its last ejection (passive health)
-    ejections: int = 0  # the ejection multiplier: grows with each ejection, decays while it behaves
-    failures: int = 0  # consecutive failures (passive health); a success resets it
-    server_errors: int = 0  # consecutive 5xx answers (passive health); any other answer resets it
-    healthy: bool = True  # the last active HTTP probe passed (or none has run yet)
-    grpc_healthy: bool = True  # the last active gRPC probe passed (or none has run yet)
-    sources: dict[str, str | None] = dataclasses.field(default_factory=dict)  # source -> the gRPC target it named
+    __slots__ = ("down_until", "ejected_until", "ejections", "healthy", "grpc_healthy", "sources")
+
+    def __init__(self, replica_id: str, healthy: bool = True, grpc_healthy: bool = True, external: int = 0) -> None:
+        super().__init__(replica_id, None, external)
+        self.down_until = 0.0  # out of rotation until then: refused a connection, or ejected
+        self.ejected_until = 0.0  # the end of its last ejection (passive health)
+        self.ejections = 0  # the ejection multiplier: grows with each ejection, decays while it behaves
+        self.healthy = healthy  # the last active HTTP probe passed (or none has run yet)
+        self.grpc_healthy = grpc_healthy  # the last active gRPC probe passed (or none has run yet)
+        self.sources: dict[str, str | None] = {}  # source -> the gRPC target it named
+
+    def __repr__(self) -> str:
+        return f"Replica({self.id!r}, inflight={self.inflight}, external={self.external})"
 
 
 class Lease:

@@ -3,11 +3,12 @@ cimport cython
 
 from rollout_router.core.ledger cimport put
 from rollout_router.core.loads cimport LoadIndex
+from rollout_router.core.replica cimport ReplicaState
 from rollout_router.core.routing cimport Routing
 from rollout_router.core.tallies cimport CounterChild, HistogramChild
 
-cpdef streaks_end(object replica)
-@cython.locals(counter=CounterChild, spread=HistogramChild)
+cpdef streaks_end(ReplicaState replica)
+@cython.locals(replica=ReplicaState, counter=CounterChild, spread=HistogramChild)
 cpdef bint answered_ok(Routing routing, dict live, dict series, object code, double now, LoadIndex http,
                        LoadIndex grpc) except -1
 cpdef turn_recorded(object record, HistogramChild kept_first_byte, object turn, double start, double first_at)

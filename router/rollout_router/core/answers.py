@@ -11,20 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from .ledger import Counted, put
+from .ledger import put
 from .loads import LoadIndex
+from .replica import ReplicaState
 from .tallies import CounterChild, HistogramChild
-
-
-class Streaks(Protocol):
-    """A replica's passive-health streaks (``replicas.Replica``)."""
-
-    failures: int
-    server_errors: int
-
-
-class Answering(Counted, Streaks, Protocol):
-    """A replica as an answer's record reads and writes it."""
 
 
 class Held(Protocol):
@@ -34,10 +24,10 @@ class Held(Protocol):
     held: bool
 
     @property
-    def replica(self) -> Answering: ...
+    def replica(self) -> ReplicaState: ...
 
 
-def streaks_end(replica: Streaks) -> None:
+def streaks_end(replica: ReplicaState) -> None:
     """The replica answered below 500: its runs of failures and of 5xx answers end."""
     replica.failures = 0
     replica.server_errors = 0

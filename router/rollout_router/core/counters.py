@@ -15,8 +15,7 @@ class DecisionCounts:
     group's replica, or elsewhere (its replica beyond the margin or gone, ``policy/groups.py``); ``restored``:
     pins read back at start from the file a stopping router wrote (``--state-file``)."""
 
-    __slots__ = ("affinity_kept", "affinity_broken", "new_sessions", "repinned_replica_gone", "unkeyed",
-                 "evicted_lru", "expired_idle", "released", "group_colocated", "group_spilled", "restored")
+    __slots__ = FIELDS  # (compiled, the fields are the C ones counters.pxd declares)
 
     def __init__(self) -> None:
         self.affinity_kept = self.affinity_broken = self.new_sessions = self.repinned_replica_gone = 0

@@ -7,21 +7,11 @@ both count through these, on a replica the set holds live (the set handles the o
 """
 from __future__ import annotations
 
-from typing import Protocol
-
 from .loads import LoadIndex
+from .replica import ReplicaState
 
 
-class Counted(Protocol):
-    """What the ledger reads and writes of a replica (``replicas.Replica``)."""
-
-    id: str
-    grpc_target: str | None
-    inflight: int
-    external: int
-
-
-def recount(replica: Counted, http: LoadIndex, grpc: LoadIndex) -> None:
+def recount(replica: ReplicaState, http: LoadIndex, grpc: LoadIndex) -> None:
     """File a live replica whose count changed at its load in each index holding it (a replica that serves no
     gRPC is not in the gRPC index)."""
     load = replica.inflight + replica.external
@@ -30,13 +20,13 @@ def recount(replica: Counted, http: LoadIndex, grpc: LoadIndex) -> None:
         grpc.move(replica.id, load)
 
 
-def take(replica: Counted, http: LoadIndex, grpc: LoadIndex) -> None:
+def take(replica: ReplicaState, http: LoadIndex, grpc: LoadIndex) -> None:
     """One more request in flight on a live replica."""
     replica.inflight += 1
     recount(replica, http, grpc)
 
 
-def put(replica: Counted, http: LoadIndex, grpc: LoadIndex) -> None:
+def put(replica: ReplicaState, http: LoadIndex, grpc: LoadIndex) -> None:
     """A request ``take`` counted on a live replica ended (the caller has checked its count is above zero)."""
     replica.inflight -= 1
     recount(replica, http, grpc)

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 OWNER_CACHE = 100_000  # keys whose owner is remembered between member changes
 DEFAULT_WINDOW = 3600.0  # how long a previous member set is asked for pins when sessions never expire
+MAX_PEER_LOAD = 1 << 31  # a peer's count of requests in flight on one replica is clamped to this
 
 
 def advertised(admin_host: str, admin_port: int) -> str:
@@ -226,8 +227,9 @@ class Fleet:
                 member.asked = True
 
     def _loads_answered(self, member: Member, answer: dict) -> None:
-        # a peer's word: a negative count would make its replica look idler than it is
-        loads = {str(replica): max(0, int(count)) for replica, count in answer["loads"].items()}
+        # a peer's word: a negative count would make its replica look idler than it is, and no replica holds more
+        # than MAX_PEER_LOAD (a replica's counts are C integers: a larger one would not fit their sum)
+        loads = {str(replica): min(max(0, int(count)), MAX_PEER_LOAD) for replica, count in answer["loads"].items()}
         if self.rl is not None and "rl" in answer:
             self.rl.adopt(answer["rl"])  # how a router that missed a pause, resume or update learns it
         old = member.loads if member.live else {}
