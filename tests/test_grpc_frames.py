@@ -303,3 +303,30 @@ def test_the_engines_stream_starts_as_the_reference_does() -> None:
         setattr(compiled, name, value)
         assert getattr(compiled, name) == value
     assert outbound.Stream is (engine.Stream if h2.engine_unavailable() is None else outbound.PyStream)
+
+
+def test_the_engines_call_and_connection_fields_are_the_references() -> None:
+    """``_grpc_frames.ConnFields`` and ``CallFields`` hold the fields of ``outbound.PyConnFields`` and
+    ``call.PyCallFields`` (the relay reads them without the C API's lookups), each writable and read back as
+    written from Python; ``H2Output`` and ``Call`` are built on them where the engine runs, on the references
+    elsewhere."""
+    from rollout_router.proxy.grpc import call, outbound
+
+    engine = _engine()
+    for compiled, reference in ((engine.ConnFields, outbound.PyConnFields), (engine.CallFields, call.PyCallFields)):
+        fields = {name for name, value in vars(compiled).items() if type(value).__name__ == "getset_descriptor"}
+        assert fields == set(reference.__slots__)
+    conn, record = engine.ConnFields(), engine.CallFields()
+    for name, value in (("transport", object()), ("streams", {1: None}), ("out", [b"x"]), ("blocked", {}),
+                        ("guard", object()), ("continuing", (1, 0, bytearray())), ("window", -5),
+                        ("peer_window", 70_000), ("unacked", 9), ("stream_window", 1 << 20), ("closed", True),
+                        ("write_paused", True)):
+        setattr(conn, name, value)
+        assert getattr(conn, name) == value
+    for name, value in (("client", object()), ("stream", object()), ("upstream", None), ("ustream", object()),
+                        ("turn", None), ("last", object()), ("first", True), ("relayed", True), ("heard", 3)):
+        setattr(record, name, value)
+        assert getattr(record, name) == value
+    running = h2.engine_unavailable() is None
+    assert (outbound.ConnFields is engine.ConnFields) == running and (call.CallFields is engine.CallFields) == running
+    assert issubclass(outbound.H2Output, outbound.ConnFields) and issubclass(call.Call, call.CallFields)
