@@ -303,3 +303,64 @@ def test_the_engines_stream_starts_as_the_reference_does() -> None:
         setattr(compiled, name, value)
         assert getattr(compiled, name) == value
     assert outbound.Stream is (engine.Stream if h2.engine_unavailable() is None else outbound.PyStream)
+
+
+def test_the_engines_call_and_connection_fields_are_the_references() -> None:
+    """``_grpc_frames.ConnFields`` and ``CallFields`` hold the fields of ``outbound.PyConnFields`` and
+    ``call.PyCallFields`` (the relay reads them without the C API's lookups), each writable and read back as
+    written from Python; ``H2Output`` and ``Call`` are built on them where the engine runs, on the references
+    elsewhere."""
+    from rollout_router.proxy.grpc import call, outbound
+
+    engine = _engine()
+    for compiled, reference in ((engine.ConnFields, outbound.PyConnFields), (engine.CallFields, call.PyCallFields)):
+        fields = {name for name, value in vars(compiled).items() if type(value).__name__ == "getset_descriptor"}
+        assert fields == set(reference.__slots__)
+    conn, record = engine.ConnFields(), engine.CallFields()
+    for name, value in (("transport", object()), ("streams", {1: None}), ("out", [b"x"]), ("blocked", {}),
+                        ("guard", object()), ("continuing", (1, 0, bytearray())), ("window", -5),
+                        ("peer_window", 70_000), ("unacked", 9), ("stream_window", 1 << 20), ("closed", True),
+                        ("write_paused", True)):
+        setattr(conn, name, value)
+        assert getattr(conn, name) == value
+    for name, value in (("client", object()), ("stream", object()), ("upstream", None), ("ustream", object()),
+                        ("turn", None), ("last", object()), ("first", True), ("relayed", True), ("heard", 3)):
+        setattr(record, name, value)
+        assert getattr(record, name) == value
+    running = h2.engine_unavailable() is None
+    assert (outbound.ConnFields is engine.ConnFields) == running and (call.CallFields is engine.CallFields) == running
+    assert issubclass(outbound.H2Output, outbound.ConnFields) and issubclass(call.Call, call.CallFields)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_measured_calls_last_message_is_the_same_fed_whole_or_in_pieces(seed: int) -> None:
+    """``LastMessage.feed`` takes a frame that is one whole message (how a replica sends them, so how the relay
+    passes them, once per message) without its loop: fed the same messages whole, or in random pieces that only
+    the loop handles, it keeps the same newest message and state (compressed, empty and oversized ones too)."""
+    from rollout_router.proxy.grpc import usage
+
+    rng = random.Random(seed)
+    messages = []
+    for _ in range(rng.randrange(1, 8)):
+        flag = 1 if rng.random() < 0.1 else 0
+        size = rng.choice([0, 1, 5, 40, 700, usage.MESSAGE_LIMIT + 1]) if rng.random() < 0.95 else 3
+        messages.append(bytes((flag,)) + size.to_bytes(4, "big") + bytes(rng.randrange(256) for _ in range(min(size, 64)))
+                        * (size // 64 + 1))
+    messages = [m[:5 + int.from_bytes(m[1:5], "big")] for m in messages]
+
+    def state(last: usage.LastMessage) -> tuple:
+        return last.last, last._keep, last._left, last._prefix, b"".join(last._body)
+
+    whole, pieces = usage.LastMessage(), usage.LastMessage()
+    for message in messages:
+        whole.feed(message)
+        data = message
+        while data:
+            cut = rng.randrange(1, len(data) + 1) if rng.random() < 0.7 else len(data) + 1
+            piece, data = data[:cut], data[cut:]
+            if len(piece) >= 5 and int.from_bytes(piece[1:5], "big") == len(piece) - 5 and not pieces._prefix \
+                    and not pieces._left:
+                pieces._prefix = piece[:1]  # (a piece that looks whole takes the loop: its first byte already read)
+                piece = piece[1:]
+            pieces.feed(piece)
+        assert state(whole) == state(pieces)

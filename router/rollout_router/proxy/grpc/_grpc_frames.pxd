@@ -25,3 +25,17 @@ cdef class Stream:
     cdef public object id, owner, conn, pending, closing, expected
     cdef public Py_ssize_t window, unacked, got
     cdef public bint ended
+
+
+cdef class ConnFields:
+    # outbound.PyConnFields' fields (its pure-Python reference): what the relay reads and writes of a connection
+    cdef public object transport, streams, out, blocked, guard, continuing
+    cdef public Py_ssize_t window, peer_window, unacked, stream_window
+    cdef public bint closed, write_paused
+
+
+cdef class CallFields:
+    # call.PyCallFields' fields (its pure-Python reference): what the relay reads and writes of a call
+    cdef public object client, stream, upstream, ustream, turn, last
+    cdef public bint first, relayed
+    cdef public Py_ssize_t heard

@@ -98,13 +98,30 @@ cdef class Stream:
 
     def __init__(self, stream_id, owner, conn):
         self.id, self.owner, self.conn = stream_id, owner, conn
-        self.window = conn.peer_window
+        self.window = (<ConnFields> conn).peer_window if isinstance(conn, ConnFields) else conn.peer_window
         self.pending = None
         self.unacked = 0
         self.closing = None
         self.ended = False
         self.expected = None
         self.got = 0
+
+
+cdef class ConnFields:
+    """The fields of a connection the relay reads and writes (outbound.H2Output's base where the engine runs;
+    outbound.PyConnFields is the reference, a class with the same slots): read and written here without the C
+    API's attribute lookups. A connection of the reference's class is read through the C API."""
+
+
+cdef class CallFields:
+    """The fields of a call the relay reads and writes (call.Call's base where the engine runs; call.PyCallFields
+    is the reference, a class with the same slots): read and written here without the C API's attribute
+    lookups. A call of the reference's class is read through the C API."""
+
+
+cdef inline ConnFields _typed(object conn):
+    """``conn``'s fields in C, or None for a connection of the reference's class (read through the C API)."""
+    return <ConnFields> conn if isinstance(conn, ConnFields) else None
 
 
 cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char* payload, Py_ssize_t length):
@@ -119,12 +136,13 @@ cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char*
     return out
 
 
-cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsigned char* payload,
+cdef bint _relay_data(object conn, ConnFields fields, int flags, unsigned int stream_id, const unsigned char* payload,
                       Py_ssize_t length, list dirty, type relay) except -1:
-    """A replica stream's DATA frame passed to its client's stream (True), or nothing done (False: Python's turn)."""
+    """A replica stream's DATA frame passed to its client's stream (True), or nothing done (False: Python's turn).
+    ``fields`` is ``conn``'s (None: a connection of the reference's class)."""
     if flags & (END_STREAM | PADDED) or length == 0:
         return False
-    cdef dict streams = conn.streams
+    cdef dict streams = fields.streams if fields is not None else conn.streams
     found = streams.get(stream_id)
     if type(found) is not Stream:  # unknown (or a stream of the reference's class: Python's turn)
         return False
@@ -132,44 +150,71 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     if stream.ended or stream.expected is not None:
         return False
     call = stream.owner
-    if type(call) is not relay or call.ustream is not stream or call.upstream is not conn:
+    if type(call) is not relay:
         return False
-    turn = call.turn
-    client, answer = call.client, call.stream
-    if type(answer) is not Stream:
+    cdef CallFields typed = <CallFields> call if isinstance(call, CallFields) else None
+    if typed is not None:
+        ustream, upstream, turn, client, answer, last = \
+            typed.ustream, typed.upstream, typed.turn, typed.client, typed.stream, typed.last
+    else:
+        ustream, upstream, turn, client, answer, last = \
+            call.ustream, call.upstream, call.turn, call.client, call.stream, call.last
+    if ustream is not stream or upstream is not conn or type(answer) is not Stream:
         return False
     cdef Stream out = <Stream> answer
-    if out.owner is not call or out.pending is not None or client.write_paused or client.closed:
+    if out.owner is not call or out.pending is not None:
         return False
-    cdef Py_ssize_t stream_window = out.window, window = client.window
-    cdef Py_ssize_t unacked = conn.unacked + length
+    cdef ConnFields to = _typed(client)
+    cdef Py_ssize_t stream_window = out.window, window, unacked, half
+    if to is not None:
+        if to.write_paused or to.closed:
+            return False
+        window = to.window
+    else:
+        if client.write_paused or client.closed:
+            return False
+        window = client.window
+    unacked = (fields.unacked if fields is not None else conn.unacked) + length
     if length > stream_window or length > window or unacked >= _CONNECTION_HALF:
         return False
     # conn.H2Connection._data: the connection's window (returned in halves, never here: checked above), the
     # empty-frame guard (not empty), the stream's count
-    conn.unacked = unacked
-    conn.guard.empty = 0
+    if fields is not None:
+        fields.unacked = unacked
+        fields.guard.empty = 0
+        half = fields.stream_window // 2
+    else:
+        conn.unacked = unacked
+        conn.guard.empty = 0
+        half = conn.stream_window // 2
     stream.got += length
     # call.Call.on_data: the replica's message; ``backlog`` grows by ``length`` and shrinks by it in on_written below
     if turn is not None and turn.first_byte is None:
         turn.first(monotonic())  # the first response message (a stream's first tokens)
-    call.first = True
-    call.relayed = True
-    call.heard += 1
-    last = call.last
+    if typed is not None:
+        typed.first = True
+        typed.relayed = True
+        typed.heard += 1
+    else:
+        call.first = True
+        call.relayed = True
+        call.heard += 1
     if last is not None:
         last.feed(PyBytes_FromStringAndSize(<const char*> payload, length))
     # outbound: send_data, _push and emit (within a read: written by flush_dirty)
-    cdef list pending = client.out
+    cdef list pending = to.out if to is not None else client.out
     if not pending:
         dirty.append(client)
     pending.append(_framed(DATA, <unsigned int> out.id, payload, length))
     out.window = stream_window - length
-    client.window = window - length
+    if to is not None:
+        to.window = window - length
+    else:
+        client.window = window - length
     # call.Call.on_written: the client's connection took the bytes, so the replica may send more (consume)
     cdef Py_ssize_t returned = stream.unacked + length
     cdef unsigned char increment[4]
-    if returned >= conn.stream_window // 2:
+    if returned >= half:
         increment[0], increment[1], increment[2], increment[3] = (returned >> 24) & 0xFF, (returned >> 16) & 0xFF, \
             (returned >> 8) & 0xFF, returned & 0xFF
         conn.emit(_framed(WINDOW_UPDATE, stream_id, increment, 4))
@@ -178,7 +223,7 @@ cdef bint _relay_data(object conn, int flags, unsigned int stream_id, const unsi
     return True
 
 
-cdef bint _window_update(object conn, unsigned int stream_id, const unsigned char* payload) except -1:
+cdef bint _window_update(object conn, ConnFields fields, unsigned int stream_id, const unsigned char* payload) except -1:
     """conn.H2Connection._window_update when the increment is valid and the stream known (True), else False."""
     cdef Py_ssize_t increment = ((<Py_ssize_t> payload[0] & 0x7F) << 24) | (<Py_ssize_t> payload[1] << 16) | \
         (<Py_ssize_t> payload[2] << 8) | payload[3]
@@ -186,19 +231,28 @@ cdef bint _window_update(object conn, unsigned int stream_id, const unsigned cha
     if increment == 0:
         return False
     if stream_id == 0:
-        window = conn.window
+        window = fields.window if fields is not None else conn.window
         if window + increment > MAX_WINDOW:
             return False
-        conn.window = window + increment
+        if fields is not None:
+            fields.window = window + increment
+        else:
+            conn.window = window + increment
     else:
-        found = (<dict> conn.streams).get(stream_id)
+        found = (<dict> (fields.streams if fields is not None else conn.streams)).get(stream_id)
         if found is None:
             return False
-        window = found.window
-        if window + increment > MAX_WINDOW:
-            return False
-        found.window = window + increment
-    if conn.blocked:
+        if type(found) is Stream:
+            window = (<Stream> found).window
+            if window + increment > MAX_WINDOW:
+                return False
+            (<Stream> found).window = window + increment
+        else:
+            window = found.window
+            if window + increment > MAX_WINDOW:
+                return False
+            found.window = window + increment
+    if (fields.blocked if fields is not None else conn.blocked):
         conn.drain()
     return True
 
@@ -210,11 +264,13 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
     cdef const unsigned char* data
     cdef int kind, flags
     cdef unsigned int stream_id
-    cdef bint more = False, dropping = False
+    cdef bint more = False, dropping = False, plain
+    cdef ConnFields fields = _typed(conn)
     on_frame = None  # conn.on_frame, looked up when a frame first needs it (most reads relay DATA alone)
     try:
         while True:
-            dropping = dropping or conn.closed  # frames after one that closed it are consumed, not handled
+            # frames after one that closed it are consumed, not handled
+            dropping = dropping or (fields.closed if fields is not None else conn.closed)
             size = PyByteArray_GET_SIZE(buffer)  # (read again after each call into Python)
             if size - offset < 9:
                 break
@@ -239,14 +295,15 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             offset = end
             if dropping:
                 continue
-            if kind == DATA and stream_id and conn.continuing is None:
-                if _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
+            plain = (fields.continuing if fields is not None else conn.continuing) is None  # no block continued
+            if kind == DATA and stream_id and plain:
+                if _relay_data(conn, fields, flags, stream_id, data + 9, length, dirty, relay):
                     continue
-            elif kind == WINDOW_UPDATE and length == 4 and conn.continuing is None:
-                if _window_update(conn, stream_id, data + 9):
+            elif kind == WINDOW_UPDATE and length == 4 and plain:
+                if _window_update(conn, fields, stream_id, data + 9):
                     continue
             elif kind == HEADERS and stream_id and flags & END_HEADERS and not flags & (PADDED | PRIORITY_FLAG) \
-                    and conn.continuing is None:  # a whole header block: conn.H2Connection._headers' plain case
+                    and plain:  # a whole header block: conn.H2Connection._headers' plain case
                 conn.header_block(stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
                 continue
             if on_frame is None:
@@ -264,6 +321,7 @@ cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
     for the next turn (the limit stopped it and ``conn`` is still open)."""
     cdef bint more = False
     cdef list out
+    cdef ConnFields fields
     reading[0] = True
     try:
         more = work(conn, buffer, limit, head_work, dirty, relay)
@@ -271,13 +329,16 @@ cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
         reading[0] = False
         while dirty:
             written = dirty.pop()
-            out = written.out
-            if out and not written.closed:
-                transport = written.transport
-                if transport is not None:
-                    transport.write(out[0] if len(out) == 1 else b"".join(out))
+            fields = _typed(written)
+            if fields is not None:
+                out, closed, transport = fields.out, fields.closed, fields.transport
+            else:
+                out, closed, transport = written.out, written.closed, written.transport
+            if out and not closed and transport is not None:
+                transport.write(out[0] if len(out) == 1 else b"".join(out))
             del out[:]
-    return more and not conn.closed
+    fields = _typed(conn)
+    return more and not (fields.closed if fields is not None else conn.closed)
 
 
 

@@ -44,11 +44,25 @@ _HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-
 _RESET_STATUS = {h2.CANCEL: h2.CANCELLED, h2.REFUSED_STREAM: h2.UNAVAILABLE}
 
 
-class Call:
-    __slots__ = ("proxy", "client", "stream", "path", "metadata", "mark", "single", "chunks", "received", "written", "acked",
-                 "held", "retained", "request_ended", "upstream", "ustream", "ended", "answered", "first", "code",
-                 "finished", "failure", "name", "forwarded", "waiting_since", "started_at", "message_left", "prefix",
-                 "client_gone", "relayed", "heard", "swept", "silent", "backlog", "turn", "last", "started")
+class PyCallFields:
+    """The fields of a call the frame engine reads and writes as it relays a message (``Call`` sets them): the
+    reference of ``_grpc_frames.CallFields`` (the same fields in C), which is ``Call``'s base where the engine runs,
+    so that it reads and writes them without the C API's attribute lookups."""
+
+    __slots__ = ("client", "stream", "upstream", "ustream", "turn", "last", "first", "relayed", "heard")
+
+
+if TYPE_CHECKING or h2.engine_call_fields is None:
+    CallFields = PyCallFields
+else:
+    CallFields = h2.engine_call_fields
+
+
+class Call(CallFields):
+    __slots__ = ("proxy", "path", "metadata", "mark", "single", "chunks", "received", "written", "acked", "held",
+                 "retained", "request_ended", "ended", "answered", "code", "finished", "failure", "name", "forwarded",
+                 "waiting_since", "started_at", "message_left", "prefix", "client_gone", "swept", "silent", "backlog",
+                 "started")
 
     def __init__(self, proxy: GrpcProxy, client: ClientConnection, stream: Stream, path: bytes,
                  metadata: list[h2.Header], single: bool, mark: bytes | None) -> None:

@@ -246,7 +246,10 @@ _compiled = _engine() if engine_unavailable() is None else None
 frame, split_frames, work, read, encode = (
     (_compiled.frame, _compiled.split_frames, _compiled.work, _compiled.read, _compiled.encode) if _compiled is not None
     else (py_frame, py_split_frames, py_work, py_read, py_encode))
-# A stream's fields in C (outbound.Stream names it where the engine runs), None where the reference runs
+# A stream's fields in C (outbound.Stream names it where the engine runs), None where the reference runs; so are
+# the fields the relay reads of a connection (outbound.H2Output's base) and of a call (call.Call's base)
 engine_stream = _compiled.Stream if _compiled is not None else None
+engine_conn_fields = _compiled.ConnFields if _compiled is not None else None
+engine_call_fields = _compiled.CallFields if _compiled is not None else None
 # A peer's header blocks: decoded in C (``_grpc_frames.HeaderDecoder``), or by hpack behind the memo of blocks.py
 header_decoder = _compiled.HeaderDecoder if _compiled is not None else BlockDecoder

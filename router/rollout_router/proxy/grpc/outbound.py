@@ -55,6 +55,21 @@ if not TYPE_CHECKING and h2.engine_stream is not None:
     Stream = h2.engine_stream  # the same fields in C, where the frame engine runs: it reads them without lookups
 
 
+class PyConnFields:
+    """The fields of a connection the frame engine reads and writes as it relays (``H2Output`` sets them): the
+    reference of ``_grpc_frames.ConnFields`` (the same fields in C), which is ``H2Output``'s base where the engine
+    runs, so that it reads and writes them without the C API's attribute lookups."""
+
+    __slots__ = ("transport", "streams", "out", "blocked", "guard", "continuing", "window", "peer_window", "unacked",
+                 "stream_window", "closed", "write_paused")
+
+
+if TYPE_CHECKING or h2.engine_conn_fields is None:
+    ConnFields = PyConnFields
+else:
+    ConnFields = h2.engine_conn_fields
+
+
 def flush_dirty() -> None:
     """Write what was emitted, one write per connection (``h2.read`` does this at a read's end itself)."""
     _reading[0] = False
@@ -62,7 +77,7 @@ def flush_dirty() -> None:
         _dirty.pop().flush()
 
 
-class H2Output(asyncio.Protocol):
+class H2Output(ConnFields, asyncio.Protocol):
     """The write side and the streams' endings; the subclass reads (``conn.H2Connection``).
 
     ``out`` (the bytes a read wrote, not flushed yet), ``blocked`` (streams waiting for a window) and ``drain`` are
@@ -70,9 +85,9 @@ class H2Output(asyncio.Protocol):
     ``emit``, and ``H2Connection``'s ``on_frame``, ``header_block``, ``unacked`` and ``continuing``."""
 
     track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
-    stream_window = STREAM_WINDOW  # the window we announce for each stream the peer sends on
 
     def __init__(self) -> None:
+        self.stream_window = STREAM_WINDOW  # the window we announce for each stream the peer sends on
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.peer_window = h2.DEFAULT_WINDOW  # the peer's initial window for each new stream

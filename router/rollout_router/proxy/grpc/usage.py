@@ -45,6 +45,12 @@ class LastMessage:
 
     def feed(self, data: bytes) -> None:
         index, size = 0, len(data)
+        if not self._left and not self._prefix and size >= 5 and int.from_bytes(data[1:5], "big") == size - 5:
+            # one whole message, as a replica sends a message a frame: what the loop below leaves, without it
+            self._keep = keep = data[0] == 0 and size - 5 <= MESSAGE_LIMIT
+            self._body = [data[5:]] if keep and size > 5 else []
+            self.last = data[5:] if keep else None
+            return
         while index < size:
             if self._left:
                 step = min(self._left, size - index)
