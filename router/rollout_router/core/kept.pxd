@@ -1,5 +1,7 @@
 # The kept-pin rule's declared interface: the native lane's sticky hit calls ``kept`` in C; ``kept`` calls the
 # session table's pin helpers and the load index's ``lowest`` in C too (their own ``.pxd``).
+cimport cython
+
 from rollout_router.core.loads cimport lowest
 from rollout_router.core.pins cimport SessionTable, idle, replica_slot, used_now
 
