@@ -338,5 +338,5 @@ async def test_a_replica_connection_carrying_many_calls_meets_no_client_budget()
     frames += [h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, b"\xbe" * 14) for sid in range(3, 400, 2)]
     frames += [h2.frame(h2.PING, 0, 0, b"12345678")] * (guard.CONTROL_BURST + 50)
     conn.data_received(b"".join(frames))
-    await wait_for(lambda: not conn._yielding)  # every frame handled, a slice a turn
+    await wait_for(lambda: not conn.yielding)  # every frame handled, a slice a turn
     assert not conn.closed and not transport.closed

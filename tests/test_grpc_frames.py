@@ -131,7 +131,7 @@ def _state(client, upstream, call) -> tuple:
 
     def conn(c) -> tuple:
         return (bytes(c.transport.out), c.transport.closed, c.window, c.unacked, c.held, c.closed, sorted(c.streams),
-                dict(c._closed), bytes(c._buffer), [stream(s) for s in c.streams.values()])
+                dict(c._closed), bytes(c.buffer), [stream(s) for s in c.streams.values()])
 
     return (conn(client), conn(upstream), stream(call.stream), stream(call.ustream),
             (call.first, call.relayed, call.heard, call.backlog, call.finished, call.code, call.turn.first_byte is None,

@@ -112,6 +112,16 @@ cdef class ConnFields:
     outbound.PyConnFields is the reference, a class with the same slots): read and written here without the C
     API's attribute lookups. A connection of the reference's class is read through the C API."""
 
+    def data_received(self, data):
+        """conn.H2Connection.data_received (the reference) in C, with the constants ``reading_with`` was given:
+        the read appended to ``buffer`` and handled (``read``); frames left for the next turn, or reading paused
+        until now, go to ``yield_turn``. No Python frame per read of a replica's message."""
+        cdef bytearray buffer = self.buffer
+        buffer += data
+        more = read(self, buffer, _read_limit, self.guard.head_work, _read_dirty, _read_flag, _read_relay)
+        if more or self.yielding:
+            self.yield_turn(more)
+
 
 cdef class CallFields:
     """The fields of a call the relay reads and writes (call.Call's base where the engine runs; call.PyCallFields
@@ -312,6 +322,18 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
     finally:
         del buffer[:offset]
     return more
+
+
+cdef Py_ssize_t _read_limit = 0
+cdef list _read_dirty = None, _read_flag = None
+cdef type _read_relay = None
+
+
+cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay):
+    """What ``ConnFields.data_received`` passes to ``read`` (conn.py's: FRAMES_PER_TURN, outbound's DIRTY and
+    READING, the Call class), given once at import."""
+    global _read_limit, _read_dirty, _read_flag, _read_relay
+    _read_limit, _read_dirty, _read_flag, _read_relay = limit, dirty, reading, relay
 
 
 cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,

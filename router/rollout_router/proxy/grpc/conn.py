@@ -54,11 +54,11 @@ class H2Connection(H2Output):
         super().__init__()
         self.peer_max_streams = h2.MAX_WINDOW
         self.last_peer_stream = 0
-        self._buffer = bytearray()
+        self.buffer = bytearray()  # read, not yet handled (a frame not yet whole, or frames left for the next turn)
         self._decoder = h2.header_decoder(MAX_HEAD)
         self.unacked = 0
         self.continuing: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
-        self._yielding = False  # reading paused while frames already read wait for the next turn
+        self.yielding = False  # reading paused while frames already read wait for the next turn
         self.guard = Guard()
 
     # asyncio.Protocol
@@ -84,22 +84,23 @@ class H2Connection(H2Output):
     def data_received(self, data: bytes) -> None:
         """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
         ``head_work``) at once (``h2.read``); with more waiting, stop reading and go on next turn (one connection's
-        burst cannot hold the event loop): ``_yield``."""
-        buffer = self._buffer
+        burst cannot hold the event loop): ``yield_turn``. The reference of ``_grpc_frames.ConnFields.data_received``
+        (the same in C, this method's replacement where the frame engine runs: a replica's every read comes here)."""
+        buffer = self.buffer
         buffer += data
         more = h2.read(self, buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call)
-        if more or self._yielding:
-            self._yield(more)
+        if more or self.yielding:
+            self.yield_turn(more)
 
     def _work(self) -> None:
-        """The frames left from an earlier turn (``_yield``)."""
-        self._yield(h2.read(self, self._buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call))
+        """The frames left from an earlier turn (``yield_turn``)."""
+        self.yield_turn(h2.read(self, self.buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call))
 
-    def _yield(self, more: bool) -> None:
+    def yield_turn(self, more: bool) -> None:
         """Frames are left for the next turn (``more``): reading paused until they are handled; or none are left any
         more, and reading resumes."""
-        if more != self._yielding and self.transport is not None:
-            self._yielding = more
+        if more != self.yielding and self.transport is not None:
+            self.yielding = more
             (self.transport.pause_reading if more else self.transport.resume_reading)()
         if more:
             asyncio.get_running_loop().call_soon(self._work)
@@ -330,6 +331,12 @@ class H2Connection(H2Output):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+
+if h2.engine_reading is not None:  # the frame engine reads: ``ConnFields.data_received`` (H2Output's base) is
+    h2.engine_reading(FRAMES_PER_TURN, DIRTY, READING, Call)  # ``data_received`` above in C, with these
+    del H2Connection.data_received
 
 
 def _setting_problem(key: int, value: int) -> str | None:

@@ -65,7 +65,7 @@ class ClientConnection(H2Connection):
             data, self._opened_at = bytes(self._preface[len(h2.PREFACE):]), None
             self._preface.clear()
         super().data_received(data)
-        buffer = self._buffer  # a header block begun, or a HEADERS frame not yet whole: a head in progress
+        buffer = self.buffer  # a header block begun, or a HEADERS frame not yet whole: a head in progress
         in_head = self.continuing is not None or (len(buffer) > 3 and buffer[3] in (h2.HEADERS, h2.CONTINUATION))
         self._block_at = (self._block_at or self.proxy.now) if in_head else None
 
