@@ -236,6 +236,21 @@ def test_the_sticky_hit_declines_what_it_does_not_decide():
 
 
 @no_lane_failures()
+def test_a_reload_reaches_the_sticky_hits_next_request():
+    """New settings (``Runtime.apply``): the next request meets them, not the sticky hit's copy of the old ones."""
+    runtime = router(sticky=True)
+    sticky = runtime.http_proxy.lane.sticky
+    now = time.monotonic()
+    for _ in range(3):  # a pin, then two hits kept here
+        finish(runtime, route(runtime, "ss", now)[2], "ok", now)
+    assert sticky.hits == 2
+    session = runtime.settings.session.model_copy(update={"max_key_bytes": 1})
+    runtime.apply(runtime.settings.model_copy(update={"session": session}))
+    assert route(runtime, "ss", now) is None  # a key longer than maxKeyBytes now: the Python path answers it (400)
+    assert sticky.hits == 2 and runtime.replicas.total_inflight() == 0
+
+
+@no_lane_failures()
 @pytest.mark.parametrize("sticky", [True, False])
 def test_an_answer_recorded_after_its_replica_failed_its_http_probe_leaves_its_grpc_load_right(sticky):
     """Out of the HTTP index (its HTTP probe failed) but in the gRPC one: the answer's end moves its gRPC load."""

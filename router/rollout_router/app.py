@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from . import descriptors, pinfile, stopping
 from .balancer import Balancer
+from .core.changes import Changes
 from .fleet.rlstate import RlCollector, RlState
 from .health import OutlierDetector, Prober
 from .listening import address
@@ -69,8 +70,11 @@ class Runtime:
                  admin_token: TokenFile | None = None, peering: Peering | None = None, data_path: str = "auto",
                  state_file: Path | None = None):
         self.settings, self.clock = settings, time.monotonic
+        # counts each change of the settings, the fleet, the policy or the pause (the lane's sticky hit reads them
+        # again then): bumped by ``apply``, ``_start_fleet``, the balancer and the RL state
+        self.changes = Changes()
         self.replicas = ReplicaSet(self.clock)
-        self.balancer = Balancer(self.replicas, settings.policy, settings.live_config(), self.clock)
+        self.balancer = Balancer(self.replicas, settings.policy, settings.live_config(), self.clock, self.changes)
         self.metrics = Metrics(self.balancer, self.replicas, lambda: self.settings, lambda: self.fleet, self.clock)
 
         def health() -> HealthSettings:  # read live: a reload replaces the settings
@@ -79,7 +83,8 @@ class Runtime:
         self.prober = Prober(self.replicas, health, self.metrics.probe_failed)
         self.fleet: Fleet | None = None  # session ownership among several routers (fleet/), when on
         self.decisions: DecisionService | None = None  # a --workers N worker's, deciding for its siblings
-        self.rl = RlState(lambda: self.settings.rl)  # the RL step's pause and weight versions (/v1/rl/*)
+        # the RL step's pause and weight versions (/v1/rl/*)
+        self.rl = RlState(lambda: self.settings.rl, changes=self.changes)
         self.rl.on_new_weights = self._on_new_weights
         self.metrics.registry.register(RlCollector(self.rl))
         self.metrics.rl = self.rl
@@ -111,6 +116,7 @@ class Runtime:
         """Take new settings live: policy knobs keep pins; replica sources are swapped."""
         previous = self.settings
         self.settings = settings  # one assignment: every listener reads the new settings from here on
+        self.changes.bump()
         self.balancer.apply(settings.policy, settings.live_config())
         self.metrics.configure(settings.metrics)
         if self.fleet is not None:
@@ -261,6 +267,7 @@ class Runtime:
                            lambda: token.current() if token is not None else None,
                            self.peering.peers, self.peering.selector, self.peering.namespace, self.peering.ownership,
                            self.rl, siblings=self.peering.peers if self.peering.worker else ())
+        self.changes.bump()
         self.fleet.start()
 
     def has_peers(self) -> bool:

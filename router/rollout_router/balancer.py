@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from . import decisionlog
+from .core.changes import Changes
 from .decisionlog import DecisionLog
 from .policy import Decision, LiveConfig, Outcome, Policy, create
 from .policy.hashing import lowest
@@ -19,8 +20,9 @@ from .replicas import Lease, Replica, ReplicaSet
 
 class Balancer:
     def __init__(self, replicas: ReplicaSet, policy: str, config: LiveConfig,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, changes: Changes | None = None):
         self.replicas = replicas
+        self.changes = changes or Changes()  # told when ``apply`` builds a new policy (the lane's sticky hit reads it)
         self.clock = clock  # the policy's clock (the native lane's sticky hit routes only on the same one)
         self.policy: Policy = _build(policy, config)
         self.repinned: collections.Counter[str] = collections.Counter()  # re-pins by why the replica was out
@@ -107,6 +109,7 @@ class Balancer:
         counters, self.policy = self.policy.counters, _build(policy, config)
         for name, value in counters.as_dict().items():
             setattr(self.policy.counters, name, value)
+        self.changes.bump()
 
 
 def _build(name: str, config: LiveConfig) -> Policy:

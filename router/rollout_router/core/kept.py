@@ -7,10 +7,13 @@ on the margin (``cost_affinity``, ``adaptive_affinity``) also ask.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 
 from .loads import lowest
 from .pins import SessionTable, idle, replica_slot, used_now
+
+_move_to_end = OrderedDict.move_to_end  # read once: compiled, a kept pin moves with no method lookup
 
 
 def within(loads: Mapping[str, float], load: float, margin: float) -> bool:
@@ -34,5 +37,5 @@ def kept(table: SessionTable, loads: Mapping[str, float], key: str, now: float, 
     if replica not in loads or margin is not None and not within(loads, loads[replica], margin):
         return None
     pins[key] = used_now(packed, now)
-    pins.move_to_end(key)
+    _move_to_end(pins, key)
     return replica

@@ -7,7 +7,7 @@ import hashlib
 from pathlib import Path
 
 FOLDER = Path(__file__).parent
-COMPILED = ("budget", "counters", "replica", "loads", "pins", "kept", "ledger", "tallies", "routing", "answers")  # the modules Cython compiles, in an order they cimport
+COMPILED = ("changes", "budget", "counters", "replica", "loads", "pins", "kept", "ledger", "tallies", "routing", "answers")  # the modules Cython compiles, in an order they cimport
 
 
 def source_hash(folder: Path = FOLDER) -> str:

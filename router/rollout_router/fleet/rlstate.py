@@ -28,6 +28,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.changes import Changes
 from ..settings import RlSettings
 from .client import PeerClient
 from .rlengines import EngineRoutes
@@ -49,10 +50,11 @@ class Paused(Exception):
 
 class RlState:
     def __init__(self, settings: Callable[[], RlSettings], origin: str = "",
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, changes: Changes | None = None):
         self._settings, self._wall = settings, wall
         self.origin = origin  # this router's id in the epochs it makes (its admin URL once in a fleet)
-        self.paused = False
+        self.changes = changes or Changes()  # told of every pause and resume (the native lane's sticky hit reads it)
+        self._paused = False
         self.mode: str | None = None  # the pause's mode: wait or abort
         self.epoch: tuple[int, str] = (0, "")
         self._resumed = asyncio.Event()
@@ -69,6 +71,16 @@ class RlState:
         self.engines = PeerClient(lambda: None, settings().engine_timeout_seconds)  # no token: replicas get none
         self.routes = EngineRoutes(self.set_version, self.forget_version)  # vLLM's own RL routes, or not, per replica
         self.lock = asyncio.Lock()  # one weight update at a time
+
+    @property
+    def paused(self) -> bool:
+        """Whether dispatch is paused (the data path holds requests)."""
+        return self._paused
+
+    @paused.setter
+    def paused(self, paused: bool) -> None:
+        self._paused = paused
+        self.changes.bump()
 
     # the data path
     async def wait_turn(self) -> None:

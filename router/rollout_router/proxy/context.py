@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..balancer import Balancer
+from ..core.changes import Changes
 from ..health import OutlierDetector, Prober
 from ..replicas import ReplicaSet
 from ..settings import RouterSettings
@@ -57,6 +58,11 @@ class RouterContext(Protocol):
     @property
     def rl(self) -> RlState:
         """The RL step's dispatch state: asked whether dispatch is paused, and the replicas' weight versions."""
+
+    @property
+    def changes(self) -> Changes:
+        """Counts each change of the settings, the fleet, the balancer's policy or the pause: the native lane's
+        sticky hit reads those again only when it moved."""
 
     @property
     def prober(self) -> Prober:

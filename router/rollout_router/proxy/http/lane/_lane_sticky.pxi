@@ -11,6 +11,7 @@
 # down, an error answer, a pause, a key another router or worker decides, new settings.
 # tests/test_lane_sticky.py routes the same requests both ways and compares what a user sees.
 
+from rollout_router.core.changes cimport Changes
 from rollout_router.core.kept cimport kept
 from rollout_router.core.answers cimport answered_ok, turn_recorded
 from rollout_router.core.counters cimport DecisionCounts
@@ -30,10 +31,14 @@ cdef class Sticky:
     cdef LoadIndex http, grpc
     cdef Sampler sampler
     cdef HistogramChild kept_first_byte
+    cdef Changes changes                 # ``Runtime.changes``: what follows is read again when it moves
+    cdef long long seen                  # its count when they were read (-1: read them again)
+    cdef bint ready                      # then: the settings synced to live, not paused, a policy ``route`` knows
+    cdef object fleet                    # then: ``Runtime.fleet``
     cdef object policy, kept_decisions   # the policy last seen, and its parts
     cdef DecisionCounts counters
     cdef SessionTable table              # its session table; None: not a policy ``route`` knows
-    cdef public object settings          # the settings ``LaneGlue`` synced to: other ones, and it declines
+    cdef object synced                   # the settings ``LaneGlue`` synced to: other ones, and it declines
     cdef public long long max_key
     cdef public bint group_fields
     cdef public long long hits, answers  # requests routed and finished here (the others: ``LaneGlue``)
@@ -51,6 +56,27 @@ cdef class Sticky:
         self.sampler, self.kept_first_byte = margin.sampler, margin.kept_first_byte
         self.paths, self.pools, self.pool_of = glue.paths, glue.pools, glue.pool
         self.policy_type, self.clock, self.sampled = parts
+        self.changes, self.seen = context.changes, -1
+
+    @property
+    def settings(self):
+        return self.synced
+
+    @settings.setter
+    def settings(self, settings):
+        """``LaneGlue`` synced to ``settings``: the hit reads the router's state again."""
+        self.synced, self.seen = settings, -1
+
+    cdef int _read(self) except -1:
+        """What the hit needs from the router's Python objects, read again after a change (``Runtime.changes``)."""
+        context = self.context
+        self.seen = self.changes.count
+        policy = self.balancer.policy
+        if policy is not self.policy:
+            self._adopt(policy)
+        self.fleet = context.fleet
+        self.ready = self.table is not None and context.settings is self.synced and not self.rl.paused
+        return 0
 
     cdef bint _adopt(self, object policy) except -1:
         """A policy not seen before (a reload built one): its table and parts, when it is one ``route`` knows."""
@@ -65,34 +91,31 @@ cdef class Sticky:
     cdef object route(self, bytes path, object key, object group, double now):
         """``LaneGlue.route`` for a keyed request whose pin is kept; None: ``LaneGlue.route`` decides."""
         cdef PyObject* found
-        cdef object context = self.context
         if key is None or group is not None or self.group_fields or PyBytes_GET_SIZE(key) > self.max_key:
             return None
-        if context.settings is not self.settings or self.rl.paused:
+        if self.changes.count != self.seen:
+            self._read()
+        if not self.ready:
             return None
         if PyDict_Size(self.down) and now >= self.down.earliest:  # a mark-down has ended: ``ReplicaSet.loads``
             return None
         found = PyDict_GetItem(self.paths, path)
         if found == NULL or <object>found != 1:  # not a forwarded path read for its session key (``wire.routes.KEYED``)
             return None
-        policy = self.balancer.policy
-        if policy is not self.policy:
-            self._adopt(policy)
-        if self.table is None:
-            return None
         try:
             session = (<bytes>key).decode()
         except UnicodeDecodeError:
             return None
-        fleet = context.fleet
+        fleet = self.fleet
         if fleet is not None and (fleet.leaving or not fleet.decided_here(session, False)):  # (as LaneGlue asks)
             return None
-        replica_id = kept(self.table, self.http, session, now, policy.keep_margin)
+        replica_id = kept(self.table, self.http, session, now, self.policy.keep_margin)
         if replica_id is None:  # no live pin, its replica not routable, or the margin breaks it: the policy decides
             return None
         # kept: what AffinityPolicy.decide does after ``kept``, then ``ReplicaSet.take`` and ``attempts.taken``
         self.counters.affinity_kept += 1
-        decision = self.kept_decisions[replica_id]
+        found = PyDict_GetItem(self.kept_decisions, replica_id)  # (a dict that makes what it misses: rarely)
+        decision = <object>found if found != NULL else self.kept_decisions[replica_id]
         replica = self.live[replica_id]  # routable, so live
         found = PyDict_GetItem(self.pools, replica_id)
         pool = <object>found if found != NULL else self.pool_of(replica_id)
