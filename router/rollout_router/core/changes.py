@@ -2,9 +2,10 @@
 
 The sticky hit routes a request without the policy only while the settings it was synced to are live, dispatch
 is not paused, the balancer's policy is one it knows and no fleet shares the sessions (or the fleet lets it).
-Reading those four off four Python objects per request cost more than the rest of the hit (each a cold attribute
-lookup on a busy machine); instead their owners count every change here (``Runtime.apply`` and its fleet's start,
-``RlState.paused``, ``Balancer.apply``), and the sticky hit reads them again only when the count moved.
+Read off four Python objects, those are four attribute lookups per request, each likely a cache miss when other
+work runs between requests (benchmarks/routing_cold.py); instead their owners count every change here
+(``Runtime.apply`` and its fleet's start, ``RlState.paused``, ``Balancer.apply``), and the sticky hit reads them
+again only when the count moved: one C field.
 """
 from __future__ import annotations
 
