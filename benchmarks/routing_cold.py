@@ -28,7 +28,6 @@ import asyncio
 import statistics
 import sys
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
@@ -79,12 +78,10 @@ def fused(glue: LaneGlue) -> Calls:
         replica.failures = replica.server_errors = 0
         count, spread = metrics.series[(replica.id, code)]
         count.value += 1
-        spread.counts[bisect_left(spread.bounds, now - started)] += 1
-        spread.sum += now - started
+        spread.observe(now - started)
         replica.inflight -= 1
         loads.move(replica.id, replica.inflight + replica.external)
-        ttfb.counts[bisect_left(ttfb.bounds, turn.first_byte)] += 1
-        ttfb.sum += turn.first_byte
+        ttfb.observe(turn.first_byte)
         proxy.answering_here -= 1
     return route, finish
 

@@ -19,7 +19,7 @@ from rollout_router.proxy.attempts import route
 from rollout_router.proxy.decisions import DecisionClient, DecisionService, message
 from rollout_router.proxy.http.connection.upstream import ReplicaPool
 from rollout_router.proxy.http.forwarding.delegated import Delegated, LaneAsked
-from rollout_router.proxy.outcome import Routing, put_back
+from rollout_router.proxy.outcome import put_back, routed
 from rollout_router.proxy.turns import Turn
 from rollout_router.settings import HealthSettings, RouterSettings
 from tests.support import ScriptedReplica, running_router, wait_for
@@ -58,7 +58,7 @@ class ScriptedService(DecisionService):
         if self.replica is None:
             return None
         self.leases.append(Lease(self.replica))
-        return Routing(key, group, object(), self.leases[-1], Turn("kept", None, True))  # type: ignore[arg-type]
+        return routed(key, group, object(), self.leases[-1], Turn("kept", None, True))  # type: ignore[arg-type]
 
     def finished(self, routing, accepted, status, failure, refused=False):
         put_back(self.context.replicas, routing)
@@ -267,7 +267,7 @@ def test_an_abandoned_decision_is_counted_as_such():
     fleet = type("Fleet", (), {"abandoned": 0})()
     replicas, lease = Replicas(), Lease("http://replica-a")
     service = DecisionService(type("Context", (), {"fleet": fleet, "replicas": replicas})())  # type: ignore[arg-type]
-    service.abandoned(Routing("k", None, object(), lease, Turn("new", None, False)))  # type: ignore[arg-type]
+    service.abandoned(routed("k", None, object(), lease, Turn("new", None, False)))  # type: ignore[arg-type]
     assert lease.released == 1 and fleet.abandoned == 1
 
 

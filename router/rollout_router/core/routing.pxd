@@ -3,3 +3,5 @@ cdef class Routing:
     cdef public object key, group, decision, replica, turn
     cdef public double start
     cdef public bint held
+
+cpdef Routing routed(object key, object group, object decision, object replica, object turn, double start=*)

@@ -8,10 +8,11 @@ cdef class CounterChild:
 
 cdef class HistogramChild:
     cdef public tuple bounds
-    cdef public list counts
+    cdef double[::1] edges               # the bounds as C doubles
+    cdef long long[::1] tally            # the counts, one past the bounds (+Inf)
     cdef public double sum
     cdef public double created
-    @cython.locals(low=Py_ssize_t, high=Py_ssize_t, middle=Py_ssize_t, bound=double)
+    @cython.locals(low=Py_ssize_t, high=Py_ssize_t, middle=Py_ssize_t)
     cpdef observe(self, double value)
 
 cdef class Sampler:

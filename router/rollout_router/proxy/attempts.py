@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from .. import descriptors
 from ..policy import Outcome
 from .context import RouterContext
-from .outcome import Routing, put_back, refused
+from .outcome import Routing, put_back, refused, routed
 from .turns import KEPT, Turn, turn_for
 
 
@@ -109,4 +109,4 @@ def taken(context: RouterContext, key: str | None, prefix: Sequence[int] | str |
         turn = Turn(KEPT, None, True, started) if context.metrics.margin.sample() else None
     else:
         turn = turn_for(decision, context.balancer.why_moved(decision, grpc), started)
-    return Routing(key, group, decision, replica, turn, started)
+    return routed(key, group, decision, replica, turn, started)

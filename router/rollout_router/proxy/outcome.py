@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.answers import answered_ok, turn_recorded
-from ..core.routing import Routing
+from ..core.routing import Routing, routed
 
 if TYPE_CHECKING:
     from ..observability import Metrics
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .context import RouterContext
     from .turns import Turn
 
-__all__ = ["Routing", "answered", "put_back", "recorded", "refused", "settled"]  # Routing: core's record
+__all__ = ["Routing", "answered", "put_back", "recorded", "refused", "routed", "settled"]  # Routing: core's record
 
 
 def put_back(replicas: ReplicaSet, routing: Routing) -> None:

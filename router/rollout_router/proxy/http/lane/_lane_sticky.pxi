@@ -18,7 +18,7 @@ from rollout_router.core.counters cimport DecisionCounts
 from rollout_router.core.ledger cimport take
 from rollout_router.core.loads cimport LoadIndex
 from rollout_router.core.pins cimport SessionTable
-from rollout_router.core.routing cimport Routing
+from rollout_router.core.routing cimport Routing, routed
 from rollout_router.core.tallies cimport HistogramChild, Sampler
 
 
@@ -123,7 +123,7 @@ cdef class Sticky:
         take(replica, self.http, self.grpc)
         self.answering += 1
         self.hits += 1
-        return pool, turn is not None, Routing(session, None, decision, replica, turn, now)
+        return pool, turn is not None, routed(session, None, decision, replica, turn, now)
 
     cdef bint finish(self, object token, object code, int status, object failure, double first_at, object tail,
                      double now) except -1:
