@@ -170,10 +170,10 @@ cdef class Client:
             return
         self.busy, self.since, self.body_since = True, 0, 0
         if routed:
-            self.routed(*routed)
+            self.routed(routed[0], routed[1], routed[2])  # (cpdef: a C call here)
         # else asked of the sibling worker that owns its key: ``routed`` or ``relay`` comes when it answers
 
-    def routed(self, Pool pool, bint measure, token):
+    cpdef routed(self, Pool pool, bint measure, token):
         """Send the request routed to ``pool``'s replica on an idle connection, or a new one; ``token`` is what
         ``finish`` gets (``LaneGlue.route``, or ``LaneAsked`` for a request a sibling worker routed)."""
         self.pool, self.measure, self.token = pool, measure, token
