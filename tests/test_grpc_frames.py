@@ -114,6 +114,7 @@ def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
     stream.window = windows[2]
     client.streams[1] = stream
     client.last_peer_stream = 1
+    client._opened_at = None  # its preface read: the client's frames go to the frame engine
     call = Call(proxy, client, stream, b"/s/m", [], False, None)  # type: ignore[arg-type]
     call.started = call.request_ended = call.answered = True
     ustream = Stream(1, call, upstream)
@@ -193,9 +194,12 @@ def _client_frames(rng: random.Random) -> bytes:
     return h2.py_frame(h2.WINDOW_UPDATE, 0, rng.choice([0, 1, 1, 3]), increment.to_bytes(4, "big"))
 
 
-def _run(seed: int, reader, stream: type) -> list[tuple]:
+def _run(seed: int, reader, stream: type, receive=None) -> list[tuple]:
+    """The states after each read of one random relay, each read given to ``receive`` (by default the reference's
+    ``H2Connection.data_received``, with ``reader`` as its ``h2.read``)."""
     from rollout_router.proxy.grpc import conn
 
+    receive = receive or conn.py_data_received
     rng = random.Random(seed)
     client, upstream, call = _relay(rng.random() < 0.5, (rng.choice([1024, 4096, 65_535]),
                                                          rng.choice([300, 5000, 1 << 20]), rng.choice([300, 5000, 1 << 20])),
@@ -207,10 +211,10 @@ def _run(seed: int, reader, stream: type) -> list[tuple]:
             if rng.random() < 0.75:
                 data = _replica_frames(rng)
                 cut = rng.randrange(len(data) + 1)
-                upstream.data_received(data[:cut])
-                upstream.data_received(data[cut:])
+                receive(upstream, data[:cut])
+                receive(upstream, data[cut:])
             else:
-                client.data_received(_client_frames(rng))
+                receive(client, _client_frames(rng))
             states.append(_state(client, upstream, call))
     finally:
         conn.h2.read = original
@@ -222,7 +226,8 @@ async def test_the_relay_in_c_matches_the_reference(seed: int) -> None:
     """A replica's frames (DATA of whole and split messages, ends, padding, unknown streams, valid and invalid
     WINDOW_UPDATEs, PING, a reset) and the client's WINDOW_UPDATEs, through a call with windows that run out: the
     compiled relay leaves every byte written, window, count and end as the reference does, on the engine's streams
-    (``_grpc_frames.Stream``) and on the reference's (``outbound.PyStream``, which the engine leaves to Python)."""
+    (``_grpc_frames.Stream``) and on the reference's (``outbound.PyStream``, which the engine leaves to Python); and
+    so does the read itself in C (``ConnFields.data_received``), where it runs."""
     from rollout_router.proxy.grpc.outbound import PyStream
 
     engine = _engine()
@@ -230,6 +235,29 @@ async def test_the_relay_in_c_matches_the_reference(seed: int) -> None:
     assert _run(seed, engine.read, engine.Stream) == expected
     assert _run(seed, h2.py_read, engine.Stream) == expected
     assert _run(seed, engine.read, PyStream) == expected
+    if h2.engine_reading is not None:
+        assert _run(seed, engine.read, engine.Stream, engine.ConnFields.data_received) == expected
+
+
+async def test_the_relay_differential_runs_both_paths() -> None:
+    """The comparison above is between two paths: the reference's read runs the ``h2.read`` it is given (not the
+    engine's read in C, which replaces ``data_received`` where it runs), and the client's frames reach it (its
+    connection past its preface, not closed for a bad one)."""
+    from rollout_router.proxy.grpc.outbound import PyStream
+
+    seen: list[int] = []
+
+    def reference(*args):
+        seen.append(1)
+        return h2.py_read(*args)
+
+    _run(0, reference, PyStream)
+    assert seen
+    from rollout_router.proxy.grpc import conn
+
+    client, _, _ = _relay(False, (65_535, 1000, 1000), PyStream)
+    conn.py_data_received(client, h2.py_frame(h2.WINDOW_UPDATE, 0, 0, (10).to_bytes(4, "big")))
+    assert client.window == 1010 and not client.closed
 
 
 async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
@@ -335,8 +363,9 @@ def test_the_engines_call_and_connection_fields_are_the_references() -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_a_measured_calls_last_message_is_the_same_fed_whole_or_in_pieces(seed: int) -> None:
     """``LastMessage.feed`` takes a frame that is one whole message (how a replica sends them, so how the relay
-    passes them, once per message) without its loop: fed the same messages whole, or in random pieces that only
-    the loop handles, it keeps the same newest message and state (compressed, empty and oversized ones too)."""
+    passes them, once per message) without its loop: fed the same messages whole, or each in two or more random
+    pieces (which only the loop handles: a message's first piece never looks whole), it keeps the same newest
+    message after each one (compressed, empty and oversized ones too)."""
     from rollout_router.proxy.grpc import usage
 
     rng = random.Random(seed)
@@ -348,19 +377,12 @@ def test_a_measured_calls_last_message_is_the_same_fed_whole_or_in_pieces(seed: 
                         * (size // 64 + 1))
     messages = [m[:5 + int.from_bytes(m[1:5], "big")] for m in messages]
 
-    def state(last: usage.LastMessage) -> tuple:
-        return last.last, last._keep, last._left, last._prefix, b"".join(last._body)
-
     whole, pieces = usage.LastMessage(), usage.LastMessage()
     for message in messages:
         whole.feed(message)
-        data = message
+        data, cut = message, rng.randrange(1, len(message))  # the first piece: never the whole message
         while data:
-            cut = rng.randrange(1, len(data) + 1) if rng.random() < 0.7 else len(data) + 1
             piece, data = data[:cut], data[cut:]
-            if len(piece) >= 5 and int.from_bytes(piece[1:5], "big") == len(piece) - 5 and not pieces._prefix \
-                    and not pieces._left:
-                pieces._prefix = piece[:1]  # (a piece that looks whole takes the loop: its first byte already read)
-                piece = piece[1:]
             pieces.feed(piece)
-        assert state(whole) == state(pieces)
+            cut = rng.randrange(1, len(data) + 1) if data and rng.random() < 0.7 else len(data)
+        assert whole.last == pieces.last

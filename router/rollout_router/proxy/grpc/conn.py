@@ -334,6 +334,7 @@ class H2Connection(H2Output):
 
 
 
+py_data_received = H2Connection.data_received  # the reference, under a name of its own (tests compare the two)
 if h2.engine_reading is not None:  # the frame engine reads: ``ConnFields.data_received`` (H2Output's base) is
     h2.engine_reading(FRAMES_PER_TURN, DIRTY, READING, Call)  # ``data_received`` above in C, with these
     del H2Connection.data_received
