@@ -285,8 +285,9 @@ async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
 
 
 async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection() -> None:
-    """A plain HEADERS frame (the whole block: END_HEADERS, no padding, no priority) skips ``on_frame``: it reaches
-    ``header_block`` with its flags, and the trailers end the call as through ``on_frame``; a padded one does not."""
+    """A plain HEADERS frame (the whole block: END_HEADERS, no padding, no priority) skips ``on_frame``: the engine
+    decodes it and hands it to ``headers_frame`` with its flags, and the trailers end the call as through
+    ``on_frame``; a padded one does not."""
     engine = _reading_engine()
     client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
     seen: list[int] = []
@@ -300,6 +301,37 @@ async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection(
     assert engine.read(upstream, bytearray(plain), 200, 1, DIRTY, READING, type(call)) is False
     assert seen == [h2.HEADERS] and call.finished and call.code == h2.OK
     assert client.transport.out == h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1, trailers)
+
+
+@pytest.mark.parametrize("case", ["bad block", "budget spent", "response head", "trailers", "stream gone"])
+async def test_the_engines_header_block_does_what_the_reference_does(case: str) -> None:
+    """A plain whole header block through the engine (``_header_block``) and through the reference (``py_read``:
+    ``on_frame``, ``_headers``, ``header_block``): a block that does not decode and one past the decoded-header
+    budget close the connection with the same GOAWAY; a response head, trailers and a block for a stream the
+    connection no longer holds leave the same bytes written to both sides, the same call and the same streams."""
+    from types import SimpleNamespace
+
+    from rollout_router.proxy.grpc.guard import Bucket
+    from rollout_router.proxy.grpc.outbound import DIRTY, READING
+
+    engine = _reading_engine()
+    fields = [(b":status", b"200"), (b"content-type", b"application/grpc")] if case == "response head" else \
+        [(b"grpc-status", b"0"), (b"grpc-message", b"")]
+    block = b"\xfe" if case == "bad block" else h2.py_encode(fields)
+    flags = h2.END_HEADERS | (0 if case == "response head" else h2.END_STREAM)
+    frame = h2.py_frame(h2.HEADERS, flags, 3 if case == "stream gone" else 1, block)
+    seen = []
+    for reader in (h2.py_read, engine.read):
+        client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
+        call.answered = False  # (the head is the first the call hears: it names the replica and its weights)
+        call.proxy.context.rl = SimpleNamespace(versions={"r": "v7"})
+        if case == "budget spent":
+            upstream.guard.headers = Bucket(0, 0.0)
+        assert reader(upstream, bytearray(frame), 200, 1, DIRTY, READING, type(call)) is False
+        seen.append((_state(client, upstream, call), call.answered, call.code))
+    assert seen[0] == seen[1]
+    closed = seen[0][0][1][5]
+    assert closed == (case in ("bad block", "budget spent"))
 
 
 def test_the_engine_knows_the_connection_window() -> None:

@@ -26,7 +26,7 @@ cdef class Stream:
 
 cdef class ConnFields:
     # outbound.PyConnFields' fields (its pure-Python reference): what the relay reads and writes of a connection
-    cdef public object transport, streams, out, blocked, guard, continuing
+    cdef public object transport, streams, out, blocked, guard, continuing, decoder
     cdef public bytearray buffer  # read, not yet handled
     cdef public Py_ssize_t window, peer_window, unacked, stream_window
     cdef public bint closed, write_paused, yielding

@@ -13,6 +13,7 @@ from libc.string cimport memcpy
 
 from time import monotonic
 
+from hpack import HPACKError
 from hpack.huffman_table import HUFFMAN_TABLE
 from hpack.table import HeaderTable
 
@@ -76,9 +77,10 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 # (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
 # conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
 # stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
-# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, goes straight
-# to the connection's ``header_block`` (as conn.H2Connection.on_frame and _headers would pass it). h2.py_work is the
-# reference: the same loop with every frame given to ``on_frame``.
+# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, is decoded and
+# handed to the connection's ``headers_frame`` here (``_header_block``), as conn.H2Connection.header_block does with
+# what on_frame and _headers would pass it. h2.py_work is the reference: the same loop with every frame given to
+# ``on_frame``.
 cdef enum:
     DATA = 0
     WINDOW_UPDATE = 8
@@ -87,6 +89,7 @@ cdef enum:
     PADDED = 0x8
     PRIORITY_FLAG = 0x20
     MAX_WINDOW = 0x7FFFFFFF
+    COMPRESSION_ERROR = 0x9
 
 CONNECTION_HALF = 8 << 20  # conn.CONNECTION_WINDOW // 2: the connection's window is returned in halves of it
 cdef Py_ssize_t _CONNECTION_HALF = CONNECTION_HALF
@@ -232,6 +235,22 @@ cdef bint _window_update(ConnFields conn, unsigned int stream_id, const unsigned
     return True
 
 
+cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes block) except -1:
+    """conn.H2Connection.header_block (the reference) for a plain whole block: decoded with the connection's
+    decoder, counted against its decoded-header budget (``guard.headers``), handed to its ``headers_frame``; a
+    block that does not decode closes the connection (COMPRESSION_ERROR), as a spent budget does."""
+    try:
+        headers, size = conn.decoder.decode(block)
+    except (HPACKError, IndexError, ValueError) as error:
+        conn.fail(COMPRESSION_ERROR, f"bad header block ({error or type(error).__name__})", stream_id)
+        return 0
+    if not conn.guard.headers.take(size):
+        conn.header_flood()
+        return 0
+    conn.headers_frame(stream_id, headers, bool(flags & END_STREAM))
+    return 0
+
+
 cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay):
     """h2.py_work: handle the complete frames at the start of ``buffer`` worth at most ``limit`` units of work,
     removing them from it; whether the limit was what stopped it. Called within a read (outbound.begin_read). Only
@@ -279,7 +298,7 @@ cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t 
                     continue
             elif kind == HEADERS and stream_id and flags & END_HEADERS and not flags & (PADDED | PRIORITY_FLAG) \
                     and plain:  # a whole header block: conn.H2Connection._headers' plain case
-                conn.header_block(stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+                _header_block(conn, stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
                 continue
             if on_frame is None:
                 on_frame = conn.on_frame

@@ -62,7 +62,7 @@ class PyConnFields:
     runs, so that it reads and writes them without the C API's attribute lookups."""
 
     __slots__ = ("transport", "streams", "out", "blocked", "guard", "continuing", "window", "peer_window", "unacked",
-                 "stream_window", "closed", "write_paused", "buffer", "yielding")
+                 "stream_window", "closed", "write_paused", "buffer", "yielding", "decoder")
 
 
 if TYPE_CHECKING or h2.engine_conn_fields is None:
@@ -83,7 +83,8 @@ class H2Output(ConnFields, asyncio.Protocol):
 
     ``out`` (the bytes a read wrote, not flushed yet), ``blocked`` (streams waiting for a window) and ``drain`` are
     public: the frame engine (``_grpc_frames.pyx``) reads and calls them, with ``streams``, ``window`` and
-    ``emit``, and ``H2Connection``'s ``on_frame``, ``header_block``, ``unacked`` and ``continuing``."""
+    ``emit``, and ``H2Connection``'s ``on_frame``, ``headers_frame``, ``fail``, ``header_flood``, ``decoder``,
+    ``unacked`` and ``continuing``."""
 
     track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
 
