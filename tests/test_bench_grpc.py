@@ -75,4 +75,4 @@ async def test_grpc_calls_drives_generate_calls_through_the_listener() -> None:
     import grpc_calls
 
     out = await grpc_calls.drive(40, MESSAGES)
-    assert set(out) == {*grpc_calls.PHASES, "total"} and out["total"] > 0
+    assert set(out) == {*grpc_calls.PHASES, "total", grpc_calls.TURNS} and out["total"] > out[grpc_calls.TURNS] > 0

@@ -20,6 +20,15 @@ def _engine() -> ModuleType:
     return importlib.import_module("rollout_router.proxy.grpc._grpc_frames")
 
 
+def _reading_engine() -> ModuleType:
+    """The engine, where it reads: its ``read`` takes only connections with its fields (``ConnFields``, H2Output's
+    base where it runs), which the reference's build does not have."""
+    engine = _engine()
+    if h2.engine_conn_fields is None:
+        pytest.skip("the engine reads only connections with its fields (ROLLOUT_ROUTER_GRPC_FRAMES=python)")
+    return engine
+
+
 def _buffer(rng: random.Random) -> bytearray:
     """Frames of every type, some oversized, the last perhaps cut short; the R bit set on some stream ids."""
     out = bytearray()
@@ -114,6 +123,7 @@ def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
     stream.window = windows[2]
     client.streams[1] = stream
     client.last_peer_stream = 1
+    client._opened_at = None  # its preface read: the client's frames go to the frame engine
     call = Call(proxy, client, stream, b"/s/m", [], False, None)  # type: ignore[arg-type]
     call.started = call.request_ended = call.answered = True
     ustream = Stream(1, call, upstream)
@@ -193,9 +203,12 @@ def _client_frames(rng: random.Random) -> bytes:
     return h2.py_frame(h2.WINDOW_UPDATE, 0, rng.choice([0, 1, 1, 3]), increment.to_bytes(4, "big"))
 
 
-def _run(seed: int, reader, stream: type) -> list[tuple]:
+def _run(seed: int, reader, stream: type, receive=None) -> list[tuple]:
+    """The states after each read of one random relay, each read given to ``receive`` (by default the reference's
+    ``H2Connection.data_received``, with ``reader`` as its ``h2.read``)."""
     from rollout_router.proxy.grpc import conn
 
+    receive = receive or conn.py_data_received
     rng = random.Random(seed)
     client, upstream, call = _relay(rng.random() < 0.5, (rng.choice([1024, 4096, 65_535]),
                                                          rng.choice([300, 5000, 1 << 20]), rng.choice([300, 5000, 1 << 20])),
@@ -207,10 +220,10 @@ def _run(seed: int, reader, stream: type) -> list[tuple]:
             if rng.random() < 0.75:
                 data = _replica_frames(rng)
                 cut = rng.randrange(len(data) + 1)
-                upstream.data_received(data[:cut])
-                upstream.data_received(data[cut:])
+                receive(upstream, data[:cut])
+                receive(upstream, data[cut:])
             else:
-                client.data_received(_client_frames(rng))
+                receive(client, _client_frames(rng))
             states.append(_state(client, upstream, call))
     finally:
         conn.h2.read = original
@@ -222,20 +235,43 @@ async def test_the_relay_in_c_matches_the_reference(seed: int) -> None:
     """A replica's frames (DATA of whole and split messages, ends, padding, unknown streams, valid and invalid
     WINDOW_UPDATEs, PING, a reset) and the client's WINDOW_UPDATEs, through a call with windows that run out: the
     compiled relay leaves every byte written, window, count and end as the reference does, on the engine's streams
-    (``_grpc_frames.Stream``) and on the reference's (``outbound.PyStream``, which the engine leaves to Python)."""
+    (``_grpc_frames.Stream``) and on the reference's (``outbound.PyStream``, which the engine leaves to Python); and
+    so does the read itself in C (``ConnFields.data_received``)."""
     from rollout_router.proxy.grpc.outbound import PyStream
 
-    engine = _engine()
+    engine = _reading_engine()
     expected = _run(seed, h2.py_read, PyStream)
     assert _run(seed, engine.read, engine.Stream) == expected
     assert _run(seed, h2.py_read, engine.Stream) == expected
     assert _run(seed, engine.read, PyStream) == expected
+    assert _run(seed, engine.read, engine.Stream, engine.ConnFields.data_received) == expected
+
+
+async def test_the_relay_differential_runs_both_paths() -> None:
+    """The comparison above is between two paths: the reference's read runs the ``h2.read`` it is given (not the
+    engine's read in C, which replaces ``data_received`` where it runs), and the client's frames reach it (its
+    connection past its preface, not closed for a bad one)."""
+    from rollout_router.proxy.grpc.outbound import PyStream
+
+    seen: list[int] = []
+
+    def reference(*args):
+        seen.append(1)
+        return h2.py_read(*args)
+
+    _run(0, reference, PyStream)
+    assert seen
+    from rollout_router.proxy.grpc import conn
+
+    client, _, _ = _relay(False, (65_535, 1000, 1000), PyStream)
+    conn.py_data_received(client, h2.py_frame(h2.WINDOW_UPDATE, 0, 0, (10).to_bytes(4, "big")))
+    assert client.window == 1010 and not client.closed
 
 
 async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
     """The equality above is not because the engine handed every frame back: a relayed message and a
     WINDOW_UPDATE never reach ``on_frame``."""
-    engine = _engine()
+    engine = _reading_engine()
     client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
     call.turn.first_byte = 1.0
     seen: list[int] = []
@@ -249,9 +285,10 @@ async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
 
 
 async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection() -> None:
-    """A plain HEADERS frame (the whole block: END_HEADERS, no padding, no priority) skips ``on_frame``: it reaches
-    ``header_block`` with its flags, and the trailers end the call as through ``on_frame``; a padded one does not."""
-    engine = _engine()
+    """A plain HEADERS frame (the whole block: END_HEADERS, no padding, no priority) skips ``on_frame``: the engine
+    decodes it and hands it to ``headers_frame`` with its flags, and the trailers end the call as through
+    ``on_frame``; a padded one does not."""
+    engine = _reading_engine()
     client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
     seen: list[int] = []
     upstream.on_frame = lambda kind, *rest: seen.append(kind)  # type: ignore[method-assign]
@@ -264,6 +301,37 @@ async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection(
     assert engine.read(upstream, bytearray(plain), 200, 1, DIRTY, READING, type(call)) is False
     assert seen == [h2.HEADERS] and call.finished and call.code == h2.OK
     assert client.transport.out == h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1, trailers)
+
+
+@pytest.mark.parametrize("case", ["bad block", "budget spent", "response head", "trailers", "stream gone"])
+async def test_the_engines_header_block_does_what_the_reference_does(case: str) -> None:
+    """A plain whole header block through the engine (``_header_block``) and through the reference (``py_read``:
+    ``on_frame``, ``_headers``, ``header_block``): a block that does not decode and one past the decoded-header
+    budget close the connection with the same GOAWAY; a response head, trailers and a block for a stream the
+    connection no longer holds leave the same bytes written to both sides, the same call and the same streams."""
+    from types import SimpleNamespace
+
+    from rollout_router.proxy.grpc.guard import Bucket
+    from rollout_router.proxy.grpc.outbound import DIRTY, READING
+
+    engine = _reading_engine()
+    fields = [(b":status", b"200"), (b"content-type", b"application/grpc")] if case == "response head" else \
+        [(b"grpc-status", b"0"), (b"grpc-message", b"")]
+    block = b"\xfe" if case == "bad block" else h2.py_encode(fields)
+    flags = h2.END_HEADERS | (0 if case == "response head" else h2.END_STREAM)
+    frame = h2.py_frame(h2.HEADERS, flags, 3 if case == "stream gone" else 1, block)
+    seen = []
+    for reader in (h2.py_read, engine.read):
+        client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
+        call.answered = False  # (the head is the first the call hears: it names the replica and its weights)
+        call.proxy.context.rl = SimpleNamespace(versions={"r": "v7"})
+        if case == "budget spent":
+            upstream.guard.headers = Bucket(0, 0.0)
+        assert reader(upstream, bytearray(frame), 200, 1, DIRTY, READING, type(call)) is False
+        seen.append((_state(client, upstream, call), call.answered, call.code))
+    assert seen[0] == seen[1]
+    closed = seen[0][0][1][5]
+    assert closed == (case in ("bad block", "budget spent"))
 
 
 def test_the_engine_knows_the_connection_window() -> None:
@@ -335,8 +403,9 @@ def test_the_engines_call_and_connection_fields_are_the_references() -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_a_measured_calls_last_message_is_the_same_fed_whole_or_in_pieces(seed: int) -> None:
     """``LastMessage.feed`` takes a frame that is one whole message (how a replica sends them, so how the relay
-    passes them, once per message) without its loop: fed the same messages whole, or in random pieces that only
-    the loop handles, it keeps the same newest message and state (compressed, empty and oversized ones too)."""
+    passes them, once per message) without its loop: fed the same messages whole, or each in two or more random
+    pieces (which only the loop handles: a message's first piece never looks whole), it keeps the same newest
+    message after each one (compressed, empty and oversized ones too)."""
     from rollout_router.proxy.grpc import usage
 
     rng = random.Random(seed)
@@ -348,19 +417,12 @@ def test_a_measured_calls_last_message_is_the_same_fed_whole_or_in_pieces(seed: 
                         * (size // 64 + 1))
     messages = [m[:5 + int.from_bytes(m[1:5], "big")] for m in messages]
 
-    def state(last: usage.LastMessage) -> tuple:
-        return last.last, last._keep, last._left, last._prefix, b"".join(last._body)
-
     whole, pieces = usage.LastMessage(), usage.LastMessage()
     for message in messages:
         whole.feed(message)
-        data = message
+        data, cut = message, rng.randrange(1, len(message))  # the first piece: never the whole message
         while data:
-            cut = rng.randrange(1, len(data) + 1) if rng.random() < 0.7 else len(data) + 1
             piece, data = data[:cut], data[cut:]
-            if len(piece) >= 5 and int.from_bytes(piece[1:5], "big") == len(piece) - 5 and not pieces._prefix \
-                    and not pieces._left:
-                pieces._prefix = piece[:1]  # (a piece that looks whole takes the loop: its first byte already read)
-                piece = piece[1:]
             pieces.feed(piece)
-        assert state(whole) == state(pieces)
+            cut = rng.randrange(1, len(data) + 1) if data and rng.random() < 0.7 else len(data)
+        assert whole.last == pieces.last

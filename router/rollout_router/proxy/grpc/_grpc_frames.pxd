@@ -4,10 +4,6 @@
 cpdef tuple split_frames(bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work=*)
 cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=*)
 cpdef bytes encode(object headers)
-cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay)
-cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay)
-cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
-                type relay)
 
 
 cdef class HeaderDecoder:
@@ -30,7 +26,7 @@ cdef class Stream:
 
 cdef class ConnFields:
     # outbound.PyConnFields' fields (its pure-Python reference): what the relay reads and writes of a connection
-    cdef public object transport, streams, out, blocked, guard, continuing
+    cdef public object transport, streams, out, blocked, guard, continuing, decoder
     cdef public bytearray buffer  # read, not yet handled
     cdef public Py_ssize_t window, peer_window, unacked, stream_window
     cdef public bint closed, write_paused, yielding
@@ -41,3 +37,9 @@ cdef class CallFields:
     cdef public object client, stream, upstream, ustream, turn, last
     cdef public bint first, relayed
     cdef public Py_ssize_t heard
+
+
+cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay)
+cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay)
+cpdef bint read(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
+                type relay)

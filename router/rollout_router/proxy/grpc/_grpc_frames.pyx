@@ -13,6 +13,7 @@ from libc.string cimport memcpy
 
 from time import monotonic
 
+from hpack import HPACKError
 from hpack.huffman_table import HUFFMAN_TABLE
 from hpack.table import HeaderTable
 
@@ -76,9 +77,10 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 # (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
 # conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
 # stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
-# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, goes straight
-# to the connection's ``header_block`` (as conn.H2Connection.on_frame and _headers would pass it). h2.py_work is the
-# reference: the same loop with every frame given to ``on_frame``.
+# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, is decoded and
+# handed to the connection's ``headers_frame`` here (``_header_block``), as conn.H2Connection.header_block does with
+# what on_frame and _headers would pass it. h2.py_work is the reference: the same loop with every frame given to
+# ``on_frame``.
 cdef enum:
     DATA = 0
     WINDOW_UPDATE = 8
@@ -87,6 +89,7 @@ cdef enum:
     PADDED = 0x8
     PRIORITY_FLAG = 0x20
     MAX_WINDOW = 0x7FFFFFFF
+    COMPRESSION_ERROR = 0x9
 
 CONNECTION_HALF = 8 << 20  # conn.CONNECTION_WINDOW // 2: the connection's window is returned in halves of it
 cdef Py_ssize_t _CONNECTION_HALF = CONNECTION_HALF
@@ -110,7 +113,7 @@ cdef class Stream:
 cdef class ConnFields:
     """The fields of a connection the relay reads and writes (outbound.H2Output's base where the engine runs;
     outbound.PyConnFields is the reference, a class with the same slots): read and written here without the C
-    API's attribute lookups. A connection of the reference's class is read through the C API."""
+    API's attribute lookups. The engine reads only connections of this class (the reference's run on h2.py's)."""
 
     def data_received(self, data):
         """conn.H2Connection.data_received (the reference) in C, with the constants ``reading_with`` was given:
@@ -126,12 +129,7 @@ cdef class ConnFields:
 cdef class CallFields:
     """The fields of a call the relay reads and writes (call.Call's base where the engine runs; call.PyCallFields
     is the reference, a class with the same slots): read and written here without the C API's attribute
-    lookups. A call of the reference's class is read through the C API."""
-
-
-cdef inline ConnFields _typed(object conn):
-    """``conn``'s fields in C, or None for a connection of the reference's class (read through the C API)."""
-    return <ConnFields> conn if isinstance(conn, ConnFields) else None
+    lookups. A call of another class is left to Python."""
 
 
 cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char* payload, Py_ssize_t length):
@@ -146,81 +144,55 @@ cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char*
     return out
 
 
-cdef bint _relay_data(object conn, ConnFields fields, int flags, unsigned int stream_id, const unsigned char* payload,
+cdef bint _relay_data(ConnFields conn, int flags, unsigned int stream_id, const unsigned char* payload,
                       Py_ssize_t length, list dirty, type relay) except -1:
-    """A replica stream's DATA frame passed to its client's stream (True), or nothing done (False: Python's turn).
-    ``fields`` is ``conn``'s (None: a connection of the reference's class)."""
+    """A replica stream's DATA frame passed to its client's stream (True), or nothing done (False: Python's turn)."""
     if flags & (END_STREAM | PADDED) or length == 0:
         return False
-    cdef dict streams = fields.streams if fields is not None else conn.streams
-    found = streams.get(stream_id)
+    found = (<dict> conn.streams).get(stream_id)
     if type(found) is not Stream:  # unknown (or a stream of the reference's class: Python's turn)
         return False
     cdef Stream stream = <Stream> found
     if stream.ended or stream.expected is not None:
         return False
     call = stream.owner
-    if type(call) is not relay:
+    if type(call) is not relay or not isinstance(call, CallFields):
         return False
-    cdef CallFields typed = <CallFields> call if isinstance(call, CallFields) else None
-    if typed is not None:
-        ustream, upstream, turn, client, answer, last = \
-            typed.ustream, typed.upstream, typed.turn, typed.client, typed.stream, typed.last
-    else:
-        ustream, upstream, turn, client, answer, last = \
-            call.ustream, call.upstream, call.turn, call.client, call.stream, call.last
-    if ustream is not stream or upstream is not conn or type(answer) is not Stream:
+    cdef CallFields typed = <CallFields> call
+    client, answer, turn, last = typed.client, typed.stream, typed.turn, typed.last
+    if typed.ustream is not stream or typed.upstream is not conn or type(answer) is not Stream \
+            or not isinstance(client, ConnFields):
         return False
     cdef Stream out = <Stream> answer
     if out.owner is not call or out.pending is not None:
         return False
-    cdef ConnFields to = _typed(client)
-    cdef Py_ssize_t stream_window = out.window, window, unacked, half
-    if to is not None:
-        if to.write_paused or to.closed:
-            return False
-        window = to.window
-    else:
-        if client.write_paused or client.closed:
-            return False
-        window = client.window
-    unacked = (fields.unacked if fields is not None else conn.unacked) + length
+    cdef ConnFields to = <ConnFields> client
+    if to.write_paused or to.closed:
+        return False
+    cdef Py_ssize_t stream_window = out.window, window = to.window, unacked = conn.unacked + length, half
     if length > stream_window or length > window or unacked >= _CONNECTION_HALF:
         return False
     # conn.H2Connection._data: the connection's window (returned in halves, never here: checked above), the
     # empty-frame guard (not empty), the stream's count
-    if fields is not None:
-        fields.unacked = unacked
-        fields.guard.empty = 0
-        half = fields.stream_window // 2
-    else:
-        conn.unacked = unacked
-        conn.guard.empty = 0
-        half = conn.stream_window // 2
+    conn.unacked = unacked
+    conn.guard.empty = 0
+    half = conn.stream_window // 2
     stream.got += length
     # call.Call.on_data: the replica's message; ``backlog`` grows by ``length`` and shrinks by it in on_written below
     if turn is not None and turn.first_byte is None:
         turn.first(monotonic())  # the first response message (a stream's first tokens)
-    if typed is not None:
-        typed.first = True
-        typed.relayed = True
-        typed.heard += 1
-    else:
-        call.first = True
-        call.relayed = True
-        call.heard += 1
+    typed.first = True
+    typed.relayed = True
+    typed.heard += 1
     if last is not None:
         last.feed(PyBytes_FromStringAndSize(<const char*> payload, length))
     # outbound: send_data, _push and emit (within a read: written by flush_dirty)
-    cdef list pending = to.out if to is not None else client.out
+    cdef list pending = to.out
     if not pending:
-        dirty.append(client)
+        dirty.append(to)
     pending.append(_framed(DATA, <unsigned int> out.id, payload, length))
     out.window = stream_window - length
-    if to is not None:
-        to.window = window - length
-    else:
-        client.window = window - length
+    to.window = window - length
     # call.Call.on_written: the client's connection took the bytes, so the replica may send more (consume)
     cdef Py_ssize_t returned = stream.unacked + length
     cdef unsigned char increment[4]
@@ -233,7 +205,7 @@ cdef bint _relay_data(object conn, ConnFields fields, int flags, unsigned int st
     return True
 
 
-cdef bint _window_update(object conn, ConnFields fields, unsigned int stream_id, const unsigned char* payload) except -1:
+cdef bint _window_update(ConnFields conn, unsigned int stream_id, const unsigned char* payload) except -1:
     """conn.H2Connection._window_update when the increment is valid and the stream known (True), else False."""
     cdef Py_ssize_t increment = ((<Py_ssize_t> payload[0] & 0x7F) << 24) | (<Py_ssize_t> payload[1] << 16) | \
         (<Py_ssize_t> payload[2] << 8) | payload[3]
@@ -241,15 +213,11 @@ cdef bint _window_update(object conn, ConnFields fields, unsigned int stream_id,
     if increment == 0:
         return False
     if stream_id == 0:
-        window = fields.window if fields is not None else conn.window
-        if window + increment > MAX_WINDOW:
+        if conn.window + increment > MAX_WINDOW:
             return False
-        if fields is not None:
-            fields.window = window + increment
-        else:
-            conn.window = window + increment
+        conn.window += increment
     else:
-        found = (<dict> (fields.streams if fields is not None else conn.streams)).get(stream_id)
+        found = (<dict> conn.streams).get(stream_id)
         if found is None:
             return False
         if type(found) is Stream:
@@ -262,25 +230,41 @@ cdef bint _window_update(object conn, ConnFields fields, unsigned int stream_id,
             if window + increment > MAX_WINDOW:
                 return False
             found.window = window + increment
-    if (fields.blocked if fields is not None else conn.blocked):
+    if conn.blocked:
         conn.drain()
     return True
 
 
-cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay):
+cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes block) except -1:
+    """conn.H2Connection.header_block (the reference) for a plain whole block: decoded with the connection's
+    decoder, counted against its decoded-header budget (``guard.headers``), handed to its ``headers_frame``; a
+    block that does not decode closes the connection (COMPRESSION_ERROR), as a spent budget does."""
+    try:
+        headers, size = conn.decoder.decode(block)
+    except (HPACKError, IndexError, ValueError) as error:
+        conn.fail(COMPRESSION_ERROR, f"bad header block ({error or type(error).__name__})", stream_id)
+        return 0
+    if not conn.guard.headers.take(size):
+        conn.header_flood()
+        return 0
+    conn.headers_frame(stream_id, headers, bool(flags & END_STREAM))
+    return 0
+
+
+cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay):
     """h2.py_work: handle the complete frames at the start of ``buffer`` worth at most ``limit`` units of work,
-    removing them from it; whether the limit was what stopped it. Called within a read (outbound.begin_read)."""
+    removing them from it; whether the limit was what stopped it. Called within a read (outbound.begin_read). Only
+    for a connection with the engine's fields (H2Output where the engine runs): the reference's run on py_work."""
     cdef Py_ssize_t offset = 0, size, work = 0, length, end
     cdef const unsigned char* data
     cdef int kind, flags
     cdef unsigned int stream_id
     cdef bint more = False, dropping = False, plain
-    cdef ConnFields fields = _typed(conn)
     on_frame = None  # conn.on_frame, looked up when a frame first needs it (most reads relay DATA alone)
     try:
         while True:
             # frames after one that closed it are consumed, not handled
-            dropping = dropping or (fields.closed if fields is not None else conn.closed)
+            dropping = dropping or conn.closed
             size = PyByteArray_GET_SIZE(buffer)  # (read again after each call into Python)
             if size - offset < 9:
                 break
@@ -305,16 +289,16 @@ cpdef bint work(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head
             offset = end
             if dropping:
                 continue
-            plain = (fields.continuing if fields is not None else conn.continuing) is None  # no block continued
+            plain = conn.continuing is None  # no block continued
             if kind == DATA and stream_id and plain:
-                if _relay_data(conn, fields, flags, stream_id, data + 9, length, dirty, relay):
+                if _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
                     continue
             elif kind == WINDOW_UPDATE and length == 4 and plain:
-                if _window_update(conn, fields, stream_id, data + 9):
+                if _window_update(conn, stream_id, data + 9):
                     continue
             elif kind == HEADERS and stream_id and flags & END_HEADERS and not flags & (PADDED | PRIORITY_FLAG) \
                     and plain:  # a whole header block: conn.H2Connection._headers' plain case
-                conn.header_block(stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+                _header_block(conn, stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
                 continue
             if on_frame is None:
                 on_frame = conn.on_frame
@@ -336,31 +320,26 @@ cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay):
     _read_limit, _read_dirty, _read_flag, _read_relay = limit, dirty, reading, relay
 
 
-cpdef bint read(object conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
+cpdef bint read(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
                 type relay):
     """h2.py_read: one read handled (``work``, with ``reading[0]`` set, as outbound.begin_read does), then what it
     produced written, one write per connection (outbound.flush_dirty, H2Output.flush); whether frames are left
     for the next turn (the limit stopped it and ``conn`` is still open)."""
     cdef bint more = False
     cdef list out
-    cdef ConnFields fields
+    cdef ConnFields written
     reading[0] = True
     try:
         more = work(conn, buffer, limit, head_work, dirty, relay)
     finally:
         reading[0] = False
         while dirty:
-            written = dirty.pop()
-            fields = _typed(written)
-            if fields is not None:
-                out, closed, transport = fields.out, fields.closed, fields.transport
-            else:
-                out, closed, transport = written.out, written.closed, written.transport
-            if out and not closed and transport is not None:
-                transport.write(out[0] if len(out) == 1 else b"".join(out))
+            written = <ConnFields?> dirty.pop()  # (H2Output.emit and the relay put only connections there)
+            out = written.out
+            if out and not written.closed and written.transport is not None:
+                written.transport.write(out[0] if len(out) == 1 else b"".join(out))
             del out[:]
-    fields = _typed(conn)
-    return more and not (fields.closed if fields is not None else conn.closed)
+    return more and not conn.closed
 
 
 

@@ -174,12 +174,12 @@ class Call(CallFields):
                 version = self.proxy.context.rl.versions.get(self.name)
                 if version is not None:  # a trainer drops samples of stale weights by it
                     out.append((WEIGHT_VERSION, version.encode()))
-        if end:
-            self.first = True
-            self.code = h2.grpc_status(headers)
-        self.client.send_headers(self.stream, out, end)
-        if end:
-            self._complete()
+        if not end:
+            return self.client.send_headers(self.stream, out, False)
+        self.first = True
+        self.code = h2.grpc_status(headers)
+        self.client.send_headers(self.stream, out, True)
+        self._complete()
 
     def on_written(self, stream: Stream, size: int) -> None:
         if stream is self.stream:  # response bytes reached the client's socket: the replica may send more
@@ -259,9 +259,18 @@ class Call(CallFields):
 
     # endings
     def _complete(self) -> None:
-        """The replica ended the response (trailers relayed): the call is done."""
-        self._close_upstream(h2.NO_ERROR if not self.request_ended else None)
-        self._end_client()
+        """The replica ended the response (trailers relayed): the call is done, the replica's stream forgotten (reset
+        with NO_ERROR if the client is still sending), the client's finished. ``_close_upstream`` and ``_end_client``
+        written out, since nearly every call ends here."""
+        stream, self.ustream = self.ustream, None
+        request_ended = self.request_ended
+        if stream is not None and self.upstream is not None:
+            if request_ended:
+                self.upstream.forget(stream)
+            else:
+                self.upstream.reset(stream, h2.NO_ERROR)
+        self.client.finish(self.stream, reset=not request_ended)
+        self._release()
         self._resolve(None)
 
     def timeout(self) -> None:

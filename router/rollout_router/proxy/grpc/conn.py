@@ -55,7 +55,7 @@ class H2Connection(H2Output):
         self.peer_max_streams = h2.MAX_WINDOW
         self.last_peer_stream = 0
         self.buffer = bytearray()  # read, not yet handled (a frame not yet whole, or frames left for the next turn)
-        self._decoder = h2.header_decoder(MAX_HEAD)
+        self.decoder = h2.header_decoder(MAX_HEAD)  # this side's HPACK state (the frame engine decodes with it)
         self.unacked = 0
         self.continuing: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
         self.yielding = False  # reading paused while frames already read wait for the next turn
@@ -191,18 +191,23 @@ class H2Connection(H2Output):
 
     def header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         """A whole header block of ``stream_id`` (its HEADERS frame's ``flags``), decoded and handed on. The frame
-        engine calls it for a HEADERS frame that is the whole block, unpadded, with no priority, on a stream,
-        while no block is being continued (what ``on_frame`` and ``_headers`` would hand it unchanged)."""
+        engine does the same in C (``_header_block``) for a HEADERS frame that is the whole block, unpadded, with
+        no priority, on a stream, while no block is being continued (what ``on_frame`` and ``_headers`` would hand
+        here unchanged)."""
         try:
-            headers, size = self._decoder.decode(block)
+            headers, size = self.decoder.decode(block)
         except (hpack.HPACKError, IndexError, ValueError) as error:
             return self.fail(h2.COMPRESSION_ERROR, f"bad header block ({error or type(error).__name__})", stream_id)
         if not self.guard.headers.take(size):
-            return self.calm("h2_header_flood", f"decoded header bytes beyond {budgets.HEADER_BURST} at over "
-                                                f"{budgets.HEADER_RATE:g} a second")
+            return self.header_flood()
         if flags & _SELF_DEPENDENT:
             return self._stream_error(stream_id, h2.PROTOCOL_ERROR)
         self.headers_frame(stream_id, headers, bool(flags & h2.END_STREAM))
+
+    def header_flood(self) -> None:
+        """The decoded-header budget is spent (``guard.headers``): the connection is closed (ENHANCE_YOUR_CALM)."""
+        self.calm("h2_header_flood", f"decoded header bytes beyond {budgets.HEADER_BURST} at over "
+                                     f"{budgets.HEADER_RATE:g} a second")
 
     def _priority(self, flags: int, stream_id: int, payload: bytes) -> None:
         if int.from_bytes(payload[:4], "big") & h2.MAX_WINDOW == stream_id:
@@ -334,6 +339,7 @@ class H2Connection(H2Output):
 
 
 
+py_data_received = H2Connection.data_received  # the reference, under a name of its own (tests compare the two)
 if h2.engine_reading is not None:  # the frame engine reads: ``ConnFields.data_received`` (H2Output's base) is
     h2.engine_reading(FRAMES_PER_TURN, DIRTY, READING, Call)  # ``data_received`` above in C, with these
     del H2Connection.data_received

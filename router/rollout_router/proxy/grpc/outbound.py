@@ -17,6 +17,7 @@ from . import h2
 
 STREAM_WINDOW = 1 << 20  # what a peer may send on one stream before we pass it on
 CLOSED_MEMORY = 256  # closed streams remembered, to tell a peer's late frames from its errors
+_ENDING_HEAD = h2.END_HEADERS | h2.END_STREAM
 _dirty: list[H2Output] = []
 DIRTY = _dirty  # the connections with frames to write at the read's end (h2.work appends to it)
 _reading = [False]  # a read is being handled (``h2.read``): it writes what it emits at its end (no callback needed)
@@ -61,7 +62,7 @@ class PyConnFields:
     runs, so that it reads and writes them without the C API's attribute lookups."""
 
     __slots__ = ("transport", "streams", "out", "blocked", "guard", "continuing", "window", "peer_window", "unacked",
-                 "stream_window", "closed", "write_paused", "buffer", "yielding")
+                 "stream_window", "closed", "write_paused", "buffer", "yielding", "decoder")
 
 
 if TYPE_CHECKING or h2.engine_conn_fields is None:
@@ -82,7 +83,8 @@ class H2Output(ConnFields, asyncio.Protocol):
 
     ``out`` (the bytes a read wrote, not flushed yet), ``blocked`` (streams waiting for a window) and ``drain`` are
     public: the frame engine (``_grpc_frames.pyx``) reads and calls them, with ``streams``, ``window`` and
-    ``emit``, and ``H2Connection``'s ``on_frame``, ``header_block``, ``unacked`` and ``continuing``."""
+    ``emit``, and ``H2Connection``'s ``on_frame``, ``headers_frame``, ``fail``, ``header_flood``, ``decoder``,
+    ``unacked`` and ``continuing``."""
 
     track_ends = False  # whether a stream we finished stays open until the peer ends its side (the server does)
 
@@ -114,7 +116,11 @@ class H2Output(ConnFields, asyncio.Protocol):
         out.clear()
 
     def send_headers(self, stream: Stream, headers: list[h2.Header], end: bool) -> None:
-        block = h2.headers_frames(stream.id, h2.encode(headers), end)
+        block = h2.encode(headers)
+        if len(block) <= h2.FRAME_SIZE:  # one frame (every head and trailers a call sends, in practice)
+            block = h2.frame(h2.HEADERS, _ENDING_HEAD if end else h2.END_HEADERS, stream.id, block)
+        else:
+            block = h2.headers_frames(stream.id, block, end)
         if stream.pending:
             stream.pending.append((False, block, end))
         else:

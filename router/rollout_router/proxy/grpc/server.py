@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from .traffic import GrpcProxy
 
 LINGER_SECONDS = 2.0  # a refused or closing connection is closed this long after it was told to go away
+_HEAD_FRAMES = (h2.HEADERS, h2.CONTINUATION)
+# A connection's read: H2Connection's, or the frame engine's in C where it runs (called by name, not through super(),
+# which would cost a lookup on each of a call's reads)
+_read = H2Connection.data_received
 NOT_GRPC = b"this is the router's gRPC listener: calls are POST /service/method with content-type application/grpc\n"
 
 
@@ -64,10 +68,12 @@ class ClientConnection(H2Connection):
                 return self.fail(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
             data, self._opened_at = bytes(self._preface[len(h2.PREFACE):]), None
             self._preface.clear()
-        super().data_received(data)
+        _read(self, data)
         buffer = self.buffer  # a header block begun, or a HEADERS frame not yet whole: a head in progress
-        in_head = self.continuing is not None or (len(buffer) > 3 and buffer[3] in (h2.HEADERS, h2.CONTINUATION))
-        self._block_at = (self._block_at or self.proxy.now) if in_head else None
+        if self.continuing is None and (len(buffer) < 4 or buffer[3] not in _HEAD_FRAMES):
+            self._block_at = None  # (most reads: every frame handled, the buffer empty)
+        else:
+            self._block_at = self._block_at or self.proxy.now
 
     def headers_frame(self, stream_id: int, headers: list[h2.Header], end: bool) -> None:
         stream = self.streams.get(stream_id)

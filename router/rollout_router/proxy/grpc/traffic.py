@@ -198,7 +198,7 @@ class GrpcProxy(Listener):
         try:
             self._begin(call, routing)
             call.prepare(replica.id, False)
-            call.dispatch(conn, target, (), functools.partial(self._ended, call, Handed(key, group, routing)))
+            call.dispatch(conn, target, (), functools.partial(self._ended, call, key, group, routing))
         except Exception:  # as ``_serve`` answers a bug; the replica goes back as ``attempts.forward`` puts it
             log.exception("unexpected error on gRPC call %s", call.path.decode("latin-1"))
             call.ended = None  # (nothing records this attempt's end: it is over)
@@ -207,11 +207,12 @@ class GrpcProxy(Listener):
             call.answer(h2.INTERNAL, "internal router error; see the router's log")
         return True
 
-    def _ended(self, call: Call, handed: Handed, outcome: str | None) -> None:
+    def _ended(self, call: Call, key: str | None, group: str | None, routing: Routing, outcome: str | None) -> None:
         """The end of an attempt ``_here`` started: recorded, the replica put back; refused (the replica never saw
-        the call), it is retried on a task as ``attempts.forward`` retries, the refusal recorded there."""
-        routing = handed.routing
+        the call), it is retried on a task as ``attempts.forward`` retries, the refusal recorded there (handed over
+        only then: most attempts end here answered, with no object to hand over)."""
         if outcome == REFUSED:
+            handed = Handed(key, group, routing)
             handed.refusal = Refused(f"{routing.replica.id} closed the connection before answering")
             asyncio.get_running_loop().create_task(self._serve(call, handed))
             return
