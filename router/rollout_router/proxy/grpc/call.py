@@ -260,17 +260,9 @@ class Call(CallFields):
     # endings
     def _complete(self) -> None:
         """The replica ended the response (trailers relayed): the call is done, the replica's stream forgotten (reset
-        with NO_ERROR if the client is still sending), the client's finished. ``_close_upstream`` and ``_end_client``
-        written out, since nearly every call ends here."""
-        stream, self.ustream = self.ustream, None
-        request_ended = self.request_ended
-        if stream is not None and self.upstream is not None:
-            if request_ended:
-                self.upstream.forget(stream)
-            else:
-                self.upstream.reset(stream, h2.NO_ERROR)
-        self.client.finish(self.stream, reset=not request_ended)
-        self._release()
+        with NO_ERROR if the client is still sending), the client's finished."""
+        self._close_upstream(h2.NO_ERROR if not self.request_ended else None)
+        self._end_client()
         self._resolve(None)
 
     def timeout(self) -> None:
