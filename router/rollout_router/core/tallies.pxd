@@ -7,7 +7,6 @@ cdef class CounterChild:
     cpdef inc(self, object amount=*)
 
 cdef class HistogramChild:
-    cdef public tuple bounds
     cdef double[::1] edges               # the bounds as C doubles
     cdef long long[::1] tally            # the counts, one past the bounds (+Inf)
     cdef public double sum

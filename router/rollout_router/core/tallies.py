@@ -29,10 +29,10 @@ class HistogramChild:
     observation reads and adds to them in C, with no float or int object to find in memory or to make (every
     answer observes its duration, most at a moment the CPU caches hold other work)."""
 
-    __slots__ = ("bounds", "edges", "tally", "sum", "created")
+    __slots__ = ("edges", "tally", "sum", "created")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds, self.sum, self.created = bounds, 0.0, time.time()
+        self.sum, self.created = 0.0, time.time()
         self.edges = array("d", bounds)
         self.tally = array("q", bytes(8 * (len(bounds) + 1)))
 

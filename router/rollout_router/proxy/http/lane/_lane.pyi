@@ -31,14 +31,12 @@ class Lane:
 
 
 class Sticky:
-    settings: Any
-    max_key: int
-    group_fields: bool
     hits: int
     answers: int
     answering: int
 
     def __init__(self, glue: Any, parts: tuple[Any, ...]) -> None: ...
+    def sync(self, settings: Any, max_key: int, group_fields: bool) -> None: ...
 
 
 class Pool:

@@ -39,8 +39,8 @@ cdef class Sticky:
     cdef DecisionCounts counters
     cdef SessionTable table              # its session table; None: not a policy ``route`` knows
     cdef object synced                   # the settings ``LaneGlue`` synced to: other ones, and it declines
-    cdef public long long max_key
-    cdef public bint group_fields
+    cdef long long max_key
+    cdef bint group_fields
     cdef public long long hits, answers  # requests routed and finished here (the others: ``LaneGlue``)
     cdef public long long answering      # begun here less ended here: ``HttpProxy.answering`` adds it
 
@@ -58,14 +58,10 @@ cdef class Sticky:
         self.policy_type, self.clock, self.sampled = parts
         self.changes, self.seen = context.changes, -1
 
-    @property
-    def settings(self):
-        return self.synced
-
-    @settings.setter
-    def settings(self, settings):
-        """``LaneGlue`` synced to ``settings``: the hit reads the router's state again."""
-        self.synced, self.seen = settings, -1
+    def sync(self, settings, long long max_key, bint group_fields):
+        """``LaneGlue`` synced to ``settings`` (their maxKeyBytes, whether a group key is read from the body): the
+        hit reads the router's state again."""
+        self.synced, self.max_key, self.group_fields, self.seen = settings, max_key, group_fields, -1
 
     cdef int _read(self) except -1:
         """What the hit needs from the router's Python objects, read again after a change (``Runtime.changes``)."""

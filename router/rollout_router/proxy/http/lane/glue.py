@@ -107,7 +107,7 @@ class LaneGlue:
         self.native.set_names(session, proxy.names.groups)
         settings = proxy.context.settings
         self._max_key, self._group_fields = settings.session.max_key_bytes, bool(settings.group.body_fields)
-        self.sticky.settings, self.sticky.max_key, self.sticky.group_fields = settings, self._max_key, self._group_fields
+        self.sticky.sync(settings, self._max_key, self._group_fields)
 
     def _changed(self, size: int) -> bool:
         """New settings: whether they change what the lane read this request with (its body's ``size`` against
