@@ -207,3 +207,27 @@ def test_a_crossfield_rule_refuses_the_same_settings_as_its_cel(policy, determin
         by_settings = [f"spec.{error.errors()[0]['msg'].removeprefix('Value error, ')}"]
     assert by_cel == by_settings
     assert bool(by_cel) == (policy == "cost_affinity" and not determinism and margin is None)
+
+
+PORTS = [1, 65535, 0, 65536, -1, "0", "1", "65535", "65536", "00080", "8" * 16, "http", "g", "grpc-port", "a--b",
+         "9-0", "grpc-", "-grpc", "grpc_port", "Grpc", "a12345678901234", "a123456789012345", "ｇｒｐｃ", "٨٠", ""]
+
+
+@pytest.mark.parametrize("port", PORTS, ids=repr)
+def test_the_port_rule_refuses_the_same_ports_as_its_cel(port):
+    """``portrule.PORT`` is read two ways, by the router's settings and as the CRD's CEL on an int-or-string
+    field: both take the same ports and refuse the others with the same message."""
+    from rollout_router.portrule import PORT
+    from rollout_router.settings import DiscoverySettings
+
+    schema = {"properties": {"grpcPort": {"x-kubernetes-int-or-string": True}},
+              "x-kubernetes-validations": [PORT.cel("grpcPort")]}
+    by_cel = [refusal.split(": ")[-1] for refusal in violations(schema, {"grpcPort": port})]
+    try:
+        DiscoverySettings.model_validate({"selector": {"matchLabels": {"app": "vllm"}}, "grpcPort": port})
+        by_settings = []
+    except ValueError as error:
+        by_settings = [error.errors()[0]["msg"].split(": ")[-1]]
+    assert by_cel == by_settings
+    assert by_settings == ([] if port in (1, 65535, "1", "65535", "00080", "http", "g", "grpc-port", "a12345678901234")
+                           else [PORT.message])

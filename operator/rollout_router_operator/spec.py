@@ -17,9 +17,9 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from rollout_router.crossfield import COST_AFFINITY_HAS_A_MARGIN
+from rollout_router.portrule import PORT
 from rollout_router.settings import (
     MAX_WORKERS,
-    PORT_RULE,
     LabelSelector,
     MetricsSettings,
     Model,
@@ -253,22 +253,11 @@ REQUIREMENT_RULE = cel(
 COST_AFFINITY_RULE = COST_AFFINITY_HAS_A_MARGIN.cel()
 
 
-def port_rule(field: str) -> dict:
-    """``Port``'s check for the API server: an int-or-string takes no bounds or pattern, and a null port is absent
-    to CEL. The size is checked before the patterns (which bounds what CEL estimates they cost)."""
-    v = f"self.{field}"
-    in_range = "{0} >= 1 && {0} <= 65535"
-    return cel(f"!has({v}) || (type({v}) == int ? {in_range.format(v)} : {v}.size() <= 15 && "
-               f"({v}.matches('^[0-9]+$') ? {in_range.format(f'int({v})')} : "
-               f"{v}.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && {v}.matches('[a-z]') && !{v}.contains('--')))",
-               PORT_RULE, f".{field}")
-
-
 class RolloutRouterSpec(PolicySettings):
     """What a user writes under spec: the policy knobs, where the vLLM pods are, how the router runs."""
 
     model_config = PolicySettings.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
-        COST_AFFINITY_RULE, port_rule("backendPort"), port_rule("grpcPort")]}}
+        COST_AFFINITY_RULE, PORT.cel("backendPort"), PORT.cel("grpcPort")]}}
 
     selector: LabelSelector = Field(
         description="The vLLM pods, in the resource's namespace.",

@@ -30,6 +30,7 @@ from . import addresses
 from .crossfield import COST_AFFINITY_HAS_A_MARGIN
 from .policy import LiveConfig, PolicyOptions, registry
 from .policy.cost_affinity import CostAffinityOptions
+from .portrule import PORT
 
 __all__ = [
     "Backend", "DiscoverySettings", "FleetSettings", "HealthSettings", "LabelSelector", "LabelSelectorRequirement",
@@ -200,27 +201,10 @@ class LabelSelector(Model):
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
 
 
-PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")  # a container port's name, as Kubernetes checks it
-PORT_RULE = ("a port is a number from 1 to 65535 or a container port's name (1-15 of a-z, 0-9 and '-', a letter "
-             "among them, a letter or digit at each end)")
-
-
-def _port(value: object) -> object:
-    """A number in range, or a name a container port can have (else a pod's port could never resolve, and a number
-    out of range would make a URL the data path cannot connect to). A string of digits is the number it spells."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 15:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(PORT_RULE)  # a list or a float: pydantic's own message would name every branch
-    if isinstance(value, int) and not 1 <= value <= 65535:
-        raise ValueError(f"{value}: {PORT_RULE}")
-    if isinstance(value, str) and (PORT_NAME.fullmatch(value) is None or "--" in value or not re.search("[a-z]", value)):
-        raise ValueError(f"{value!r}: {PORT_RULE}")
-    return value
-
-
-# A port by number, or by the name of a container port (resolved on each pod).
-Port = Annotated[int | str, BeforeValidator(_port), WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}]})]
+# A port by number, or by the name of a container port (resolved on each pod): ``portrule.PORT``, which the CRD
+# carries as CEL.
+Port = Annotated[int | str, BeforeValidator(PORT.check),
+               WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}]})]
 
 
 class DiscoverySettings(Model):
