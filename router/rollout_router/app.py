@@ -151,7 +151,7 @@ class Runtime:
         previous = self.settings
         self.apply(settings)
         self.metrics.config_reloads["applied"] += 1
-        log.info("config %s applied: %s", self.config_path, "; ".join(changes(previous, settings)) or "nothing changed")
+        log.info("config %s applied: %s", self.config_path, "; ".join(reload_said(previous, settings)) or "nothing changed")
         return True
 
     def _stop_discovery(self) -> None:
@@ -345,7 +345,7 @@ class Peering:
         return bool(self.peers or self.selector) or settings.fleet is not None
 
 
-def changes(before: RouterSettings, after: RouterSettings, limit: int = 12) -> list[str]:
+def reload_said(before: RouterSettings, after: RouterSettings, limit: int = 12) -> list[str]:
     """What a reload changed, as the file names it (``session.maxSessions: 100000 -> 50``), at most ``limit``."""
     old, new = _flat(before.model_dump(mode="json", by_alias=True)), _flat(after.model_dump(mode="json", by_alias=True))
     said = [f"{key}: {_short(old.get(key))} -> {_short(new.get(key))}" for key in sorted(old.keys() | new.keys())
