@@ -29,10 +29,10 @@ ROLES = {
     "fakevllm": "simulated replica", "observability": "/metrics, /status", "proxy": "listeners send",
     "fleet": "owners, peers' loads", "health": "ejection, probes",
     "kube": "API client, watch", "discovery": "pods -> replicas", "balancer": "route + lease", "descriptors": "fd limit, caps",
-    "addresses": "worker address policy", "tallies": "metrics read at scrape",
+    "addresses": "URL policy", "tallies": "scrape tallies",
     "multicore": "--workers N parent", "multicore_admin": "pod admin, summed",
     "replicas": "replica set, leases", "settings": "one config model", "policy": "pure decisions",
-    "listening": "sockets", "core": "hot state (C or Python)", "crossfield": "rules + CEL",
+    "listening": "sockets", "core": "hot state (C or Python)", "crossfield": "rules + CEL", "portrule": "port + CEL",
 }
 HTTP_ROLES = {
     "traffic": "HttpProxy: fast path, coroutine path", "admin_listener": "the admin port",
