@@ -286,3 +286,24 @@ def test_a_load_past_the_small_ints_moved_after_a_settle_is_kept_as_filed():
     assert loads[url] == 301
     finish(runtime, tokens[3], "ok", now)
     assert loads[url] == 300 and loads.min() == 300 and loads.total() == 300
+
+
+@no_lane_failures()
+def test_a_router_leaving_its_fleet_stops_the_sticky_hit_at_its_next_request():
+    """SIGTERM with peers (``Fleet.stop_owning``): this router owns no key any more, so its next request is the
+    coroutine path's (which sends it to the key's new owner), not a sticky hit on the pin it still holds."""
+    from rollout_router.fleet.node import Fleet
+    from rollout_router.settings import FleetSettings
+
+    runtime = router(sticky=True)
+    runtime.fleet = Fleet(runtime.replicas, runtime.balancer, runtime.clock, FleetSettings(), lambda: None,
+                          "http://127.0.0.1:1", "http://127.0.0.1:2", None, lambda: None)
+    runtime.changes.bump()  # as the router does when it starts its fleet
+    sticky = runtime.http_proxy.lane.sticky
+    now = time.monotonic()
+    for _ in range(3):  # a pin, then two hits kept here
+        finish(runtime, route(runtime, "ss", now)[2], "ok", now)
+    assert sticky.hits == 2
+    runtime.fleet.stop_owning()
+    assert route(runtime, "ss", now) is None  # LaneGlue declines too: the coroutine path asks the new owner
+    assert sticky.hits == 2 and runtime.replicas.total_inflight() == 0

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import descriptors
-from .core.tallies import CounterChild, HistogramChild, Sampler
+from .core.tallies import CounterChild, HistogramChild, Sampler, answered_in
 from .replicas import grpc_only
 from .tallies import Spread, Tally
 
@@ -295,8 +295,7 @@ class Metrics:
         children = self.series.get((backend, code))
         if children is None:
             children = self._series(backend, code)
-        children[0].value += 1
-        children[1].observe(seconds)
+        answered_in(children, seconds)
 
     def _series(self, backend: str, code: int | str) -> tuple[CounterChild, HistogramChild]:
         """The series a request to ``backend`` answered with ``code`` counts into, remembered: for good when the

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from .ledger import put
 from .loads import LoadIndex
 from .replica import ReplicaState
-from .tallies import CounterChild, HistogramChild
+from .tallies import CounterChild, HistogramChild, answered_in
 
 
 class Held(Protocol):
@@ -46,9 +46,7 @@ def answered_ok(routing: Held, live: Mapping[str, object], series: Mapping[tuple
         return False
     routing.held = False
     streaks_end(replica)
-    counter, spread = found
-    counter.value += 1
-    spread.observe(now - routing.start)
+    answered_in(found, now - routing.start)
     put(replica, http, grpc)
     return True
 

@@ -6,6 +6,11 @@ C; the policy's ``Counters`` adds what names the counts by a decision's outcome.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+Decided = TypeVar("Decided")  # the policy's Decision (the core imports no policy)
+
 FIELDS = ("affinity_kept", "affinity_broken", "new_sessions", "repinned_replica_gone", "unkeyed", "evicted_lru",
           "expired_idle", "released", "group_colocated", "group_spilled", "restored")
 
@@ -33,3 +38,10 @@ class DecisionCounts:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in self.as_dict().items())})"
+
+
+def kept_decision(counts: DecisionCounts, decisions: Mapping[str, Decided], replica: str) -> Decided:
+    """A sticky hit on ``replica`` counted, and its decision (``decisions``: the policy's, one made per replica):
+    what every path that keeps a pin does next (the policies, the native lane's sticky hit)."""
+    counts.affinity_kept += 1
+    return decisions[replica]

@@ -3,9 +3,7 @@
 cimport cython
 
 from rollout_router.core.loads cimport lowest
-from rollout_router.core.pins cimport SessionTable, idle, replica_slot, used_now
-
-cdef object _move_to_end
+from rollout_router.core.pins cimport SessionTable, idle, moved, replica_slot
 
 cpdef bint within(object loads, object load, object margin) except -1
 cpdef object kept(SessionTable table, object loads, object key, double now, object margin)

@@ -7,13 +7,10 @@ on the margin (``cost_affinity``, ``adaptive_affinity``) also ask.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 
 from .loads import lowest
-from .pins import SessionTable, idle, replica_slot, used_now
-
-_move_to_end = OrderedDict.move_to_end  # read once: compiled, a kept pin moves with no method lookup
+from .pins import SessionTable, idle, moved, replica_slot
 
 
 def within(loads: Mapping[str, float], load: float, margin: float) -> bool:
@@ -36,6 +33,5 @@ def kept(table: SessionTable, loads: Mapping[str, float], key: str, now: float, 
     replica = table.replicas[replica_slot(packed)]
     if replica not in loads or margin is not None and not within(loads, loads[replica], margin):
         return None
-    pins[key] = used_now(packed, now)
-    _move_to_end(pins, key)
+    moved(pins, key, packed, now)
     return replica

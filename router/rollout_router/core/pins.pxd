@@ -12,9 +12,11 @@ cdef class SessionTable:
     cdef _evict_over_size(self)
 
 cpdef bint idle(object packed, object ttl, double now) except -1
+cpdef moved(object pins, object key, object packed, double now)
 cpdef object used_now(object packed, double now)
 @cython.locals(scaled=double, ms='long long')
 cpdef object ms_up(double now)
 cpdef object replica_slot(object packed)
 cdef object _SLOT_BITS, _SLOT_MASK, _USED_BITS, _USED_MASK, _START_SHIFT
 cdef object _UNUSED  # (objects: a pin is wider than a C integer)
+cdef object _move_to_end

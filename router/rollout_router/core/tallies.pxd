@@ -17,3 +17,6 @@ cdef class HistogramChild:
 cdef class Sampler:
     cdef public double rate, credit
     cpdef bint sample(self) except -1
+
+@cython.locals(counter=CounterChild, spread=HistogramChild)
+cpdef answered_in(tuple series, double seconds)

@@ -72,3 +72,11 @@ class Sampler:
             self.credit -= 1
             return True
         return False
+
+
+def answered_in(series: tuple[CounterChild, HistogramChild], seconds: float) -> None:
+    """One request answered in ``seconds`` on its series (a replica's and its answer code's: a count and the
+    histogram of durations): ``Metrics.observe``, and the record of an answer below 400 (``answers.answered_ok``)."""
+    counter, spread = series
+    counter.value += 1
+    spread.observe(seconds)

@@ -259,6 +259,7 @@ class Fleet:
         """This router is leaving: from now on every key is owned by one of the others."""
         self.leaving = True
         self._owners.clear()
+        self.balancer.changes.bump()  # the native lane's sticky hit reads ``leaving`` again (``decide.open_now``)
 
     def peer_leaving(self, peer_id: str, done: bool) -> None:
         """A peer is leaving the fleet: it owns no key from now on; ``done``: it handed over every pin. Only a

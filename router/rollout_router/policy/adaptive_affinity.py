@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..core.kept import within
 from .affinity import AffinityPolicy
 from .base import Decision, Outcome
-from .hashing import lowest
 
 
 class AdaptiveAffinityPolicy(AffinityPolicy):
@@ -59,4 +59,4 @@ class AdaptiveAffinityPolicy(AffinityPolicy):
         margin = float(self.margin)
         if self.context_scale is not None and prefix is not None:
             margin += len(prefix) / self.context_scale
-        return loads[pinned] - lowest(loads) <= margin
+        return within(loads, loads[pinned], margin)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from ..core.counters import kept_decision
 from ..core.kept import kept, within
 from .base import Decision, LiveConfig, NoReplicaError, Outcome, Request
 from .groups import GroupTable
@@ -73,8 +74,7 @@ class AffinityPolicy(SessionPolicy):
         if self._plain:  # the kept-pin rule, which the native lane's sticky hit calls too (most requests)
             replica = kept(self.table, loads, key, now, self.keep_margin)
             if replica is not None:
-                self.counters.affinity_kept += 1
-                return self.kept_decisions[replica]
+                return kept_decision(self.counters, self.kept_decisions, replica)
             pinned = self.table.get(key, now)
         else:
             pinned = self.table.get(key, now)

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import Field
 
+from ..core.kept import within
 from .affinity import AffinityPolicy
 from .base import LiveConfig, PolicyOptions
 from .hashing import lowest
@@ -70,8 +71,7 @@ class CostAffinityPolicy(AffinityPolicy):
             last = self.table.used(key, now)
             if last is not None and now - last < self.min_turn_seconds:
                 return True
-        least = lowest(loads)
-        return loads[pinned] - least <= self.margin + self.relative * least
+        return within(loads, loads[pinned], self.margin + self.relative * lowest(loads))
 
 
 def _check(relative: object, min_turn_seconds: object) -> None:

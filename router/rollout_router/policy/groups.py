@@ -34,8 +34,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 
+from ..core.kept import within
 from .base import Counters
-from .hashing import lowest, rendezvous
+from .hashing import rendezvous
 
 
 class GroupTable:
@@ -66,7 +67,7 @@ class GroupTable:
         current = self._replicas.get(group)
         if deterministic:
             target = rendezvous(group, loads)
-        elif current is not None and current in loads and (margin is None or loads[current] - lowest(loads) <= margin):
+        elif current is not None and current in loads and (margin is None or within(loads, loads[current], margin)):
             target = current
         else:
             target = chosen

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..core.counters import kept_decision
 from ..core.pins import SessionTable
 from .base import Decision, LiveConfig, Outcome, Policy
 from .unkeyed import Unkeyed
@@ -42,8 +43,7 @@ class SessionPolicy(Policy):
         """Record a sticky hit: ``key`` stays on ``replica``, the pin ``table.get`` has just returned (most
         decisions, so it is counted without ``Counters.count``)."""
         self.table.keep(key, now)
-        self.counters.affinity_kept += 1
-        return self.kept_decisions[replica]
+        return kept_decision(self.counters, self.kept_decisions, replica)
 
     def configure(self, config: LiveConfig) -> None:
         self.table.resize(config.max_sessions, config.idle_ttl)

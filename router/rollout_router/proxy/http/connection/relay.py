@@ -395,7 +395,13 @@ def verdict(exchange: Exchange) -> Verdict:
 
 
 def accepted(exchange: Exchange) -> bool:
-    """The replica's own head said < 400, or the client left before any verdict (which rejects nothing)."""
-    if exchange.status:
-        return exchange.status < 400
-    return exchange.failure is None and exchange.code == CLIENT_CLOSED
+    """``answer_accepted`` for an attempt relayed here."""
+    return answer_accepted(exchange.status, exchange.failure, exchange.code)
+
+
+def answer_accepted(status: int, failure: str | None, code: int | str | None) -> bool:
+    """The replica's own head said < 400 (``status``; 0: none came), or the client left before any verdict (which
+    rejects nothing): every path's rule (the native lane's glue asks it too)."""
+    if status:
+        return status < 400
+    return failure is None and code == CLIENT_CLOSED

@@ -3,18 +3,20 @@
 # With the lane, what the router costs above HAProxy is its two Python calls per request, a dozen frames and
 # some forty objects (benchmarks/lane_timed.py). A request whose session is pinned to a routable replica, under
 # the default policy (``AffinityPolicy``) keeping it, needs no choice: the kept-pin rule (``core.kept``, the
-# policy's own) moves its pin's last use, and the ledger (``core.ledger``) counts its replica one more in flight.
-# ``Sticky`` does that, and records the answer of such a request (``core.answers``, as ``outcome.answered`` does),
-# through the core's declared interfaces (``core/*.pxd``) and the public attributes of the router's objects, with
-# no frame, holding the objects that live as long as the router; a measured turn's answer is read by the turn's
-# own methods. Anything else declines before changing anything, and ``LaneGlue`` does it: a new session, a pin to move, a replica marked
-# down, an error answer, a pause, a key another router or worker decides, new settings.
+# policy's own) moves its pin's last use, the kept decision is counted (``core.counters.kept_decision``), and the
+# ledger (``core.ledger``) counts its replica one more in flight. ``Sticky`` does that, and records the answer of
+# such a request (``core.answers``, as ``outcome.answered`` does), through the core's declared interfaces
+# (``core/*.pxd``) and the public attributes of the router's objects, with no frame, holding the objects that live
+# as long as the router; a measured turn's answer is read by the turn's own methods. Anything else declines before
+# changing anything, and ``LaneGlue`` does it: a new session, a pin to move, a replica marked down, an error
+# answer, a pause or a router leaving its fleet (forwarding's ``open_now``, asked after each change), a key another
+# router or worker decides, new settings.
 # tests/test_lane_sticky.py routes the same requests both ways and compares what a user sees.
 
 from rollout_router.core.changes cimport Changes
 from rollout_router.core.kept cimport kept
 from rollout_router.core.answers cimport answered_ok, turn_recorded
-from rollout_router.core.counters cimport DecisionCounts
+from rollout_router.core.counters cimport DecisionCounts, kept_decision
 from rollout_router.core.ledger cimport take
 from rollout_router.core.loads cimport LoadIndex
 from rollout_router.core.pins cimport SessionTable
@@ -25,7 +27,7 @@ from rollout_router.core.tallies cimport HistogramChild, Sampler
 cdef class Sticky:
     """The sticky hit's state: the router's long-lived objects, read once (``LaneGlue`` builds it)."""
 
-    cdef object context, rl, balancer, clock, sampled, policy_type, pool_of, record_turn
+    cdef object context, balancer, clock, sampled, open_now, policy_type, pool_of, record_turn
     cdef dict live, paths, pools, series
     cdef object down                     # ``ReplicaSet.marked_down`` (a dict: empty, or it declines)
     cdef LoadIndex http, grpc
@@ -33,7 +35,7 @@ cdef class Sticky:
     cdef HistogramChild kept_first_byte
     cdef Changes changes                 # ``Runtime.changes``: what follows is read again when it moves
     cdef long long seen                  # its count when they were read (-1: read them again)
-    cdef bint ready                      # then: the settings synced to live, not paused, a policy ``route`` knows
+    cdef bint ready                      # then: the settings synced to live, open, a policy ``route`` knows
     cdef object fleet                    # then: ``Runtime.fleet``
     cdef object policy, kept_decisions   # the policy last seen, and its parts
     cdef DecisionCounts counters
@@ -47,7 +49,7 @@ cdef class Sticky:
     def __init__(self, glue, tuple parts):
         context = glue.context
         replicas = context.replicas
-        self.context, self.rl, self.balancer = context, context.rl, context.balancer
+        self.context, self.balancer = context, context.balancer
         self.record_turn = context.metrics.turn  # ``Metrics.turn``, bound once
         self.live, self.down = replicas.members, replicas.marked_down
         self.http, self.grpc = replicas.indexes
@@ -55,7 +57,8 @@ cdef class Sticky:
         margin = context.metrics.margin
         self.sampler, self.kept_first_byte = margin.sampler, margin.kept_first_byte
         self.paths, self.pools, self.pool_of = glue.paths, glue.pools, glue.pool
-        self.policy_type, self.clock, self.sampled = parts
+        # ``open_now``: forwarding's own check (not paused, not leaving), asked again after a change
+        self.policy_type, self.clock, self.sampled, self.open_now = parts
         self.changes, self.seen = context.changes, -1
 
     def sync(self, settings, long long max_key, bint group_fields):
@@ -71,7 +74,7 @@ cdef class Sticky:
         if policy is not self.policy:
             self._adopt(policy)
         self.fleet = context.fleet
-        self.ready = self.table is not None and context.settings is self.synced and not self.rl.paused
+        self.ready = self.table is not None and context.settings is self.synced and self.open_now(context)
         return 0
 
     cdef bint _adopt(self, object policy) except -1:
@@ -103,15 +106,13 @@ cdef class Sticky:
         except UnicodeDecodeError:
             return None
         fleet = self.fleet
-        if fleet is not None and (fleet.leaving or not fleet.decided_here(session, False)):  # (as LaneGlue asks)
+        if fleet is not None and not fleet.decided_here(session, False):  # ``route_or_decline`` asks a sibling
             return None
         replica_id = kept(self.table, self.http, session, now, self.policy.keep_margin)
         if replica_id is None:  # no live pin, its replica not routable, or the margin breaks it: the policy decides
             return None
         # kept: what AffinityPolicy.decide does after ``kept``, then ``ReplicaSet.take`` and ``attempts.taken``
-        self.counters.affinity_kept += 1
-        found = PyDict_GetItem(self.kept_decisions, replica_id)  # (a dict that makes what it misses: rarely)
-        decision = <object>found if found != NULL else self.kept_decisions[replica_id]
+        decision = kept_decision(self.counters, self.kept_decisions, replica_id)
         replica = self.live[replica_id]  # routable, so live
         found = PyDict_GetItem(self.pools, replica_id)
         pool = <object>found if found != NULL else self.pool_of(replica_id)

@@ -27,7 +27,7 @@ from ...turns import KEPT, Turn
 from ..connection import client as client_side
 from ..connection import upstream
 from ..connection.listener import HttpListener
-from ..connection.relay import CLIENT_CLOSED, connect_failure, failure_answer
+from ..connection.relay import answer_accepted, connect_failure, failure_answer
 from ..connection.upstream import ReplicaPool
 from ..forwarding.decide import open_now, route_or_decline
 from ..forwarding.delegated import LaneAsked
@@ -87,7 +87,7 @@ class LaneGlue:
         # the sticky hit, in C: the default policy's, on a clock that is the lane's (``_lane_sticky.pxi``):
         # CLOCK_MONOTONIC is ``time.monotonic`` on Linux only (elsewhere no clock matches, and it declines all)
         clock = time.monotonic if sys.platform.startswith("linux") else None
-        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled))
+        self.sticky = _lane.Sticky(self, (AffinityPolicy, clock, sampled, open_now))
         # at debug level every decision goes through the balancer, which logs a sample of them (decisionlog.py)
         self.native.sticky = self.sticky if context.balancer.decisions is None else None
         self._sync()
@@ -184,7 +184,7 @@ class LaneGlue:
                first_at: float, tail: bytes | None, now: float) -> None:
         """A lane request ended at ``now``: recorded as every path records (``outcome.answered``); a request a
         sibling worker routed: ``LaneAsked.finish``."""
-        ok = status < 400 if status else failure is None and code == CLIENT_CLOSED  # ``relay.accepted``'s rule
+        ok = answer_accepted(status, failure, code)
         if type(token) is LaneAsked:
             return token.finish(code, status, failure, ok, first_at, tail, now)
         assert isinstance(token, Routing)
