@@ -249,10 +249,10 @@ PROBE_RULE = "must be a path starting with / of URL characters (percent-encode s
      + " (got '/health\\r\\nX-Injected: 1')"),
     ('fleet: {peers: ["http://127.0.0.1:5/?a=1"]}\n', "fleet.peers: peer 'http://127.0.0.1:5/?a=1' must not have a "
                                                       "query or a fragment"),
-    ("discovery: {selector: {}}\n", "discovery.selector: an empty selector matches every pod in the namespace; "
-                                    "select the vLLM pods"),
+    ("discovery: {selector: {}}\n", "discovery.selector: selector must have matchLabels or matchExpressions (an "
+                                    "empty selector matches every pod)"),
     ("discovery: {selector: {matchExpressions: [{key: app, operator: In}]}}\n",
-     "discovery.selector: matchExpressions[0]: In and NotIn need values, Exists and DoesNotExist take none"),
+     "discovery.selector: matchExpressions[0]: In and NotIn need values; Exists and DoesNotExist take none"),
     ('health: {probePath: "/he alth"}\n', f"health.probePath: {PROBE_RULE} (got '/he alth')"),
     # taken, it would never match a header: silently no session key
     ('session: {headers: ["X Session"]}\n', "session.headers: 'X Session' is not an HTTP header name "

@@ -231,3 +231,27 @@ def test_the_port_rule_refuses_the_same_ports_as_its_cel(port):
     assert by_cel == by_settings
     assert by_settings == ([] if port in (1, 65535, "1", "65535", "00080", "http", "g", "grpc-port", "a12345678901234")
                            else [PORT.message])
+
+
+SELECTORS = [{}, {"matchLabels": {"app": "vllm"}}, {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+             *({"matchExpressions": [{"key": "app", "operator": operator, **values}]}
+               for operator in ("In", "NotIn", "Exists", "DoesNotExist") for values in ({}, {"values": ["vllm"]}))]
+
+
+@pytest.mark.parametrize("selector", SELECTORS, ids=repr)
+def test_a_selector_rule_refuses_the_same_selectors_as_its_cel(selector):
+    """``crossfield``'s selector rules are read two ways, by the router's discovery settings and as the CRD's CEL
+    on spec.selector: both refuse the same selectors, with the same message."""
+    from rollout_router.settings import DiscoverySettings
+
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    by_cel = [refusal.split(": ")[-1] for refusal in violations(schema, spec({"selector": selector}))]
+    try:
+        DiscoverySettings.model_validate({"selector": selector})
+        by_settings = []
+    except ValueError as error:
+        by_settings = [error.errors()[0]["msg"].removeprefix("Value error, ").split(": ")[-1]]
+    assert by_cel == by_settings
+    bad = not selector or any((term["operator"] in ("In", "NotIn")) != bool(term.get("values"))
+                              for term in selector.get("matchExpressions", ()))
+    assert bool(by_settings) == bad

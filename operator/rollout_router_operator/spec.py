@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
-from rollout_router.crossfield import COST_AFFINITY_HAS_A_MARGIN
+from rollout_router.crossfield import COST_AFFINITY_HAS_A_MARGIN, REQUIREMENT_VALUES, SELECTOR_SELECTS
 from rollout_router.portrule import PORT
 from rollout_router.settings import (
     MAX_WORKERS,
@@ -239,13 +239,8 @@ class ServiceMonitorSpec(Model):
                                 description="Scrape timeout (at most the interval).")
 
 
-SELECTOR_RULE = cel(
-    "(has(self.matchLabels) && size(self.matchLabels) > 0) || "
-    "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
-    "selector must have matchLabels or matchExpressions (an empty selector matches every pod)")
-REQUIREMENT_RULE = cel(
-    "self.operator in ['In', 'NotIn'] ? size(self.values) > 0 : size(self.values) == 0",
-    "In and NotIn need values; Exists and DoesNotExist take none")
+SELECTOR_RULE = SELECTOR_SELECTS.cel()  # the router's settings check the same two (``crossfield``)
+REQUIREMENT_RULE = REQUIREMENT_VALUES.cel()
 
 
 # the router settings' own rule rendered (a null field is absent to CEL; policy and fullDeterminism always have

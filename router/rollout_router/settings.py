@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from . import addresses
-from .crossfield import COST_AFFINITY_HAS_A_MARGIN
+from .crossfield import COST_AFFINITY_HAS_A_MARGIN, REQUIREMENT_VALUES, SELECTOR_SELECTS
 from .policy import LiveConfig, PolicyOptions, registry
 from .policy.cost_affinity import CostAffinityOptions
 from .portrule import PORT
@@ -219,14 +219,14 @@ class DiscoverySettings(Model):
     @field_validator("selector")
     @classmethod
     def _selects(cls, selector: LabelSelector) -> LabelSelector:
-        """As the operator checks spec.selector: an empty one takes every pod of the namespace for a replica, and a
-        requirement the API server refuses would fail every pod list."""
-        if not selector.match_labels and not selector.match_expressions:
-            raise ValueError("an empty selector matches every pod in the namespace; select the vLLM pods")
+        """``crossfield``'s selector rules, which the CRD carries as CEL: an empty selector takes every pod of the
+        namespace for a replica, and a requirement the API server refuses would fail every pod list."""
+        SELECTOR_SELECTS.check(selector)
         for index, requirement in enumerate(selector.match_expressions):
-            if (requirement.operator in ("In", "NotIn")) != bool(requirement.values):
-                raise ValueError(f"matchExpressions[{index}]: In and NotIn need values, Exists and DoesNotExist "
-                                 "take none")
+            try:
+                REQUIREMENT_VALUES.check(requirement)
+            except ValueError as error:
+                raise ValueError(f"matchExpressions[{index}]: {error}") from None
         return selector
 
     @model_validator(mode="after")
