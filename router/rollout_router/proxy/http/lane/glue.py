@@ -15,7 +15,7 @@ import functools
 import logging
 import sys
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .... import core
 from ....core.sources import why_stale
@@ -307,3 +307,10 @@ class LaneGlue:
     def handovers(self) -> dict[str, int]:
         """Requests the lane handed to the Python path, by reason."""
         return self.native.handover_counts()
+
+
+if TYPE_CHECKING:  # the lane's side of the contract (``_lane.pyi``: ``Glue``): mypy checks that LaneGlue is one
+    from ._lane import Glue
+
+    def _declared(glue: LaneGlue) -> Glue:
+        return glue
