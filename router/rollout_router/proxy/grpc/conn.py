@@ -16,8 +16,10 @@ written from elsewhere leave on the next turn of the event loop.
 A read is handled by ``h2.read``: in the compiled frame engine
 (``_grpc_frames.pyx``) a replica stream's DATA is passed to its client stream
 and WINDOW_UPDATE frames are applied there, without a Python call per frame,
-whenever no branch of the methods here but the plain one could be taken; every
-other frame comes to ``on_frame``. ``h2.py_read`` (the reference, and what runs
+and a whole header block is decoded there (a relayed call's trailers passed on
+there too, with one call to end the call: ``Call.complete``), whenever no branch
+of the methods here but the plain one could be taken; every other frame comes
+to ``on_frame``. ``h2.py_read`` (the reference, and what runs
 without the engine) gives every frame to ``on_frame``.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ import hpack
 
 from . import guard as budgets
 from . import h2
-from .call import Call
+from .call import HOP, Call
 from .guard import FRAMES_PER_TURN, Guard
 from .outbound import DIRTY, READING, H2Output, Stream
 
@@ -341,7 +343,7 @@ class H2Connection(H2Output):
 
 py_data_received = H2Connection.data_received  # the reference, under a name of its own (tests compare the two)
 if h2.engine_reading is not None:  # the frame engine reads: ``ConnFields.data_received`` (H2Output's base) is
-    h2.engine_reading(FRAMES_PER_TURN, DIRTY, READING, Call)  # ``data_received`` above in C, with these
+    h2.engine_reading(FRAMES_PER_TURN, DIRTY, READING, Call, HOP)  # ``data_received`` above in C, with these
     del H2Connection.data_received
 
 
