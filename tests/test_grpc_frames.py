@@ -123,7 +123,7 @@ def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
     stream.window = windows[2]
     client.streams[1] = stream
     client.last_peer_stream = 1
-    client._opened_at = None  # its preface read: the client's frames go to the frame engine
+    client.preface = client._opened_at = None  # its preface read: the client's frames go to the frame engine
     call = Call(proxy, client, stream, b"/s/m", [], False, None)  # type: ignore[arg-type]
     call.started = call.request_ended = call.answered = True
     ustream = Stream(1, call, upstream)
@@ -468,7 +468,8 @@ def test_the_engines_call_and_connection_fields_are_the_references() -> None:
     for name, value in (("transport", object()), ("streams", {1: None}), ("out", [b"x"]), ("blocked", {}),
                         ("guard", object()), ("continuing", (1, 0, bytearray())), ("window", -5),
                         ("peer_window", 70_000), ("unacked", 9), ("stream_window", 1 << 20), ("closed", True),
-                        ("write_paused", True)):
+                        ("write_paused", True), ("preface", bytearray(b"PRI")), ("head_clock", True),
+                        ("head_since", 2.5)):
         setattr(conn, name, value)
         assert getattr(conn, name) == value
     for name, value in (("client", object()), ("stream", object()), ("upstream", None), ("ustream", object()),

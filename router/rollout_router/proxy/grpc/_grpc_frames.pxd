@@ -30,8 +30,9 @@ cdef class ConnFields:
     # outbound.PyConnFields' fields (its pure-Python reference): what the relay reads and writes of a connection
     cdef public object transport, streams, out, blocked, guard, continuing, decoder
     cdef public bytearray buffer  # read, not yet handled
+    cdef public object preface, head_since  # the peer's connection preface awaited; a head begun at, not yet whole
     cdef public Py_ssize_t window, peer_window, unacked, stream_window
-    cdef public bint closed, write_paused, yielding
+    cdef public bint closed, write_paused, yielding, head_clock
 
 
 cdef class CallFields:

@@ -72,9 +72,9 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 
 
 # The relay: what conn.H2Connection._work does with a read, with the two frames a call's answer is made of handled
-# here whole (a replica stream's DATA passed to its client stream, a WINDOW_UPDATE) and every other frame handed to
-# the connection's ``on_frame`` as before. What is handled here is exactly what the Python methods would have done
-# (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
+# here whole (a replica stream's DATA passed to its client stream, a WINDOW_UPDATE), a DATA frame it does not relay
+# handed to the connection's ``data_frame`` (``on_frame``'s first branch) and every other frame to ``on_frame``. What is handled here is exactly what the Python methods would have done
+# (conn.H2Connection.data_frame, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
 # conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
 # stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
 # error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, is decoded and
@@ -119,13 +119,25 @@ cdef class ConnFields:
 
     def data_received(self, data):
         """conn.H2Connection.data_received (the reference) in C, with the constants ``reading_with`` was given:
-        the read appended to ``buffer`` and handled (``read``); frames left for the next turn, or reading paused
-        until now, go to ``yield_turn``. No Python frame per read of a replica's message."""
-        cdef bytearray buffer = self.buffer
+        a client's connection preface first (``preface_received``, while ``preface`` is not None); the read
+        appended to ``buffer`` and handled (``read``); frames left for the next turn, or reading paused until now,
+        go to ``yield_turn``; with ``head_clock``, a head left incomplete starts its clock (``head_begun``). No
+        Python frame per read but of a preface or a head begun."""
+        cdef bytearray buffer
+        if self.preface is not None:
+            data = self.preface_received(data)
+            if data is None:
+                return
+        buffer = self.buffer
         buffer += data
         more = read(self, buffer, _read_limit, self.guard.head_work, _read_dirty, _read_flag, _read_relay)
         if more or self.yielding:
             self.yield_turn(more)
+        if self.head_clock:
+            if self.continuing is None and (len(buffer) < 4 or buffer[3] != HEADERS and buffer[3] != CONTINUATION):
+                self.head_since = None  # (most reads: every frame handled, the buffer empty)
+            elif self.head_since is None:
+                self.head_begun()
 
 
 cdef class CallFields:
@@ -175,7 +187,7 @@ cdef bint _relay_data(ConnFields conn, int flags, unsigned int stream_id, const 
     cdef Py_ssize_t stream_window = out.window, window = to.window, unacked = conn.unacked + length, half
     if length > stream_window or length > window or unacked >= _CONNECTION_HALF:
         return False
-    # conn.H2Connection._data: the connection's window (returned in halves, never here: checked above), the
+    # conn.H2Connection.data_frame: the connection's window (returned in halves, never here: checked above), the
     # empty-frame guard (not empty), the stream's count
     conn.unacked = unacked
     conn.guard.empty = 0
@@ -344,8 +356,9 @@ cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t 
                 continue
             plain = conn.continuing is None  # no block continued
             if kind == DATA and stream_id and plain:
-                if _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
-                    continue
+                if not _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
+                    conn.data_frame(flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+                continue
             elif kind == WINDOW_UPDATE and length == 4 and plain:
                 if _window_update(conn, stream_id, data + 9):
                     continue
