@@ -336,24 +336,36 @@ async def test_the_engines_header_block_does_what_the_reference_does(case: str) 
 
 
 @pytest.mark.parametrize("case", ["ok", "status not a number", "no status", "hop fields", "client closed",
-                                  "answer waiting", "call finished"])
-async def test_the_engine_relays_an_answered_calls_trailers_as_the_reference_does(case: str) -> None:
-    """A call already answered: the engine passes its trailers (a plain whole block) to the client's stream itself
-    and ends the call with one Python call (``Call.complete``), not through ``headers_frame`` and ``on_headers``;
-    the bytes written to both sides, the streams, the call's code and its end are the reference's, with a status
-    that is not a number or none, connection-specific fields dropped, the client gone; with the answer waiting on
-    its stream or the call already finished it leaves them to Python, which does the same."""
+                                  "answer waiting", "call finished", "first head", "first head forwarded",
+                                  "first head, large", "second head", "trailers only"])
+async def test_the_engine_relays_a_calls_head_and_trailers_as_the_reference_does(case: str) -> None:
+    """The engine passes a call's first response head and, the call answered, its trailers (a plain whole block) to
+    the client's stream itself, with one Python call each (``Call.answering``: the fields the router adds;
+    ``Call.complete``: the call's end), not through ``headers_frame`` and ``on_headers``: the bytes written to both
+    sides, the streams, the call's code and its end are the reference's, with a status that is not a number or
+    none, connection-specific fields dropped, the client gone, a call forwarded (no fields added), a head larger
+    than a frame (CONTINUATION); with the answer waiting on its stream, the call already finished, a second head
+    or trailers with no head before them it leaves them to Python, which does the same."""
+    from types import SimpleNamespace
+
     from rollout_router.proxy.grpc.outbound import DIRTY, READING
 
     engine = _reading_engine()
+    head = case.startswith("first head") or case == "second head"
     fields = {"status not a number": [(b"grpc-status", b"x1")], "no status": [(b"grpc-message", b"m")],
-              "hop fields": [(b"connection", b"close"), (b"grpc-status", b"0"), (b"te", b"trailers")]}.get(
-        case, [(b"grpc-status", b"0"), (b"grpc-message", b"")])
-    frame = h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1, h2.py_encode(fields))
+              "hop fields": [(b"connection", b"close"), (b"grpc-status", b"0"), (b"te", b"trailers")],
+              "first head, large": [(b":status", b"200"), (b"x-big", b"b" * (h2.FRAME_SIZE + 10))]}.get(
+        case, [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"connection", b"x")] if head else
+        [(b"grpc-status", b"0"), (b"grpc-message", b"")])
+    frame = h2.py_frame(h2.HEADERS, h2.END_HEADERS | (0 if head else h2.END_STREAM), 1, h2.py_encode(fields))
     seen, ends = [], []
     for reader in (h2.py_read, engine.read):
         client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
         call.ended, call.proxy.active = ends.append, {call}
+        call.proxy.context.rl = SimpleNamespace(versions={"r": "v7"})
+        call.answered = not case.startswith("first head") and case != "trailers only"
+        call.forwarded = case == "first head forwarded"
+        call.chunks, call.received, call.held = [b"request"], 7, 7  # kept for a retry until the head came
         if case == "client closed":
             client.closed = True
         elif case == "answer waiting":
@@ -363,13 +375,14 @@ async def test_the_engine_relays_an_answered_calls_trailers_as_the_reference_doe
         elif case == "call finished":
             call.finished = True
         heads: list[tuple] = []
-        if reader is engine.read and case not in ("answer waiting", "call finished"):
+        if reader is engine.read and case not in ("answer waiting", "call finished", "second head", "trailers only"):
             upstream.headers_frame = lambda *args: heads.append(args)  # type: ignore[method-assign]
         assert reader(upstream, bytearray(frame), 200, 1, DIRTY, READING, type(call)) is False
         assert heads == []
-        seen.append((_state(client, upstream, call), call.answered, call.code, call.ustream is None))
+        seen.append((_state(client, upstream, call), call.answered, call.code, call.ustream is None, call.retained,
+                     call.chunks, call.held))
     assert seen[0] == seen[1]
-    assert ends == ([] if case == "call finished" else [None, None])
+    assert ends == ([] if case == "call finished" or head else [None, None])
     assert seen[0][2] == {"ok": h2.OK, "status not a number": h2.UNKNOWN, "no status": None,
                           "hop fields": h2.OK}.get(case, seen[0][2])
     if case == "hop fields":

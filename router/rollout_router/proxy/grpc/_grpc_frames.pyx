@@ -79,8 +79,8 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 # stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
 # error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, is decoded and
 # handed to the connection's ``headers_frame`` here (``_header_block``), as conn.H2Connection.header_block does with
-# what on_frame and _headers would pass it, but for a relayed call's trailers, passed to its client's stream here
-# (``_relay_trailers``) with one Python call for the call's end. h2.py_work is the reference: the same loop with
+# what on_frame and _headers would pass it, but for a relayed call's response head and trailers, passed to its
+# client's stream here (``_relay_head``) with one Python call each (the head's added fields, the call's end). h2.py_work is the reference: the same loop with
 # every frame given to ``on_frame``.
 cdef enum:
     DATA = 0
@@ -254,7 +254,7 @@ cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes
                        type relay) except -1:
     """conn.H2Connection.header_block (the reference) for a plain whole block: decoded with the connection's
     decoder, counted against its decoded-header budget (``guard.headers``), handed to its ``headers_frame`` (or,
-    a relayed call's trailers, passed on here: ``_relay_trailers``); a block that does not decode closes the
+    a relayed call's response head or trailers, passed on here: ``_relay_head``); a block that does not decode closes the
     connection (COMPRESSION_ERROR), as a spent budget does."""
     try:
         headers, size = conn.decoder.decode(block)
@@ -264,7 +264,7 @@ cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes
     if not conn.guard.headers.take(size):
         conn.header_flood()
         return 0
-    if flags & END_STREAM and _relay_trailers(conn, stream_id, headers, dirty, relay):
+    if _relay_head(conn, stream_id, headers, flags & END_STREAM, dirty, relay):
         return 0
     conn.headers_frame(stream_id, headers, bool(flags & END_STREAM))
     return 0
@@ -281,12 +281,14 @@ cdef object _grpc_status(list headers):
     return None
 
 
-cdef bint _relay_trailers(ConnFields conn, unsigned int stream_id, list headers, list dirty, type relay) except -1:
-    """A replica's trailers on a call already answered, passed to its client's stream (True), or nothing done
-    (False: Python's turn): what conn.H2Connection.headers_frame, call.Call.on_headers and outbound.send_headers do
-    with them, then the call's end in Python, once (``Call.complete``: the streams closed, the attempt's outcome
-    recorded through the shared core). A call's every other head, its first above all (which names the replica),
-    goes to Python."""
+cdef bint _relay_head(ConnFields conn, unsigned int stream_id, list headers, bint end, list dirty,
+                      type relay) except -1:
+    """A replica's response head or its trailers passed to the client's stream of the call relaying it (True), or
+    nothing done (False: Python's turn): what conn.H2Connection.headers_frame, call.Call.on_headers and
+    outbound.send_headers do with them, with one Python call each: the first head gets the fields the router adds
+    (``Call.answering``: the replica, its weights), the trailers end the call (``Call.complete``: the streams
+    closed, the attempt's outcome recorded through the shared core). A call's other heads (a second head, trailers
+    with no head before them) go to Python."""
     found = (<dict> conn.streams).get(stream_id)
     if type(found) is not Stream or _read_hop is None:
         return False
@@ -296,24 +298,36 @@ cdef bint _relay_trailers(ConnFields conn, unsigned int stream_id, list headers,
         return False
     cdef CallFields typed = <CallFields> call
     client, answer = typed.client, typed.stream
-    if typed.ustream is not stream or typed.upstream is not conn or typed.finished or not typed.answered \
+    if typed.ustream is not stream or typed.upstream is not conn or typed.finished or typed.answered != end \
             or type(answer) is not Stream or not isinstance(client, ConnFields) or (<Stream> answer).pending is not None:
         return False
-    cdef bytes block = encode([header for header in headers if (<tuple> header)[0] not in _read_hop])
+    cdef list out = [header for header in headers if (<tuple> header)[0] not in _read_hop]
+    typed.heard += 1
+    if end:
+        stream.ended = True  # conn.H2Connection.headers_frame: the replica's side ended (not finished by us: kept)
+        typed.first = True
+        typed.code = _grpc_status(headers)
+    else:
+        out += call.answering()
+    _send_head(<ConnFields> client, <Stream> answer, out, end, dirty)
+    if end:
+        call.complete()
+    return True
+
+
+cdef int _send_head(ConnFields to, Stream answer, list headers, bint end, list dirty) except -1:
+    """outbound.H2Output.send_headers and emit (within a read: written by flush_dirty) for a stream with nothing
+    waiting; a block larger than a frame is left to send_headers (its CONTINUATION frames)."""
+    cdef bytes block = encode(headers)
     if len(block) > FRAME_SIZE:
-        return False
-    stream.ended = True  # conn.H2Connection.headers_frame: the replica's side ended (not finished by us: no close)
-    typed.heard += 1  # call.Call.on_headers
-    typed.first = True
-    typed.code = _grpc_status(headers)
-    cdef ConnFields to = <ConnFields> client
-    if not to.closed:  # outbound: send_headers and emit (within a read: written by flush_dirty)
+        to.send_headers(answer, headers, end)
+    elif not to.closed:
         if not to.out:
             dirty.append(to)
-        (<list> to.out).append(_framed(HEADERS, END_HEADERS | END_STREAM, <unsigned int> (<Stream> answer).id,
-                                       <const unsigned char*> PyBytes_AS_STRING(block), len(block)))
-    call.complete()
-    return True
+        (<list> to.out).append(_framed(HEADERS, END_HEADERS | END_STREAM if end else END_HEADERS,
+                                       <unsigned int> answer.id, <const unsigned char*> PyBytes_AS_STRING(block),
+                                       len(block)))
+    return 0
 
 
 cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay):

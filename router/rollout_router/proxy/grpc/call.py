@@ -167,19 +167,27 @@ class Call(CallFields):
         self.heard += 1
         out = [h for h in headers if h[0] not in HOP]
         if not self.answered:
-            self.answered = True
-            self._unretain()
-            if not self.forwarded:
-                out.append((REPLICA, self.name.encode()))
-                version = self.proxy.context.rl.versions.get(self.name)
-                if version is not None:  # a trainer drops samples of stale weights by it
-                    out.append((WEIGHT_VERSION, version.encode()))
+            out += self.answering()
         if not end:
             return self.client.send_headers(self.stream, out, False)
         self.first = True
         self.code = h2.grpc_status(headers)
         self.client.send_headers(self.stream, out, True)
         self.complete()
+
+    def answering(self) -> list[h2.Header]:
+        """The replica's first response head came: no retry any more; the fields the router adds to it (the
+        replica that answered and its weights' version, on a call not forwarded). Called by the frame engine too,
+        which relays the head itself."""
+        self.answered = True
+        self._unretain()
+        if self.forwarded:
+            return []
+        out = [(REPLICA, self.name.encode())]
+        version = self.proxy.context.rl.versions.get(self.name)
+        if version is not None:  # a trainer drops samples of stale weights by it
+            out.append((WEIGHT_VERSION, version.encode()))
+        return out
 
     def on_written(self, stream: Stream, size: int) -> None:
         if stream is self.stream:  # response bytes reached the client's socket: the replica may send more

@@ -16,8 +16,9 @@ written from elsewhere leave on the next turn of the event loop.
 A read is handled by ``h2.read``: in the compiled frame engine
 (``_grpc_frames.pyx``) a replica stream's DATA is passed to its client stream
 and WINDOW_UPDATE frames are applied there, without a Python call per frame,
-and a whole header block is decoded there (a relayed call's trailers passed on
-there too, with one call to end the call: ``Call.complete``), whenever no branch
+and a whole header block is decoded there (a relayed call's response head and
+trailers passed on there too, with one Python call each: ``Call.answering``,
+``Call.complete``), whenever no branch
 of the methods here but the plain one could be taken; every other frame comes
 to ``on_frame``. ``h2.py_read`` (the reference, and what runs
 without the engine) gives every frame to ``on_frame``.
