@@ -390,12 +390,13 @@ async def test_the_engine_relays_a_calls_head_and_trailers_as_the_reference_does
                                                      h2.py_encode([(b"grpc-status", b"0")])))
 
 
-_HEAD_FIELDS = [(b":method", b"POST"), (b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/s/m"), (b":path", b""),
-                (b":authority", b"r"), (b":status", b"200"), (b":", b"x"), (b"", b"x"), (b"content-length", b"12"),
-                (b"content-length", b"1x"), (b"content-length", b"007"), (b"te", b"trailers"), (b"te", b"gzip"),
-                (b"connection", b"close"), (b"Upgrade", b"h2c"), (b"keep-alive", b"1"), (b"host", b"r"),
-                (b"X-Session-Id", b"s1"), (b"x-session-id", b"s1"), (b"content-type", b"application/grpc"),
-                (b"x-\xff", b"\xff"), (b"transfer-encoding", b"chunked"), (b"proxy-connection", b"x")]
+_HEAD_FIELDS = [(b":method", b"POST"), (b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/s/m"),
+                (b":path", b""), (b":authority", b"r"), (b":status", b"200"), (b":", b"x"), (b"", b"x"),
+                (b"content-length", b"12"), (b"content-length", b"1x"), (b"content-length", b"007"),
+                (b"te", b"trailers"), (b"te", b"gzip"), (b"connection", b"close"), (b"Upgrade", b"h2c"),
+                (b"keep-alive", b"1"), (b"host", b"r"), (b"X-Session-Id", b"s1"), (b"x-session-id", b"s1"),
+                (b"content-type", b"application/grpc"), (b"x-\xff", b"\xff"), (b"transfer-encoding", b"chunked"),
+                (b"proxy-connection", b"x")]
 
 
 @pytest.mark.parametrize("seed", range(200))

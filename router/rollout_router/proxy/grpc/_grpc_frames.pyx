@@ -73,15 +73,16 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 
 # The relay: what conn.H2Connection._work does with a read, with the two frames a call's answer is made of handled
 # here whole (a replica stream's DATA passed to its client stream, a WINDOW_UPDATE), a DATA frame it does not relay
-# handed to the connection's ``data_frame`` (``on_frame``'s first branch) and every other frame to ``on_frame``. What is handled here is exactly what the Python methods would have done
-# (conn.H2Connection.data_frame, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
-# conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
-# stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
-# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, is decoded and
-# handed to the connection's ``headers_frame`` here (``_header_block``), as conn.H2Connection.header_block does with
-# what on_frame and _headers would pass it, but for a relayed call's response head and trailers, passed to its
-# client's stream here (``_relay_head``) with one Python call each (the head's added fields, the call's end). h2.py_work is the reference: the same loop with
-# every frame given to ``on_frame``.
+# handed to the connection's ``data_frame`` (``on_frame``'s first branch) and every other frame to ``on_frame``. What
+# is handled here is exactly what the Python methods would have done (conn.H2Connection.data_frame, call.Call.on_data
+# and on_written, outbound.H2Output.send_data, _push, emit and consume, conn.H2Connection._window_update), and only
+# when none of their other branches could be taken; anything else (a stream's first message, an end, padding, a window
+# too small, a stream not found, a frame that is the peer's error) goes to Python. A HEADERS frame that is a whole
+# header block, unpadded and without priority, is decoded and handed to the connection's ``headers_frame`` here
+# (``_header_block``), as conn.H2Connection.header_block does with what on_frame and _headers would pass it, but for a
+# relayed call's response head and trailers, passed to its client's stream here (``_relay_head``) with one Python call
+# each (the head's added fields, the call's end). h2.py_work is the reference: the same loop with every frame given to
+# ``on_frame``.
 cdef enum:
     DATA = 0
     WINDOW_UPDATE = 8
@@ -254,8 +255,8 @@ cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes
                        type relay) except -1:
     """conn.H2Connection.header_block (the reference) for a plain whole block: decoded with the connection's
     decoder, counted against its decoded-header budget (``guard.headers``), handed to its ``headers_frame`` (or,
-    a relayed call's response head or trailers, passed on here: ``_relay_head``); a block that does not decode closes the
-    connection (COMPRESSION_ERROR), as a spent budget does."""
+    a relayed call's response head or trailers, passed on here: ``_relay_head``); a block that does not decode
+    closes the connection (COMPRESSION_ERROR), as a spent budget does."""
     try:
         headers, size = conn.decoder.decode(block)
     except (HPACKError, IndexError, ValueError) as error:
@@ -298,8 +299,9 @@ cdef bint _relay_head(ConnFields conn, unsigned int stream_id, list headers, bin
         return False
     cdef CallFields typed = <CallFields> call
     client, answer = typed.client, typed.stream
-    if typed.ustream is not stream or typed.upstream is not conn or typed.finished or typed.answered != end \
-            or type(answer) is not Stream or not isinstance(client, ConnFields) or (<Stream> answer).pending is not None:
+    if typed.ustream is not stream or typed.upstream is not conn or typed.finished or typed.answered != end:
+        return False  # (answered: trailers come now; not yet: the first head does)
+    if type(answer) is not Stream or not isinstance(client, ConnFields) or (<Stream> answer).pending is not None:
         return False
     cdef list out = [header for header in headers if (<tuple> header)[0] not in _read_hop]
     typed.heard += 1

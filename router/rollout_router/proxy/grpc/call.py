@@ -45,9 +45,9 @@ _RESET_STATUS = {h2.CANCEL: h2.CANCELLED, h2.REFUSED_STREAM: h2.UNAVAILABLE}
 
 
 class PyCallFields:
-    """The fields of a call the frame engine reads and writes as it relays a message or a call's trailers (``Call`` sets them): the
-    reference of ``_grpc_frames.CallFields`` (the same fields in C), which is ``Call``'s base where the engine runs,
-    so that it reads and writes them without the C API's attribute lookups."""
+    """The fields of a call the frame engine reads and writes as it relays its messages, its response head and its
+    trailers (``Call`` sets them): the reference of ``_grpc_frames.CallFields`` (the same fields in C), which is
+    ``Call``'s base where the engine runs, so that it reads and writes them without the C API's attribute lookups."""
 
     __slots__ = ("client", "stream", "upstream", "ustream", "turn", "last", "code", "first", "relayed", "answered",
                  "finished", "heard")
@@ -61,8 +61,8 @@ else:
 
 class Call(CallFields):
     __slots__ = ("proxy", "path", "metadata", "mark", "single", "chunks", "received", "written", "acked", "held",
-                 "retained", "request_ended", "ended", "failure", "name", "forwarded", "waiting_since", "started_at", "message_left", "prefix", "client_gone", "swept", "silent", "backlog",
-                 "started")
+                 "retained", "request_ended", "ended", "failure", "name", "forwarded", "waiting_since", "started_at",
+                 "message_left", "prefix", "client_gone", "swept", "silent", "backlog", "started")
 
     def __init__(self, proxy: GrpcProxy, client: ClientConnection, stream: Stream, path: bytes,
                  metadata: list[h2.Header], single: bool, mark: bytes | None) -> None:

@@ -18,10 +18,10 @@ A read is handled by ``h2.read``: in the compiled frame engine
 and WINDOW_UPDATE frames are applied there, without a Python call per frame,
 and a whole header block is decoded there (a relayed call's response head and
 trailers passed on there too, with one Python call each: ``Call.answering``,
-``Call.complete``), whenever no branch
-of the methods here but the plain one could be taken; every other frame comes
-to ``on_frame``. ``h2.py_read`` (the reference, and what runs
-without the engine) gives every frame to ``on_frame``.
+``Call.complete``), whenever no branch of the methods here but the plain one
+could be taken; every other frame comes to ``on_frame``. ``h2.py_read`` (the
+reference, and what runs without the engine) gives every frame to
+``on_frame``.
 """
 from __future__ import annotations
 
