@@ -34,7 +34,6 @@ from proxy_cost import cpu_seconds
 
 from rollout_router.proxy.grpc.conn import H2Connection, py_data_received
 from rollout_router.proxy.grpc.outbound import H2Output
-from rollout_router.proxy.grpc.server import ClientConnection
 
 # (category, pattern on a py-spy frame "function (file:line)"), first match from the leaf up wins
 CATEGORIES = [
@@ -67,12 +66,10 @@ def _line(function: object, text: str) -> int:
 SYSCALL_SITE = re.compile(rf"^H2Output\.flush \(.*outbound\.py:{_line(H2Output.flush, 'transport.write(')}\)$")
 # ... and where a read is handled: with the compiled frame engine, a sample there is in its C (the DATA relay, the
 # windows) or in the socket writes it makes at the read's end, not in the interpreter (the Python it calls back
-# into shows as deeper frames); without it, the deeper frames are always there. (With it, a replica's read has no
-# Python frame at all: its samples are the loop's, below; the client's read calls it from ClientConnection's.)
-ENGINE_SITE = re.compile(rf"^(H2Connection\.(data_received \(.*conn\.py:{_line(py_data_received, 'h2.read(')}|"
-                         rf"_work \(.*conn\.py:{_line(H2Connection._work, 'h2.read(')})|"
-                         rf"ClientConnection\.data_received \(.*server\.py:"
-                         rf"{_line(ClientConnection.data_received, '_read(self')})\)$")
+# into shows as deeper frames); without it, the deeper frames are always there. (With it, a read, a replica's or a
+# client's, has no Python frame at all: its samples are the loop's, below.)
+ENGINE_SITE = re.compile(rf"^H2Connection\.(data_received \(.*conn\.py:{_line(py_data_received, 'h2.read(')}|"
+                         rf"_work \(.*conn\.py:{_line(H2Connection._work, 'h2.read(')})\)$")
 LOOP = re.compile(r"^Runner\.run \(")  # the innermost Python frame is the loop itself: uvloop's C (reads, dispatch)
 FRAME = re.compile(r"^(.*) (\d+)$")
 SYSCALL = "write(2) called from flush"

@@ -123,7 +123,7 @@ def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
     stream.window = windows[2]
     client.streams[1] = stream
     client.last_peer_stream = 1
-    client._opened_at = None  # its preface read: the client's frames go to the frame engine
+    client.preface = client._opened_at = None  # its preface read: the client's frames go to the frame engine
     call = Call(proxy, client, stream, b"/s/m", [], False, None)  # type: ignore[arg-type]
     call.started = call.request_ended = call.answered = True
     ustream = Stream(1, call, upstream)
@@ -334,6 +334,100 @@ async def test_the_engines_header_block_does_what_the_reference_does(case: str) 
     assert closed == (case in ("bad block", "budget spent"))
 
 
+
+@pytest.mark.parametrize("case", ["ok", "status not a number", "no status", "hop fields", "client closed",
+                                  "answer waiting", "call finished", "first head", "first head forwarded",
+                                  "first head, large", "second head", "trailers only"])
+async def test_the_engine_relays_a_calls_head_and_trailers_as_the_reference_does(case: str) -> None:
+    """The engine passes a call's first response head and, the call answered, its trailers (a plain whole block) to
+    the client's stream itself, with one Python call each (``Call.answering``: the fields the router adds;
+    ``Call.complete``: the call's end), not through ``headers_frame`` and ``on_headers``: the bytes written to both
+    sides, the streams, the call's code and its end are the reference's, with a status that is not a number or
+    none, connection-specific fields dropped, the client gone, a call forwarded (no fields added), a head larger
+    than a frame (CONTINUATION); with the answer waiting on its stream, the call already finished, a second head
+    or trailers with no head before them it leaves them to Python, which does the same."""
+    from types import SimpleNamespace
+
+    from rollout_router.proxy.grpc.outbound import DIRTY, READING
+
+    engine = _reading_engine()
+    head = case.startswith("first head") or case == "second head"
+    fields = {"status not a number": [(b"grpc-status", b"x1")], "no status": [(b"grpc-message", b"m")],
+              "hop fields": [(b"connection", b"close"), (b"grpc-status", b"0"), (b"te", b"trailers")],
+              "first head, large": [(b":status", b"200"), (b"x-big", b"b" * (h2.FRAME_SIZE + 10))]}.get(
+        case, [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"connection", b"x")] if head else
+        [(b"grpc-status", b"0"), (b"grpc-message", b"")])
+    frame = h2.py_frame(h2.HEADERS, h2.END_HEADERS | (0 if head else h2.END_STREAM), 1, h2.py_encode(fields))
+    seen, ends = [], []
+    for reader in (h2.py_read, engine.read):
+        client, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), engine.Stream)
+        call.ended, call.proxy.active = ends.append, {call}
+        call.proxy.context.rl = SimpleNamespace(versions={"r": "v7"})
+        call.answered = not case.startswith("first head") and case != "trailers only"
+        call.forwarded = case == "first head forwarded"
+        call.chunks, call.received, call.held = [b"request"], 7, 7  # kept for a retry until the head came
+        if case == "client closed":
+            client.closed = True
+        elif case == "answer waiting":
+            client.send_data(call.stream, b"\x00" * 10, False)
+            client.window = 0
+            client.send_data(call.stream, b"\x00" * 10, False)
+        elif case == "call finished":
+            call.finished = True
+        heads: list[tuple] = []
+        if reader is engine.read and case not in ("answer waiting", "call finished", "second head", "trailers only"):
+            upstream.headers_frame = lambda *args: heads.append(args)  # type: ignore[method-assign]
+        assert reader(upstream, bytearray(frame), 200, 1, DIRTY, READING, type(call)) is False
+        assert heads == []
+        seen.append((_state(client, upstream, call), call.answered, call.code, call.ustream is None, call.retained,
+                     call.chunks, call.held))
+    assert seen[0] == seen[1]
+    assert ends == ([] if case == "call finished" or head else [None, None])
+    assert seen[0][2] == {"ok": h2.OK, "status not a number": h2.UNKNOWN, "no status": None,
+                          "hop fields": h2.OK}.get(case, seen[0][2])
+    if case == "hop fields":
+        assert seen[0][0][0][0].endswith(h2.py_frame(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, 1,
+                                                     h2.py_encode([(b"grpc-status", b"0")])))
+
+
+_HEAD_FIELDS = [(b":method", b"POST"), (b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/s/m"),
+                (b":path", b""), (b":authority", b"r"), (b":status", b"200"), (b":", b"x"), (b"", b"x"),
+                (b"content-length", b"12"), (b"content-length", b"1x"), (b"content-length", b"007"),
+                (b"te", b"trailers"), (b"te", b"gzip"), (b"connection", b"close"), (b"Upgrade", b"h2c"),
+                (b"keep-alive", b"1"), (b"host", b"r"), (b"X-Session-Id", b"s1"), (b"x-session-id", b"s1"),
+                (b"content-type", b"application/grpc"), (b"x-\xff", b"\xff"), (b"transfer-encoding", b"chunked"),
+                (b"proxy-connection", b"x")]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_engines_request_head_rules_match_the_reference(seed: int) -> None:
+    """``_grpc_frames.request_head`` and ``field_problem`` (RFC 9113 8.2, 8.3: every new call's head) against their
+    reference in rules.py: well-formed gRPC heads and heads mutated (fields dropped, repeated, moved, added: pseudo
+    fields after regular ones, unknown pseudo fields, empty :path, upper-case names, connection-specific fields, TE
+    and content-length of every kind) give the same problem, :method, :path and content-length."""
+    from rollout_router.proxy.grpc import rules
+
+    engine = _engine()
+    rng = random.Random(seed)
+    for _ in range(50):
+        head = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/s/m"), (b":authority", b"r"),
+                (b"te", b"trailers"), (b"content-type", b"application/grpc"), (b"x-session-id", b"s1")]
+        for _ in range(rng.choice([0, 0, 1, 2, 4])):
+            pick = rng.random()
+            if pick < 0.3 and head:
+                del head[rng.randrange(len(head))]
+            elif pick < 0.5 and head:
+                head.insert(rng.randrange(len(head) + 1), head[rng.randrange(len(head))])
+            else:
+                head.insert(rng.randrange(len(head) + 1), rng.choice(_HEAD_FIELDS))
+        assert engine.request_head(head) == rules.py_request_head(head)
+        for name, value in head:
+            assert engine.field_problem(name, value) == rules.py_field_problem(name, value)
+    running = h2.engine_unavailable() is None
+    assert (rules.request_head is engine.request_head) == running
+    assert (rules.field_problem is engine.field_problem) == running
+
+
 def test_the_engine_knows_the_connection_window() -> None:
     from rollout_router.proxy.grpc.conn import CONNECTION_WINDOW
     assert _engine().CONNECTION_HALF == CONNECTION_WINDOW // 2
@@ -388,11 +482,13 @@ def test_the_engines_call_and_connection_fields_are_the_references() -> None:
     for name, value in (("transport", object()), ("streams", {1: None}), ("out", [b"x"]), ("blocked", {}),
                         ("guard", object()), ("continuing", (1, 0, bytearray())), ("window", -5),
                         ("peer_window", 70_000), ("unacked", 9), ("stream_window", 1 << 20), ("closed", True),
-                        ("write_paused", True)):
+                        ("write_paused", True), ("preface", bytearray(b"PRI")), ("head_clock", True),
+                        ("head_since", 2.5)):
         setattr(conn, name, value)
         assert getattr(conn, name) == value
     for name, value in (("client", object()), ("stream", object()), ("upstream", None), ("ustream", object()),
-                        ("turn", None), ("last", object()), ("first", True), ("relayed", True), ("heard", 3)):
+                        ("turn", None), ("last", object()), ("first", True), ("relayed", True), ("heard", 3),
+                        ("code", 14), ("answered", True), ("finished", True)):
         setattr(record, name, value)
         assert getattr(record, name) == value
     running = h2.engine_unavailable() is None

@@ -4,6 +4,8 @@
 cpdef tuple split_frames(bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work=*)
 cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=*)
 cpdef bytes encode(object headers)
+cpdef str field_problem(bytes name, bytes value)
+cpdef tuple request_head(list headers)
 
 
 cdef class HeaderDecoder:
@@ -28,18 +30,19 @@ cdef class ConnFields:
     # outbound.PyConnFields' fields (its pure-Python reference): what the relay reads and writes of a connection
     cdef public object transport, streams, out, blocked, guard, continuing, decoder
     cdef public bytearray buffer  # read, not yet handled
+    cdef public object preface, head_since  # the peer's connection preface awaited; a head begun at, not yet whole
     cdef public Py_ssize_t window, peer_window, unacked, stream_window
-    cdef public bint closed, write_paused, yielding
+    cdef public bint closed, write_paused, yielding, head_clock
 
 
 cdef class CallFields:
     # call.PyCallFields' fields (its pure-Python reference): what the relay reads and writes of a call
-    cdef public object client, stream, upstream, ustream, turn, last
-    cdef public bint first, relayed
+    cdef public object client, stream, upstream, ustream, turn, last, code
+    cdef public bint first, relayed, answered, finished
     cdef public Py_ssize_t heard
 
 
 cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay)
-cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay)
+cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay, frozenset hop)
 cpdef bint read(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
                 type relay)

@@ -72,14 +72,16 @@ cpdef bytes frame(int kind, int flags, unsigned int stream_id, object payload=b"
 
 
 # The relay: what conn.H2Connection._work does with a read, with the two frames a call's answer is made of handled
-# here whole (a replica stream's DATA passed to its client stream, a WINDOW_UPDATE) and every other frame handed to
-# the connection's ``on_frame`` as before. What is handled here is exactly what the Python methods would have done
-# (conn.H2Connection._data, call.Call.on_data and on_written, outbound.H2Output.send_data, _push, emit and consume,
-# conn.H2Connection._window_update), and only when none of their other branches could be taken; anything else (a
-# stream's first message, an end, padding, a window too small, a stream not found, a frame that is the peer's
-# error) goes to Python. A HEADERS frame that is a whole header block, unpadded and without priority, is decoded and
-# handed to the connection's ``headers_frame`` here (``_header_block``), as conn.H2Connection.header_block does with
-# what on_frame and _headers would pass it. h2.py_work is the reference: the same loop with every frame given to
+# here whole (a replica stream's DATA passed to its client stream, a WINDOW_UPDATE), a DATA frame it does not relay
+# handed to the connection's ``data_frame`` (``on_frame``'s first branch) and every other frame to ``on_frame``. What
+# is handled here is exactly what the Python methods would have done (conn.H2Connection.data_frame, call.Call.on_data
+# and on_written, outbound.H2Output.send_data, _push, emit and consume, conn.H2Connection._window_update), and only
+# when none of their other branches could be taken; anything else (a stream's first message, an end, padding, a window
+# too small, a stream not found, a frame that is the peer's error) goes to Python. A HEADERS frame that is a whole
+# header block, unpadded and without priority, is decoded and handed to the connection's ``headers_frame`` here
+# (``_header_block``), as conn.H2Connection.header_block does with what on_frame and _headers would pass it, but for a
+# relayed call's response head and trailers, passed to its client's stream here (``_relay_head``) with one Python call
+# each (the head's added fields, the call's end). h2.py_work is the reference: the same loop with every frame given to
 # ``on_frame``.
 cdef enum:
     DATA = 0
@@ -90,6 +92,7 @@ cdef enum:
     PRIORITY_FLAG = 0x20
     MAX_WINDOW = 0x7FFFFFFF
     COMPRESSION_ERROR = 0x9
+    GRPC_UNKNOWN = 2  # h2.UNKNOWN: a grpc-status that is not a number
 
 CONNECTION_HALF = 8 << 20  # conn.CONNECTION_WINDOW // 2: the connection's window is returned in halves of it
 cdef Py_ssize_t _CONNECTION_HALF = CONNECTION_HALF
@@ -117,13 +120,25 @@ cdef class ConnFields:
 
     def data_received(self, data):
         """conn.H2Connection.data_received (the reference) in C, with the constants ``reading_with`` was given:
-        the read appended to ``buffer`` and handled (``read``); frames left for the next turn, or reading paused
-        until now, go to ``yield_turn``. No Python frame per read of a replica's message."""
-        cdef bytearray buffer = self.buffer
+        a client's connection preface first (``preface_received``, while ``preface`` is not None); the read
+        appended to ``buffer`` and handled (``read``); frames left for the next turn, or reading paused until now,
+        go to ``yield_turn``; with ``head_clock``, a head left incomplete starts its clock (``head_begun``). No
+        Python frame per read but of a preface or a head begun."""
+        cdef bytearray buffer
+        if self.preface is not None:
+            data = self.preface_received(data)
+            if data is None:
+                return
+        buffer = self.buffer
         buffer += data
         more = read(self, buffer, _read_limit, self.guard.head_work, _read_dirty, _read_flag, _read_relay)
         if more or self.yielding:
             self.yield_turn(more)
+        if self.head_clock:
+            if self.continuing is None and (len(buffer) < 4 or buffer[3] != HEADERS and buffer[3] != CONTINUATION):
+                self.head_since = None  # (most reads: every frame handled, the buffer empty)
+            elif self.head_since is None:
+                self.head_begun()
 
 
 cdef class CallFields:
@@ -132,11 +147,12 @@ cdef class CallFields:
     lookups. A call of another class is left to Python."""
 
 
-cdef inline bytes _framed(int kind, unsigned int stream_id, const unsigned char* payload, Py_ssize_t length):
+cdef inline bytes _framed(int kind, int flags, unsigned int stream_id, const unsigned char* payload,
+                          Py_ssize_t length):
     cdef bytes out = PyBytes_FromStringAndSize(NULL, 9 + length)
     cdef unsigned char* head = <unsigned char*> PyBytes_AS_STRING(out)
     head[0], head[1], head[2], head[3] = (length >> 16) & 0xFF, (length >> 8) & 0xFF, length & 0xFF, kind
-    head[4] = 0
+    head[4] = flags
     head[5], head[6], head[7], head[8] = (stream_id >> 24) & 0xFF, (stream_id >> 16) & 0xFF, (stream_id >> 8) & 0xFF, \
         stream_id & 0xFF
     if length:
@@ -172,7 +188,7 @@ cdef bint _relay_data(ConnFields conn, int flags, unsigned int stream_id, const 
     cdef Py_ssize_t stream_window = out.window, window = to.window, unacked = conn.unacked + length, half
     if length > stream_window or length > window or unacked >= _CONNECTION_HALF:
         return False
-    # conn.H2Connection._data: the connection's window (returned in halves, never here: checked above), the
+    # conn.H2Connection.data_frame: the connection's window (returned in halves, never here: checked above), the
     # empty-frame guard (not empty), the stream's count
     conn.unacked = unacked
     conn.guard.empty = 0
@@ -190,7 +206,7 @@ cdef bint _relay_data(ConnFields conn, int flags, unsigned int stream_id, const 
     cdef list pending = to.out
     if not pending:
         dirty.append(to)
-    pending.append(_framed(DATA, <unsigned int> out.id, payload, length))
+    pending.append(_framed(DATA, 0, <unsigned int> out.id, payload, length))
     out.window = stream_window - length
     to.window = window - length
     # call.Call.on_written: the client's connection took the bytes, so the replica may send more (consume)
@@ -199,7 +215,7 @@ cdef bint _relay_data(ConnFields conn, int flags, unsigned int stream_id, const 
     if returned >= half:
         increment[0], increment[1], increment[2], increment[3] = (returned >> 24) & 0xFF, (returned >> 16) & 0xFF, \
             (returned >> 8) & 0xFF, returned & 0xFF
-        conn.emit(_framed(WINDOW_UPDATE, stream_id, increment, 4))
+        conn.emit(_framed(WINDOW_UPDATE, 0, stream_id, increment, 4))
         returned = 0
     stream.unacked = returned
     return True
@@ -235,10 +251,12 @@ cdef bint _window_update(ConnFields conn, unsigned int stream_id, const unsigned
     return True
 
 
-cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes block) except -1:
+cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes block, list dirty,
+                       type relay) except -1:
     """conn.H2Connection.header_block (the reference) for a plain whole block: decoded with the connection's
-    decoder, counted against its decoded-header budget (``guard.headers``), handed to its ``headers_frame``; a
-    block that does not decode closes the connection (COMPRESSION_ERROR), as a spent budget does."""
+    decoder, counted against its decoded-header budget (``guard.headers``), handed to its ``headers_frame`` (or,
+    a relayed call's response head or trailers, passed on here: ``_relay_head``); a block that does not decode
+    closes the connection (COMPRESSION_ERROR), as a spent budget does."""
     try:
         headers, size = conn.decoder.decode(block)
     except (HPACKError, IndexError, ValueError) as error:
@@ -247,7 +265,70 @@ cdef int _header_block(ConnFields conn, unsigned int stream_id, int flags, bytes
     if not conn.guard.headers.take(size):
         conn.header_flood()
         return 0
+    if _relay_head(conn, stream_id, headers, flags & END_STREAM, dirty, relay):
+        return 0
     conn.headers_frame(stream_id, headers, bool(flags & END_STREAM))
+    return 0
+
+
+cdef object _grpc_status(list headers):
+    """h2.grpc_status: the first grpc-status field's number (UNKNOWN if it is none), None without one."""
+    for header in headers:
+        if (<tuple> header)[0] == b"grpc-status":
+            try:
+                return int((<tuple> header)[1])
+            except ValueError:
+                return GRPC_UNKNOWN
+    return None
+
+
+cdef bint _relay_head(ConnFields conn, unsigned int stream_id, list headers, bint end, list dirty,
+                      type relay) except -1:
+    """A replica's response head or its trailers passed to the client's stream of the call relaying it (True), or
+    nothing done (False: Python's turn): what conn.H2Connection.headers_frame, call.Call.on_headers and
+    outbound.send_headers do with them, with one Python call each: the first head gets the fields the router adds
+    (``Call.answering``: the replica, its weights), the trailers end the call (``Call.complete``: the streams
+    closed, the attempt's outcome recorded through the shared core). A call's other heads (a second head, trailers
+    with no head before them) go to Python."""
+    found = (<dict> conn.streams).get(stream_id)
+    if type(found) is not Stream or _read_hop is None:
+        return False
+    cdef Stream stream = <Stream> found
+    call = stream.owner
+    if stream.closing is not None or type(call) is not relay or not isinstance(call, CallFields):
+        return False
+    cdef CallFields typed = <CallFields> call
+    client, answer = typed.client, typed.stream
+    if typed.ustream is not stream or typed.upstream is not conn or typed.finished or typed.answered != end:
+        return False  # (answered: trailers come now; not yet: the first head does)
+    if type(answer) is not Stream or not isinstance(client, ConnFields) or (<Stream> answer).pending is not None:
+        return False
+    cdef list out = [header for header in headers if (<tuple> header)[0] not in _read_hop]
+    typed.heard += 1
+    if end:
+        stream.ended = True  # conn.H2Connection.headers_frame: the replica's side ended (not finished by us: kept)
+        typed.first = True
+        typed.code = _grpc_status(headers)
+    else:
+        out += call.answering()
+    _send_head(<ConnFields> client, <Stream> answer, out, end, dirty)
+    if end:
+        call.complete()
+    return True
+
+
+cdef int _send_head(ConnFields to, Stream answer, list headers, bint end, list dirty) except -1:
+    """outbound.H2Output.send_headers and emit (within a read: written by flush_dirty) for a stream with nothing
+    waiting; a block larger than a frame is left to send_headers (its CONTINUATION frames)."""
+    cdef bytes block = encode(headers)
+    if len(block) > FRAME_SIZE:
+        to.send_headers(answer, headers, end)
+    elif not to.closed:
+        if not to.out:
+            dirty.append(to)
+        (<list> to.out).append(_framed(HEADERS, END_HEADERS | END_STREAM if end else END_HEADERS,
+                                       <unsigned int> answer.id, <const unsigned char*> PyBytes_AS_STRING(block),
+                                       len(block)))
     return 0
 
 
@@ -291,14 +372,16 @@ cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t 
                 continue
             plain = conn.continuing is None  # no block continued
             if kind == DATA and stream_id and plain:
-                if _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
-                    continue
+                if not _relay_data(conn, flags, stream_id, data + 9, length, dirty, relay):
+                    conn.data_frame(flags, stream_id, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+                continue
             elif kind == WINDOW_UPDATE and length == 4 and plain:
                 if _window_update(conn, stream_id, data + 9):
                     continue
             elif kind == HEADERS and stream_id and flags & END_HEADERS and not flags & (PADDED | PRIORITY_FLAG) \
                     and plain:  # a whole header block: conn.H2Connection._headers' plain case
-                _header_block(conn, stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length))
+                _header_block(conn, stream_id, flags, PyBytes_FromStringAndSize(<const char*> data + 9, length),
+                              dirty, relay)
                 continue
             if on_frame is None:
                 on_frame = conn.on_frame
@@ -311,13 +394,14 @@ cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t 
 cdef Py_ssize_t _read_limit = 0
 cdef list _read_dirty = None, _read_flag = None
 cdef type _read_relay = None
+cdef frozenset _read_hop = None  # the fields a hop never relays (call.py's); None: trailers are left to Python
 
 
-cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay):
+cpdef reading_with(Py_ssize_t limit, list dirty, list reading, type relay, frozenset hop):
     """What ``ConnFields.data_received`` passes to ``read`` (conn.py's: FRAMES_PER_TURN, outbound's DIRTY and
-    READING, the Call class), given once at import."""
-    global _read_limit, _read_dirty, _read_flag, _read_relay
-    _read_limit, _read_dirty, _read_flag, _read_relay = limit, dirty, reading, relay
+    READING, the Call class) and the fields a relayed call's trailers lose (call.py's), given once at import."""
+    global _read_limit, _read_dirty, _read_flag, _read_relay, _read_hop
+    _read_limit, _read_dirty, _read_flag, _read_relay, _read_hop = limit, dirty, reading, relay, hop
 
 
 cpdef bint read(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, list reading,
@@ -534,6 +618,73 @@ cdef class HeaderDecoder:
         elif old > maxsize:
             self._shrink()
 
+
+
+# A request head's rules (RFC 9113 8.2 and 8.3): rules.py_request_head is the reference, and what runs without this
+# module; every new call's head is checked, so in Python it cost a few µs a call.
+cdef frozenset _REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+cdef frozenset _CONNECTION_FIELDS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                               b"upgrade"})
+
+
+cdef inline bint _upper(bytes name):
+    """Whether ``name`` has an upper-case ASCII letter (``name != name.lower()``)."""
+    cdef const unsigned char* data = <const unsigned char*> PyBytes_AS_STRING(name)
+    cdef Py_ssize_t i
+    for i in range(len(name)):
+        if 65 <= data[i] <= 90:
+            return True
+    return False
+
+
+cpdef str field_problem(bytes name, bytes value):
+    """rules.py_field_problem: why a regular field cannot be in an HTTP/2 request head or trailers, or None."""
+    if _upper(name):
+        return "an upper-case header field name"
+    if name in _CONNECTION_FIELDS:
+        return f"the connection-specific field {name.decode('latin-1')}"
+    if name == b"te" and value != b"trailers":
+        return "TE other than trailers"
+    return None
+
+
+cpdef tuple request_head(list headers):
+    """rules.py_request_head: a request head read in one pass: why it is malformed (or None), its :method, its
+    :path and its declared content-length (-1 when it is not a number; None without one)."""
+    cdef bint regular = False
+    cdef int methods = 0, schemes = 0, paths = 0
+    cdef bytes name, value, method = b"", path = b""
+    cdef str problem
+    length = None
+    for name, value in headers:
+        if len(name) and PyBytes_AS_STRING(name)[0] == 58:  # a pseudo-header field (":")
+            if regular:
+                return "a pseudo-header field after a regular one", method, path, length
+            if name not in _REQUEST_PSEUDO:
+                return f"the pseudo-header field {name.decode('latin-1')} in a request", method, path, length
+            if name == b":path":
+                if not value:
+                    return "an empty :path", method, path, length
+                path = value
+                paths += 1
+            elif name == b":method":
+                method = value
+                methods += 1
+            elif name == b":scheme":
+                schemes += 1
+            continue
+        regular = True
+        if name == b"content-length":
+            if length is None:
+                length = int(value) if value.isdigit() else -1
+        elif name in _CONNECTION_FIELDS or name == b"te" or _upper(name):
+            problem = field_problem(name, value)
+            if problem is not None:
+                return problem, method, path, length
+    for count, what in ((methods, ":method"), (schemes, ":scheme"), (paths, ":path")):
+        if count != 1:
+            return f"{'no' if count == 0 else 'more than one'} {what}", method, path, length
+    return None, method, path, length
 
 
 cdef inline Py_ssize_t _put_length(unsigned char* out, Py_ssize_t at, Py_ssize_t value):

@@ -40,16 +40,17 @@ REPLICA = b"x-rolloutrouter-replica"
 WEIGHT_VERSION = b"x-weight-version"  # the answering replica's last reported weight_version (/v1/rl), as HTTP's
 ROUTER_ANSWER = ((b"x-rolloutrouter-answered", b"router"),)  # on the router's own answers
 # Connection-specific fields never cross a hop (RFC 9113 8.2.2); the pseudo-fields are rebuilt.
-_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host", b"te"})
+HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade", b"host", b"te"})
 _RESET_STATUS = {h2.CANCEL: h2.CANCELLED, h2.REFUSED_STREAM: h2.UNAVAILABLE}
 
 
 class PyCallFields:
-    """The fields of a call the frame engine reads and writes as it relays a message (``Call`` sets them): the
-    reference of ``_grpc_frames.CallFields`` (the same fields in C), which is ``Call``'s base where the engine runs,
-    so that it reads and writes them without the C API's attribute lookups."""
+    """The fields of a call the frame engine reads and writes as it relays its messages, its response head and its
+    trailers (``Call`` sets them): the reference of ``_grpc_frames.CallFields`` (the same fields in C), which is
+    ``Call``'s base where the engine runs, so that it reads and writes them without the C API's attribute lookups."""
 
-    __slots__ = ("client", "stream", "upstream", "ustream", "turn", "last", "first", "relayed", "heard")
+    __slots__ = ("client", "stream", "upstream", "ustream", "turn", "last", "code", "first", "relayed", "answered",
+                 "finished", "heard")
 
 
 if TYPE_CHECKING or h2.engine_call_fields is None:
@@ -60,9 +61,8 @@ else:
 
 class Call(CallFields):
     __slots__ = ("proxy", "path", "metadata", "mark", "single", "chunks", "received", "written", "acked", "held",
-                 "retained", "request_ended", "ended", "answered", "code", "finished", "failure", "name", "forwarded",
-                 "waiting_since", "started_at", "message_left", "prefix", "client_gone", "swept", "silent", "backlog",
-                 "started")
+                 "retained", "request_ended", "ended", "failure", "name", "forwarded", "waiting_since", "started_at",
+                 "message_left", "prefix", "client_gone", "swept", "silent", "backlog", "started")
 
     def __init__(self, proxy: GrpcProxy, client: ClientConnection, stream: Stream, path: bytes,
                  metadata: list[h2.Header], single: bool, mark: bytes | None) -> None:
@@ -165,21 +165,29 @@ class Call(CallFields):
         if self.finished:
             return
         self.heard += 1
-        out = [h for h in headers if h[0] not in _HOP]
+        out = [h for h in headers if h[0] not in HOP]
         if not self.answered:
-            self.answered = True
-            self._unretain()
-            if not self.forwarded:
-                out.append((REPLICA, self.name.encode()))
-                version = self.proxy.context.rl.versions.get(self.name)
-                if version is not None:  # a trainer drops samples of stale weights by it
-                    out.append((WEIGHT_VERSION, version.encode()))
+            out += self.answering()
         if not end:
             return self.client.send_headers(self.stream, out, False)
         self.first = True
         self.code = h2.grpc_status(headers)
         self.client.send_headers(self.stream, out, True)
-        self._complete()
+        self.complete()
+
+    def answering(self) -> list[h2.Header]:
+        """The replica's first response head came: no retry any more; the fields the router adds to it (the
+        replica that answered and its weights' version, on a call not forwarded). Called by the frame engine too,
+        which relays the head itself."""
+        self.answered = True
+        self._unretain()
+        if self.forwarded:
+            return []
+        out = [(REPLICA, self.name.encode())]
+        version = self.proxy.context.rl.versions.get(self.name)
+        if version is not None:  # a trainer drops samples of stale weights by it
+            out.append((WEIGHT_VERSION, version.encode()))
+        return out
 
     def on_written(self, stream: Stream, size: int) -> None:
         if stream is self.stream:  # response bytes reached the client's socket: the replica may send more
@@ -258,9 +266,10 @@ class Call(CallFields):
         return self.relayed or self.code == h2.OK or self.client_gone
 
     # endings
-    def _complete(self) -> None:
+    def complete(self) -> None:
         """The replica ended the response (trailers relayed): the call is done, the replica's stream forgotten (reset
-        with NO_ERROR if the client is still sending), the client's finished."""
+        with NO_ERROR if the client is still sending), the client's finished, the attempt's end told (``ended``:
+        recorded). Called by the frame engine too, once it has relayed the trailers itself."""
         self._close_upstream(h2.NO_ERROR if not self.request_ended else None)
         self._end_client()
         self._resolve(None)

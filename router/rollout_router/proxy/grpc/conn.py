@@ -16,9 +16,12 @@ written from elsewhere leave on the next turn of the event loop.
 A read is handled by ``h2.read``: in the compiled frame engine
 (``_grpc_frames.pyx``) a replica stream's DATA is passed to its client stream
 and WINDOW_UPDATE frames are applied there, without a Python call per frame,
-whenever no branch of the methods here but the plain one could be taken; every
-other frame comes to ``on_frame``. ``h2.py_read`` (the reference, and what runs
-without the engine) gives every frame to ``on_frame``.
+and a whole header block is decoded there (a relayed call's response head and
+trailers passed on there too, with one Python call each: ``Call.answering``,
+``Call.complete``), whenever no branch of the methods here but the plain one
+could be taken; every other frame comes to ``on_frame``. ``h2.py_read`` (the
+reference, and what runs without the engine) gives every frame to
+``on_frame``.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import hpack
 
 from . import guard as budgets
 from . import h2
-from .call import Call
+from .call import HOP, Call
 from .guard import FRAMES_PER_TURN, Guard
 from .outbound import DIRTY, READING, H2Output, Stream
 
@@ -44,6 +47,7 @@ _PLACED = _ON_STREAM | _ON_CONNECTION  # the types whose stream (0 or not) is pr
 _LENGTHS = {h2.PRIORITY: 5, h2.RST_STREAM: 4, h2.PING: 8, h2.WINDOW_UPDATE: 4}
 _CONTROL = frozenset({h2.PING, h2.SETTINGS, h2.PRIORITY})  # budgeted: each costs us work, two an answer
 _SELF_DEPENDENT = 0x100  # not a wire flag: a HEADERS frame whose priority names its own stream
+_HEAD_FRAMES = (h2.HEADERS, h2.CONTINUATION)  # a read that leaves one of these at the buffer's start left a head begun
 
 
 class H2Connection(H2Output):
@@ -59,6 +63,9 @@ class H2Connection(H2Output):
         self.unacked = 0
         self.continuing: tuple[int, int, bytearray] | None = None  # a header block waiting for CONTINUATION
         self.yielding = False  # reading paused while frames already read wait for the next turn
+        self.preface: bytearray | None = None  # the peer's connection preface as far as it came, while awaited
+        self.head_clock = False  # whether a head begun and not yet whole is timed (``head_begun``: the server's)
+        self.head_since: float | None = None  # when the head in progress began (``head_begun`` sets it)
         self.guard = Guard()
 
     # asyncio.Protocol
@@ -84,13 +91,25 @@ class H2Connection(H2Output):
     def data_received(self, data: bytes) -> None:
         """Handle at most ``FRAMES_PER_TURN`` units of frame work (a header block decoded weighs the guard's
         ``head_work``) at once (``h2.read``); with more waiting, stop reading and go on next turn (one connection's
-        burst cannot hold the event loop): ``yield_turn``. The reference of ``_grpc_frames.ConnFields.data_received``
-        (the same in C, this method's replacement where the frame engine runs: a replica's every read comes here)."""
+        burst cannot hold the event loop): ``yield_turn``. A client's connection preface comes first
+        (``preface_received``); on the server's side a head left incomplete starts its clock (``head_begun``). The
+        reference of ``_grpc_frames.ConnFields.data_received`` (the same in C, this method's replacement where the
+        frame engine runs: every read comes here)."""
+        if self.preface is not None:
+            rest = self.preface_received(data)
+            if rest is None:
+                return
+            data = rest
         buffer = self.buffer
         buffer += data
         more = h2.read(self, buffer, FRAMES_PER_TURN, self.guard.head_work, DIRTY, READING, Call)
         if more or self.yielding:
             self.yield_turn(more)
+        if self.head_clock:
+            if self.continuing is None and (len(buffer) < 4 or buffer[3] not in _HEAD_FRAMES):
+                self.head_since = None  # (most reads: every frame handled, the buffer empty)
+            elif self.head_since is None:
+                self.head_begun()
 
     def _work(self) -> None:
         """The frames left from an earlier turn (``yield_turn``)."""
@@ -108,7 +127,7 @@ class H2Connection(H2Output):
     # frames in
     def on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if kind == h2.DATA and stream_id and self.continuing is None:  # a relayed message: none of the checks below apply
-            return self._data(flags, stream_id, payload)
+            return self.data_frame(flags, stream_id, payload)
         if self.continuing is not None and kind != h2.CONTINUATION:
             return self.fail(h2.PROTOCOL_ERROR, "a header block was interrupted")
         if kind == -1:
@@ -127,7 +146,9 @@ class H2Connection(H2Output):
         if handler is not None:  # frames of unknown types are ignored (RFC 9113 5.5)
             handler(self, flags, stream_id, payload)
 
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+    def data_frame(self, flags: int, stream_id: int, payload: bytes) -> None:
+        """A DATA frame on a stream, no header block continued (``on_frame``'s first branch; the frame engine hands
+        here those it does not relay itself)."""
         self.unacked += len(payload)
         if self.unacked >= CONNECTION_WINDOW // 2:
             self.emit(h2.window_update(0, self.unacked))
@@ -328,6 +349,14 @@ class H2Connection(H2Output):
     def goaway_frame(self, last_stream_id: int, code: int) -> None:
         """The peer is closing; streams above ``last_stream_id`` were never seen by it."""
 
+    def preface_received(self, data: bytes) -> bytes | None:
+        """What follows the peer's connection preface once it came whole (None: not yet, or not a preface), read
+        while ``preface`` is not None: only a server awaits one (``ClientConnection``)."""
+        return data
+
+    def head_begun(self) -> None:
+        """A header block began and is not whole after a read, with ``head_clock`` set: the server times it."""
+
     def fail(self, code: int, why: str, stream_id: int = 0) -> None:
         """A connection error: GOAWAY naming why, then close."""
         log.info("closing an HTTP/2 connection (%s): %s", type(self).__name__, why)
@@ -341,7 +370,7 @@ class H2Connection(H2Output):
 
 py_data_received = H2Connection.data_received  # the reference, under a name of its own (tests compare the two)
 if h2.engine_reading is not None:  # the frame engine reads: ``ConnFields.data_received`` (H2Output's base) is
-    h2.engine_reading(FRAMES_PER_TURN, DIRTY, READING, Call)  # ``data_received`` above in C, with these
+    h2.engine_reading(FRAMES_PER_TURN, DIRTY, READING, Call, HOP)  # ``data_received`` above in C, with these
     del H2Connection.data_received
 
 
@@ -356,7 +385,7 @@ def _setting_problem(key: int, value: int) -> str | None:
     return None
 
 
-_HANDLERS = {h2.DATA: H2Connection._data, h2.HEADERS: H2Connection._headers, h2.PRIORITY: H2Connection._priority,
+_HANDLERS = {h2.DATA: H2Connection.data_frame, h2.HEADERS: H2Connection._headers, h2.PRIORITY: H2Connection._priority,
              h2.RST_STREAM: H2Connection._rst_stream, h2.SETTINGS: H2Connection._settings,
              h2.PUSH_PROMISE: H2Connection._push_promise, h2.PING: H2Connection._ping,
              h2.GOAWAY: H2Connection._goaway, h2.WINDOW_UPDATE: H2Connection._window_update,

@@ -253,5 +253,7 @@ engine_conn_fields = _compiled.ConnFields if _compiled is not None else None
 engine_call_fields = _compiled.CallFields if _compiled is not None else None
 # A read's constants given to the engine, whose ``ConnFields.data_received`` is conn.H2Connection's in C (None: none)
 engine_reading = _compiled.reading_with if _compiled is not None else None
+# A request head's rules in C (rules.py's request_head and field_problem), None where their reference runs
+engine_rules = (_compiled.request_head, _compiled.field_problem) if _compiled is not None else None
 # A peer's header blocks: decoded in C (``_grpc_frames.HeaderDecoder``), or by hpack behind the memo of blocks.py
 header_decoder = _compiled.HeaderDecoder if _compiled is not None else BlockDecoder

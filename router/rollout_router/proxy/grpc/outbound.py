@@ -62,7 +62,8 @@ class PyConnFields:
     runs, so that it reads and writes them without the C API's attribute lookups."""
 
     __slots__ = ("transport", "streams", "out", "blocked", "guard", "continuing", "window", "peer_window", "unacked",
-                 "stream_window", "closed", "write_paused", "buffer", "yielding", "decoder")
+                 "stream_window", "closed", "write_paused", "buffer", "yielding", "decoder", "preface", "head_clock",
+                 "head_since")
 
 
 if TYPE_CHECKING or h2.engine_conn_fields is None:

@@ -1,6 +1,8 @@
 """HTTP/2's rules on request heads (RFC 9113 8.2 and 8.3): what makes a request malformed.
 
-A malformed request is a stream error (PROTOCOL_ERROR): the stream is reset, the connection goes on.
+A malformed request is a stream error (PROTOCOL_ERROR): the stream is reset, the connection goes on. Every new
+call's head is checked, by the compiled frame engine where it runs (``_grpc_frames.request_head``); the functions
+here are its reference, which runs where it does not.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 CONNECTION_FIELDS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
 
 
-def _field_problem(name: bytes, value: bytes) -> str | None:
+def py_field_problem(name: bytes, value: bytes) -> str | None:
+    """Why a regular field cannot be in a request head or trailers, or None."""
     if name != name.lower():
         return "an upper-case header field name"
     if name in CONNECTION_FIELDS:
@@ -21,7 +24,7 @@ def _field_problem(name: bytes, value: bytes) -> str | None:
     return None
 
 
-def request_head(headers: list[h2.Header]) -> tuple[str | None, bytes, bytes, int | None]:
+def py_request_head(headers: list[h2.Header]) -> tuple[str | None, bytes, bytes, int | None]:
     """A request head read in one pass: why it is malformed (or None), its :method, its :path and its declared
     content-length (-1 when it is not a number; None without one)."""
     seen: dict[bytes, int] = {}
@@ -47,13 +50,16 @@ def request_head(headers: list[h2.Header]) -> tuple[str | None, bytes, bytes, in
             if length is None:
                 length = int(value) if value.isdigit() else -1
         elif name in CONNECTION_FIELDS or name == b"te" or name != name.lower():
-            problem = _field_problem(name, value)
+            problem = py_field_problem(name, value)
             if problem is not None:
                 return problem, method, path, length
     for name in (b":method", b":scheme", b":path"):
         if seen.get(name, 0) != 1:
             return f"{'no' if name not in seen else 'more than one'} {name.decode()}", method, path, length
     return None, method, path, length
+
+
+request_head, field_problem = (py_request_head, py_field_problem) if h2.engine_rules is None else h2.engine_rules
 
 
 def trailers_problem(headers: list[h2.Header], end: bool) -> str | None:
@@ -63,7 +69,7 @@ def trailers_problem(headers: list[h2.Header], end: bool) -> str | None:
     for name, value in headers:
         if name[:1] == b":":
             return "a pseudo-header field in trailers"
-        problem = _field_problem(name, value)
+        problem = field_problem(name, value)
         if problem is not None:
             return problem
     return None

@@ -19,10 +19,6 @@ if TYPE_CHECKING:
     from .traffic import GrpcProxy
 
 LINGER_SECONDS = 2.0  # a refused or closing connection is closed this long after it was told to go away
-_HEAD_FRAMES = (h2.HEADERS, h2.CONTINUATION)
-# A connection's read: H2Connection's, or the frame engine's in C where it runs (called by name, not through super(),
-# which would cost a lookup on each of a call's reads)
-_read = H2Connection.data_received
 NOT_GRPC = b"this is the router's gRPC listener: calls are POST /service/method with content-type application/grpc\n"
 
 
@@ -34,9 +30,9 @@ class ClientConnection(H2Connection):
         self.proxy = proxy
         self.refused = False
         self.gone = False
-        self._preface = bytearray()
+        self.preface = bytearray()  # read first (``preface_received``)
+        self.head_clock = True  # a head begun is timed (``head_begun``, ``check``)
         self._opened_at: float | None = proxy.now  # the sweep's clock until the preface arrived
-        self._block_at: float | None = None
         self._closing_at: float | None = None
         self._gone_away: int | None = None  # the last stream id our GOAWAY named: later streams are refused
         self._idle_at: float | None = proxy.now  # the sweep's clock since the last stream closed
@@ -59,21 +55,23 @@ class ClientConnection(H2Connection):
         self.proxy.clients.discard(self)
         super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        if self._opened_at is not None:  # the client's connection preface comes first
-            self._preface += data
-            if len(self._preface) < len(h2.PREFACE):
-                return
-            if not self._preface.startswith(h2.PREFACE):
-                return self.fail(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
-            data, self._opened_at = bytes(self._preface[len(h2.PREFACE):]), None
-            self._preface.clear()
-        _read(self, data)
-        buffer = self.buffer  # a header block begun, or a HEADERS frame not yet whole: a head in progress
-        if self.continuing is None and (len(buffer) < 4 or buffer[3] not in _HEAD_FRAMES):
-            self._block_at = None  # (most reads: every frame handled, the buffer empty)
-        else:
-            self._block_at = self._block_at or self.proxy.now
+    def preface_received(self, data: bytes) -> bytes | None:
+        """The client's connection preface comes first: what follows it once it came whole; None while it has not,
+        or when it is not one (the connection is closed)."""
+        preface = self.preface
+        assert preface is not None  # (read only while awaited)
+        preface += data
+        if len(preface) < len(h2.PREFACE):
+            return None
+        if not preface.startswith(h2.PREFACE):
+            self.fail(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface (gRPC needs HTTP/2)")
+            return None
+        self.preface = self._opened_at = None
+        return bytes(preface[len(h2.PREFACE):])
+
+    def head_begun(self) -> None:
+        """A header block begun, or a HEADERS frame not yet whole: the sweep's clock for it (``check``)."""
+        self.head_since = self.proxy.now
 
     def headers_frame(self, stream_id: int, headers: list[h2.Header], end: bool) -> None:
         stream = self.streams.get(stream_id)
@@ -158,7 +156,7 @@ class ClientConnection(H2Connection):
         if self.gone or self.transport is None:
             return
         timeout = limits.header_timeout
-        started = self._opened_at if self._opened_at is not None else self._block_at
+        started = self._opened_at if self._opened_at is not None else self.head_since
         if timeout is not None and started is not None and now - started > timeout:
             self.proxy.refused("header_timeout")
             self.fail(h2.ENHANCE_YOUR_CALM, f"no complete request head within headerTimeoutSeconds={timeout:g}")
