@@ -93,8 +93,9 @@ def route(context: RouterContext, key: str | None, prefix: Sequence[int] | str |
 
 
 def measured(routing: Routing, started: float = 0.0) -> Routing:
-    """``taken``'s routing with a ``Turn`` for the kept turn it left unmeasured: the Python path's attempt stamps
-    a turn on every request (``started``: the attempt's start, if it has one)."""
+    """``taken``'s routing with a ``Turn`` for the kept turn it left unmeasured: the coroutine path's attempts
+    (``forward``) stamp a turn on every request (``started``: the attempt's start, if it has one). The fast path
+    and the lane do not: their exchange stamps the first byte, recorded alone (``outcome.answered``'s ``first_at``)."""
     if routing.turn is None:
         routing.turn = Turn(KEPT, None, False, started)
     return routing

@@ -120,12 +120,11 @@ class HttpProxy(HttpListener):
             key, group = self._keys(request) if what == KEYED else (None, None)
             fleet = self.context.fleet
             hopped = fleet is not None and key is not None and _hopped(fleet, request)
-            routed = route_or_decline(self, key, group, hopped, lambda: Delegated(self, client, request))
+            routing = route_or_decline(self, key, group, hopped, lambda: Delegated(self, client, request))
         except Exception:  # noqa: BLE001  # a 400, a 503 or a bug: ``handle`` meets it again and answers it
             return False
-        if not isinstance(routed, Routing):
-            return routed
-        routing = measured(routed)
+        if not isinstance(routing, Routing):
+            return routing
         forwarding = Forwarding(self, client, request, key, group, routing)
         replica = routing.replica.id
         pool = self.pools.get(replica)
@@ -134,9 +133,9 @@ class HttpProxy(HttpListener):
             client.answer_later(request, self.handle(client, request, forwarding))
             return True
         forwarding.started = routing.start = started = time.monotonic()
-        turn = routing.turn
-        assert turn is not None  # ``measured`` gives every routing a turn
-        turn.begin(started)
+        turn = routing.turn  # a kept turn not sampled has none, as on the lane: the exchange stamps its first byte
+        if turn is not None:
+            turn.begin(started)
         Exchange(self, client, request, replica, conn, True, turn=turn,
                  on_done=forwarding.done).start(request_bytes(request, pool, forwarding.headers))
         return True
@@ -192,10 +191,11 @@ class HttpProxy(HttpListener):
                 raise connect_failure(routing.replica, error)
             started, forwarding.started = forwarding.started, None
             stale = started is not None  # the fast path's attempt, begun on a pooled connection that went stale
+            turn = measured(routing, started or 0.0).turn  # what the fast path or the lane routed has one now
+            assert turn is not None
             if started is None:
                 routing.start = time.monotonic()
-                assert routing.turn is not None  # ``route`` measures every turn
-                routing.turn.begin(routing.start)
+                turn.begin(routing.start)
             verdict = await attempt(self, client, request, forwarding.headers, routing, fresh=stale)
             answered(self.context, routing, *verdict, time.monotonic())
 

@@ -40,6 +40,6 @@ class Forwarding:
             return
         assert self.routed is not None and self.started is not None
         routing, self.routed = self.routed, None
-        answered(proxy.context, routing, *verdict(exchange), time.monotonic())
+        answered(proxy.context, routing, *verdict(exchange), time.monotonic(), exchange.first_at)
         proxy.answering_here -= 1
         client.answered(request)

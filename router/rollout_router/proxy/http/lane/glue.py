@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .... import core
 from ....core.sources import why_stale
 from ....policy.affinity import AffinityPolicy
-from ...attempts import Refused, measured
+from ...attempts import Refused
 from ...outcome import Routing, answered, refused
 from ...session_key import header_key
 from ...turns import KEPT, Turn
@@ -273,11 +273,11 @@ class LaneGlue:
     def _refused(self, token: Routing | LaneAsked, error: OSError) -> Handed:
         """What the Python path is handed with a request whose replica refused the connection: one a sibling
         decided relays through its owner (as ``Delegated._open`` does); one routed here is retried elsewhere as
-        ``attempts.forward`` does, its turn now measured (``dispatch``)."""
+        ``attempts.forward`` does (``dispatch``; ``HttpProxy._send`` gives a kept turn its ``Turn``)."""
         if isinstance(token, LaneAsked):
             token.refused(error)
             return _lane.RELAY
-        return measured(token, token.start), error
+        return token, error
 
     def take_back(self, client: HandedConnection) -> None:
         """The Python path is idle on ``client``'s connection: the lane serves it again."""
