@@ -92,7 +92,7 @@ system-deps:
 # What the benchmarks run beside ours (benchmarks/peer_arms.py): the peers' routers (pip, pinned above) and
 # Debian's HAProxy, nginx, wrk and hey. Services are not started by the install (policy-rc.d refuses it),
 # so no nginx is left listening on port 80.
-BENCH_DEPS := haproxy nginx-light wrk hey
+BENCH_DEPS := haproxy nginx-light wrk hey valgrind
 bench-deps: $(VENV)/.installed-peers
 	@missing=""; for pkg in $(BENCH_DEPS); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
 	  [ -z "$$missing" ] || { echo "installing Debian packages:$$missing"; \
