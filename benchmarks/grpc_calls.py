@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 GENERATE = b"/vllm.grpc.engine.VllmEngine/Generate"
 TARGETS = ("127.0.0.51:9", "127.0.0.52:9")
@@ -126,27 +127,36 @@ async def drive(calls: int, messages: int, cold: bool = False) -> dict[str, floa
     for index in range(calls):
         await call(index)
     spent[:] = [0.0] * len(PHASES)
-    junk, source = (bytearray(COLD_BYTES), bytes(COLD_BYTES)) if cold else (None, None)
+    evict = _evictor() if cold else None
     for index in range(calls, 2 * calls):
-        if junk is not None:
-            junk[:] = source  # (not timed: the phases' clocks start in ``call``)
+        if evict is not None:
+            evict()  # (not timed: the phases' clocks start in ``call``)
         await call(index)
     if runtime.replicas.total_inflight():
         sys.exit("grpc_calls.py: replicas left counted in flight")
     out = {name: spent[i] * 1e6 / calls for i, name in enumerate(PHASES)}
     out["total"] = sum(spent) * 1e6 / calls
-    out[TURNS] = await _turns(calls, junk, source) * 1e6 / calls
+    out[TURNS] = await _turns(calls, evict) * 1e6 / calls
     return out
 
 
-async def _turns(calls: int, junk: bytearray | None = None, source: bytes | None = None) -> float:
+def _evictor() -> Callable[[], None]:
+    """What evicts the CPU's caches: a copy of ``COLD_BYTES`` (``--cold``)."""
+    junk, source = bytearray(COLD_BYTES), bytes(COLD_BYTES)
+
+    def evict() -> None:
+        junk[:] = source
+    return evict
+
+
+async def _turns(calls: int, evict: Callable[[], None] | None = None) -> float:
     """CPU seconds of the event loop turns ``drive`` takes per call (six ``asyncio.sleep(0)``) with no call (the
-    caches evicted before each, as ``drive`` does, when ``junk``): the harness's own share of each call's figure,
+    caches evicted before each, as ``drive`` does, with ``evict``): the harness's own share of each call's figure,
     which no change to the router moves."""
     spent = 0.0
     for _ in range(calls):
-        if junk is not None:
-            junk[:] = source  # type: ignore[index]
+        if evict is not None:
+            evict()
         started = time.process_time()
         for _ in range(6):
             await asyncio.sleep(0)
