@@ -7,11 +7,16 @@ a session id in the dynamic table as Go's encoder puts it) and its one message, 
 messages one read each (the paced load's shape) and its trailers, then the windows returned. Routing and recording
 run as in the router (``Runtime``, two replicas, sticky); the time is the process's CPU over the calls, so it is
 what the interpreter and the compiled modules cost when everything is hot in the caches (the router under load
-pays more for the same work). The last column is the harness's own event loop turns, measured alone: part of the
+pays more for the same work: ``--cold``). The last column is the harness's own event loop turns, measured alone: part of the
 total that no change to the router moves. ``--baseline-src`` runs it on another checkout's ``router`` folder too, in
 turns.
 
-    .venv/bin/python benchmarks/grpc_calls.py [--calls 4000] [--runs 4] [--baseline-src /tmp/before/router]
+``--cold`` evicts the CPU's caches between calls (a copy of ``COLD_BYTES``, outside the timed phases), as the
+router's own are between two calls' reads when other processes run in between: the same Python then costs 3-5
+times as much a call (docs/benchmarks.md, "What the in-process measure left out"), most of it in the request's
+phase, the first code a call runs. Changes that run less code per call show there several times larger than hot.
+
+    .venv/bin/python benchmarks/grpc_calls.py [--calls 4000] [--runs 4] [--cold] [--baseline-src /tmp/before/router]
 """
 from __future__ import annotations
 
@@ -22,11 +27,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 GENERATE = b"/vllm.grpc.engine.VllmEngine/Generate"
 TARGETS = ("127.0.0.51:9", "127.0.0.52:9")
 PHASES = ("request (routed, sent)", "response head", "messages", "trailers, windows")
 TURNS = "the harness's event loop turns"  # in the total, not the router's
+COLD_BYTES = 48 << 20  # copied between calls with --cold: past the L2 caches (4 MiB here) and most of L3's share
 
 
 class Counting:
@@ -46,8 +53,9 @@ class Counting:
         return default
 
 
-async def drive(calls: int, messages: int) -> dict[str, float]:
-    """µs of CPU per call, in total and by phase, over ``calls`` calls after as many warm-up calls."""
+async def drive(calls: int, messages: int, cold: bool = False) -> dict[str, float]:
+    """µs of CPU per call, in total and by phase, over ``calls`` calls after as many warm-up calls (with ``cold``,
+    the caches evicted before each measured call)."""
     import hpack
 
     from rollout_router.app import Runtime
@@ -119,24 +127,41 @@ async def drive(calls: int, messages: int) -> dict[str, float]:
     for index in range(calls):
         await call(index)
     spent[:] = [0.0] * len(PHASES)
+    evict = _evictor() if cold else None
     for index in range(calls, 2 * calls):
+        if evict is not None:
+            evict()  # (not timed: the phases' clocks start in ``call``)
         await call(index)
     if runtime.replicas.total_inflight():
         sys.exit("grpc_calls.py: replicas left counted in flight")
     out = {name: spent[i] * 1e6 / calls for i, name in enumerate(PHASES)}
     out["total"] = sum(spent) * 1e6 / calls
-    out[TURNS] = await _turns(calls) * 1e6 / calls
+    out[TURNS] = await _turns(calls, evict) * 1e6 / calls
     return out
 
 
-async def _turns(calls: int) -> float:
-    """CPU seconds of the event loop turns ``drive`` takes per call (six ``asyncio.sleep(0)``) with no call: the
-    harness's own share of each call's figure, which no change to the router moves."""
-    started = time.process_time()
+def _evictor() -> Callable[[], None]:
+    """What evicts the CPU's caches: a copy of ``COLD_BYTES`` (``--cold``)."""
+    junk, source = bytearray(COLD_BYTES), bytes(COLD_BYTES)
+
+    def evict() -> None:
+        junk[:] = source
+    return evict
+
+
+async def _turns(calls: int, evict: Callable[[], None] | None = None) -> float:
+    """CPU seconds of the event loop turns ``drive`` takes per call (six ``asyncio.sleep(0)``) with no call (the
+    caches evicted before each, as ``drive`` does, with ``evict``): the harness's own share of each call's figure,
+    which no change to the router moves."""
+    spent = 0.0
     for _ in range(calls):
+        if evict is not None:
+            evict()
+        started = time.process_time()
         for _ in range(6):
             await asyncio.sleep(0)
-    return time.process_time() - started
+        spent += time.process_time() - started
+    return spent
 
 
 def main() -> int:
@@ -145,12 +170,13 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=16)
     parser.add_argument("--runs", type=int, default=4, help="runs of each tree, in turns; the least of each is shown")
     parser.add_argument("--baseline-src", help="another checkout's router folder, run in turns with this one")
+    parser.add_argument("--cold", action="store_true", help="evict the CPU's caches before each measured call")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one run, JSON out
     args = parser.parse_args()
     if args.one:
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        print(json.dumps(asyncio.run(drive(args.calls, args.messages))))
+        print(json.dumps(asyncio.run(drive(args.calls, args.messages, args.cold))))
         return 0
     trees = {"this tree": os.environ.get("PYTHONPATH", "")}
     if args.baseline_src:
@@ -159,13 +185,14 @@ def main() -> int:
     for _ in range(args.runs):
         for name, path in trees.items():
             child = subprocess.run([sys.executable, __file__, "--one", "--calls", str(args.calls), "--messages",
-                                    str(args.messages)], capture_output=True, text=True, check=True,
+                                    str(args.messages), *(["--cold"] if args.cold else [])], capture_output=True,
+                                   text=True, check=True,
                                    env={**os.environ, "PYTHONPATH": path})
             run = json.loads(child.stdout)
             if name not in best or run["total"] < best[name]["total"]:
                 best[name] = run
     print(f"CPU µs per call, in-process (the least of {args.runs} runs of {args.calls} calls, {args.messages} "
-          "messages each)")
+          f"messages each{', caches evicted before each call' if args.cold else ''})")
     print("| tree | total | " + " | ".join(PHASES) + f" | of the total, {TURNS} |\n|---|---|" + "---|" * (len(PHASES) + 1))
     for name, run in best.items():
         print(f"| {name} | {run['total']:.1f} | " + " | ".join(f"{run[p]:.1f}" for p in PHASES)

@@ -104,7 +104,7 @@ class _Turn:
         self.first_byte = now
 
 
-def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
+def _relay(measured: bool, windows: tuple[int, int, int], Stream: type, timed: bool = True):
     from types import SimpleNamespace
 
     from rollout_router.proxy.grpc.call import Call
@@ -130,7 +130,7 @@ def _relay(measured: bool, windows: tuple[int, int, int], Stream: type):
     upstream.streams[1] = ustream
     upstream.next_stream = 3
     call.upstream, call.ustream, call.name = upstream, ustream, "r"
-    call.turn = _Turn()  # type: ignore[assignment]
+    call.turn = _Turn() if timed else None  # type: ignore[assignment]  # None: a kept turn not measured (first_at)
     call.last = LastMessage() if measured else None
     return client, upstream, call
 
@@ -144,7 +144,8 @@ def _state(client, upstream, call) -> tuple:
                 dict(c._closed), bytes(c.buffer), [stream(s) for s in c.streams.values()])
 
     return (conn(client), conn(upstream), stream(call.stream), stream(call.ustream),
-            (call.first, call.relayed, call.heard, call.backlog, call.finished, call.code, call.turn.first_byte is None,
+            (call.first, call.relayed, call.heard, call.backlog, call.finished, call.code,
+             call.turn.first_byte is None if call.turn is not None else None, call.first_at != 0.0,
              call.last.last if call.last is not None else None))
 
 
@@ -212,7 +213,7 @@ def _run(seed: int, reader, stream: type, receive=None) -> list[tuple]:
     rng = random.Random(seed)
     client, upstream, call = _relay(rng.random() < 0.5, (rng.choice([1024, 4096, 65_535]),
                                                          rng.choice([300, 5000, 1 << 20]), rng.choice([300, 5000, 1 << 20])),
-                                    stream)
+                                    stream, rng.random() < 0.6)
     states, original = [], conn.h2.read
     conn.h2.read = reader
     try:
@@ -282,6 +283,33 @@ async def test_the_relay_in_c_takes_the_frames_it_is_for() -> None:
     assert seen == [] and client.out == [] and call.heard == 1  # relayed, and written at the read's end
     assert client.transport.out == h2.py_frame(h2.DATA, 0, 1, message)
     assert upstream.window == h2.DEFAULT_WINDOW + 100
+
+
+async def test_a_call_with_no_turn_keeps_its_first_messages_time() -> None:
+    """A kept turn that is not measured has no ``Turn`` (traffic.py routes it with ``attempts.taken``): the relay
+    stamps the call's ``first_at`` with its first message, once, in C as in the reference; a call with a turn
+    stamps the turn and leaves ``first_at`` alone."""
+    import time
+
+    from rollout_router.proxy.grpc import conn
+    from rollout_router.proxy.grpc.outbound import PyStream
+
+    engine = _reading_engine()
+    message = h2.py_frame(h2.DATA, 0, 1, _message_bytes(random.Random(2)))
+    for read, stream in ((engine.read, engine.Stream), (h2.py_read, PyStream)):
+        _, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), stream, timed=False)
+        before = time.monotonic()
+        original, conn.h2.read = conn.h2.read, read
+        try:
+            conn.py_data_received(upstream, message)
+            stamped = call.first_at
+            conn.py_data_received(upstream, message)
+        finally:
+            conn.h2.read = original
+        assert call.heard == 2 and before <= stamped <= time.monotonic() and call.first_at == stamped
+        _, upstream, call = _relay(False, (65_535, 1 << 20, 1 << 20), stream)
+        assert read(upstream, bytearray(message), 200, 1, [], [False], type(call)) is False
+        assert call.turn.first_byte is not None and call.first_at == 0.0
 
 
 async def test_the_engine_hands_a_whole_header_block_straight_to_the_connection() -> None:
@@ -488,7 +516,7 @@ def test_the_engines_call_and_connection_fields_are_the_references() -> None:
         assert getattr(conn, name) == value
     for name, value in (("client", object()), ("stream", object()), ("upstream", None), ("ustream", object()),
                         ("turn", None), ("last", object()), ("first", True), ("relayed", True), ("heard", 3),
-                        ("code", 14), ("answered", True), ("finished", True)):
+                        ("code", 14), ("answered", True), ("finished", True), ("first_at", 2.5)):
         setattr(record, name, value)
         assert getattr(record, name) == value
     running = h2.engine_unavailable() is None

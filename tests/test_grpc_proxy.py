@@ -185,6 +185,25 @@ async def test_server_streaming_passes_messages_and_metadata_through(router):
     assert runtime.replicas.total_inflight() == 0
 
 
+async def test_every_kept_call_routed_in_the_read_records_its_first_message(router):
+    """A one-message call routed in the read that completed it (``GrpcProxy._here``) is routed as the HTTP lane
+    routes (``attempts.taken``): a kept turn that is not measured has no ``Turn``, and its first message's time
+    goes to the kept turns' time to first byte all the same (``Call.first_at``), once a call, as a measured one's
+    does through its ``Turn``."""
+    _, runtime, channel = router
+    runtime.grpc_proxy.unary_methods = frozenset({b"/test.Echo/Stream"})  # one request message, as vLLM's Generate
+    margin = runtime.metrics.margin
+    started = time.monotonic()
+    for turn in range(6):
+        call = channel.unary_stream("/test.Echo/Stream")(f"t{turn}".encode(), metadata=(("x-session-id", "s"),))
+        assert [m async for m in call] == [f"t{turn}-{i}".encode() for i in range(3)]
+    took = time.monotonic() - started
+    counts = {outcome: (sum(child.counts), child.sum) for outcome, child in margin._ttfb.items()}
+    assert counts["new"][0] == 1 and counts["kept"][0] == 5
+    assert 0 < counts["kept"][1] < took
+    assert runtime.balancer.policy.counters.affinity_kept == 5 and runtime.replicas.total_inflight() == 0
+
+
 async def test_grpc_and_http_share_one_inflight_count_per_replica():
     """A held gRPC call counts on its replica, so the next HTTP turn's margin decision sees it."""
     hosts = [f"127.0.0.{50 + i}" for i in range(2)]

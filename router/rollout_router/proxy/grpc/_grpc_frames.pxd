@@ -40,6 +40,7 @@ cdef class CallFields:
     cdef public object client, stream, upstream, ustream, turn, last, code
     cdef public bint first, relayed, answered, finished
     cdef public Py_ssize_t heard
+    cdef public double first_at  # the attempt's first response message (monotonic; 0: none), when it has no turn
 
 
 cpdef bint work(ConnFields conn, bytearray buffer, Py_ssize_t limit, Py_ssize_t head_work, list dirty, type relay)

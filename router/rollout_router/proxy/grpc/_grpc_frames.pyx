@@ -195,8 +195,11 @@ cdef bint _relay_data(ConnFields conn, int flags, unsigned int stream_id, const 
     half = conn.stream_window // 2
     stream.got += length
     # call.Call.on_data: the replica's message; ``backlog`` grows by ``length`` and shrinks by it in on_written below
-    if turn is not None and turn.first_byte is None:
-        turn.first(monotonic())  # the first response message (a stream's first tokens)
+    if turn is not None:
+        if turn.first_byte is None:
+            turn.first(monotonic())  # the first response message (a stream's first tokens)
+    elif not typed.first:
+        typed.first_at = monotonic()  # a kept turn with no ``Turn`` (unmeasured): its first message's time alone
     typed.first = True
     typed.relayed = True
     typed.heard += 1

@@ -50,7 +50,7 @@ class PyCallFields:
     ``Call``'s base where the engine runs, so that it reads and writes them without the C API's attribute lookups."""
 
     __slots__ = ("client", "stream", "upstream", "ustream", "turn", "last", "code", "first", "relayed", "answered",
-                 "finished", "heard")
+                 "finished", "heard", "first_at")
 
 
 if TYPE_CHECKING or h2.engine_call_fields is None:
@@ -86,6 +86,7 @@ class Call(CallFields):
         self.silent = 0.0  # seconds the sweep found no new frame from the replica
         self.backlog = 0  # response bytes relayed but not yet handed to the client's connection
         self.turn: Turn | None = None  # the attempt's turn: stamped with the first response message (turns.py)
+        self.first_at = 0.0  # with no turn (a kept turn not measured): when the first response message came
         self.last: LastMessage | None = None  # the newest response message, when the turn is measured
         self.started = False  # routed (GrpcProxy.begin): a one-message call waits for its whole message
         stream.owner = self
@@ -94,8 +95,11 @@ class Call(CallFields):
     def on_data(self, stream: Stream, data: bytes, end: bool) -> None:
         if stream is self.ustream:
             turn = self.turn
-            if turn is not None and turn.first_byte is None:
-                turn.first(time.monotonic())  # the first response message (a stream's first tokens)
+            if turn is not None:
+                if turn.first_byte is None:
+                    turn.first(time.monotonic())  # the first response message (a stream's first tokens)
+            elif not self.first:
+                self.first_at = time.monotonic()  # a kept turn with no ``Turn`` (unmeasured): its first message
             self.first = self.relayed = True
             self.heard += 1
             self.backlog += len(data)
@@ -244,6 +248,7 @@ class Call(CallFields):
         """A new attempt on ``name`` (a replica, or an owner router when ``forwarded``)."""
         self.name, self.forwarded = name, forwarded
         self.answered = self.first = self.relayed = False
+        self.first_at = 0.0
         self.code, self.failure, self.written, self.waiting_since = None, None, 0, None
 
     def dispatch(self, conn: UpstreamConnection, target: str, extra: tuple[h2.Header, ...],

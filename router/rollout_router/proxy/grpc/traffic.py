@@ -11,7 +11,7 @@ from ...fleet.rlstate import Paused
 from ...health import TIMEOUT
 from ...policy import NoReplicaError
 from ...settings import SessionSettings
-from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short, route
+from ..attempts import AllRefused, OutOfDescriptors, Refused, forward, refused_or_short, taken
 from ..context import RouterContext
 from ..errors import RouterError
 from ..listener import BODY_GRACE_SECONDS, Budget, Limits, Listener, traffic_limits
@@ -185,7 +185,7 @@ class GrpcProxy(Listener):
             fleet = context.fleet
             if fleet is not None and key is not None and not fleet.decided_here(key, fleet.hopped(call.mark)):
                 return False
-            routing = route(context, key, None, True, group)
+            routing = taken(context, key, None, True, group)  # a kept turn not measured: no ``Turn`` (``_begin``)
         except Exception:  # noqa: BLE001  # an INVALID_ARGUMENT, no replica or a bug: ``_serve`` meets it again
             return False
         replica = routing.replica
@@ -275,10 +275,15 @@ class GrpcProxy(Listener):
 
     @staticmethod
     def _begin(call: Call, routing: Routing) -> None:
-        """An attempt dispatched on ``routing``: its clock and turn started, the turn measured if it should be."""
+        """An attempt dispatched on ``routing``: its clock and turn started, the turn measured if it should be. A
+        kept turn that is not measured has no ``Turn`` (``_here`` routes with ``attempts.taken``, as the HTTP lane
+        does): the call keeps its first message's time alone (``first_at``), which ``_record`` hands to
+        ``outcome.answered``."""
         turn = routing.turn
-        assert turn is not None  # routed with ``route``: every turn measured
         routing.start = time.monotonic()
+        if turn is None:
+            call.turn = call.last = None
+            return
         turn.begin(routing.start)
         call.turn, call.last = turn, LastMessage() if turn.measure and call.path == call.proxy.generate else None
 
@@ -289,7 +294,7 @@ class GrpcProxy(Listener):
             turn.prefill = call.last.prefill()
         status = SERVER_ERROR_CODES.get(call.code or 0, 200) if call.answered else 0
         answered(self.context, routing, h2.status_name(call.code), status, call.failure, call.accepted(),
-                 time.monotonic())
+                 time.monotonic(), call.first_at)
 
     async def _attempt(self, call: Call, routing: Routing) -> None:
         """One attempt on the routed replica, its end recorded (``outcome.answered``). Raises ``Refused`` to retry
