@@ -59,14 +59,13 @@ class Exchange:
     __slots__ = ("proxy", "client", "request", "replica", "conn", "reused", "done", "state", "code",
                  "status", "reason", "headers", "head", "buffer", "out", "chunked", "sse", "done_seen", "tail",
                  "interim", "until_close", "seen", "swept", "silent", "paused", "timed_out", "failure", "forwarded",
-                 "turn", "usage_tail", "on_done", "stamp", "first_at", "length", "head_bytes", "feeding", "ending", "bare")
+                 "turn", "usage_tail", "on_done", "first_at", "length", "head_bytes", "feeding", "ending", "bare")
 
     def __init__(self, proxy: Port, client: ClientConnection, request: HttpRequest, replica: str,
                  conn: UpstreamConnection, reused: bool, forwarded: bool = False, turn: Turn | None = None,
                  on_done: Callable[[Exchange, str | None], None] | None = None) -> None:
         self.proxy, self.client, self.request, self.replica = proxy, client, request, replica
         self.turn = turn  # stamped with the first body byte; its answer's tail is read when it is measured
-        self.stamp = True  # until the first body byte (then ``first_at``, and the turn if there is one, stamped)
         self.first_at = 0.0  # when the first body byte came (0: none yet): a kept turn with no ``Turn`` records it
         self.usage_tail: bytes | None = b"" if turn is not None and turn.measure else None
         self.forwarded = forwarded  # to the owner router (fleet): its head already names the replica
@@ -175,9 +174,8 @@ class Exchange:
                 self.pause_upstream()
 
     def on_body(self, body: bytes) -> None:
-        """Runs for every event of a stream: the first-byte stamp is a flag read, not worked out per event."""
-        if self.stamp:  # a stream's first event, not its head
-            self.stamp = False
+        """Runs for every event of a stream: the first-byte stamp is a number read, not worked out per event."""
+        if not self.first_at:  # a stream's first event, not its head
             self.first_at = now = time.monotonic()
             if self.turn is not None:
                 self.turn.first(now)
